@@ -1,0 +1,26 @@
+# `make serve` and `make test` work on a fresh machine with Python 3.11+,
+# MariaDB on 127.0.0.1:3306 and Redis on 127.0.0.1:6379.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: serve test check install clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/idpool serve --host 127.0.0.1 --port 8000
+
+# Lint, type-check, then the whole suite against the real MariaDB and Redis.
+test: install
+	$(VENV)/bin/ruff check pool service tests
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,83 @@
+"""Claiming from the ledger, fenced by a high-water mark kept outside MySQL.
+
+A MySQL that fails over to a lagging replica, or is restored from a backup, can
+return a ``max_id`` below what it already handed out; claiming from it would
+repeat IDs. Every process remembers the highest ledger position it has seen per
+tag (in memory, and in Redis for all processes), and refuses a claimed range
+that starts below it. It then raises ``max_id`` past the mark and claims again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import StaleLedger, StoreUnavailable
+from .ledger import Ledger
+from .ranges import IdRange
+from .redis_pool import RedisPool
+
+_MAX_STALE_RETRIES = 3
+
+
+@dataclass
+class Claim:
+    range: IdRange
+    # ranges MySQL handed out below the high-water mark: abandoned, never used
+    refused: list[IdRange] = field(default_factory=list)
+    # set when the ledger was moved up past the mark: (old max_id seen, new max_id)
+    raised_to: int | None = None
+
+
+class LedgerClaims:
+    def __init__(self, ledger: Ledger, redis_pool: RedisPool | None) -> None:
+        self.ledger = ledger
+        self.redis_pool = redis_pool
+        self._high_water: dict[str, int] = {}  # tag -> highest range end seen here
+
+    def observe(self, tag: str, seen: IdRange) -> None:
+        """Record a range seen from anywhere (pool or ledger): the ledger is past its end."""
+        if seen.end > self._high_water.get(tag, 0):
+            self._high_water[tag] = seen.end
+
+    def high_water(self, tag: str) -> int:
+        return self._high_water.get(tag, 0)
+
+    async def claim(self, tag: str, ranges: int = 1) -> Claim:
+        """Claim ``ranges`` steps of fresh IDs; raises UnknownTag, StoreUnavailable, StaleLedger."""
+        refused: list[IdRange] = []
+        raised_to: int | None = None
+        for _ in range(_MAX_STALE_RETRIES):
+            # Read the mark *before* claiming: every claim that finished before
+            # this read ended at or below it, and MySQL orders claims, so ours
+            # must start at or above it. (Read after, a faster claim by another
+            # process would raise the mark past our good range.)
+            mark = max(self.high_water(tag), await self._shared_high_water(tag))
+            claimed = await self.ledger.claim(tag, ranges)
+            if claimed.start < mark:
+                # MySQL went back in time: this range overlaps IDs already issued.
+                refused.append(claimed)
+                raised_to = await self.ledger.raise_floor(tag, mark)
+                continue
+            self.observe(tag, claimed)
+            await self._raise_shared(tag, claimed.end)
+            return Claim(claimed, refused, raised_to)
+        raise StaleLedger(
+            f"tag {tag!r}: MySQL kept returning ranges below the high-water mark "
+            f"{self.high_water(tag)}; refused {[r.to_text() for r in refused]}"
+        )
+
+    async def _shared_high_water(self, tag: str) -> int:
+        if self.redis_pool is None:
+            return 0
+        try:
+            return await self.redis_pool.high_water(tag)
+        except StoreUnavailable:
+            return 0  # Redis down: the in-memory mark still guards this process
+
+    async def _raise_shared(self, tag: str, end: int) -> None:
+        if self.redis_pool is None:
+            return
+        try:
+            await self.redis_pool.raise_high_water(tag, end)
+        except StoreUnavailable:
+            pass  # a lower shared mark only weakens the check; it never causes a repeat

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+
+class IdPoolError(Exception):
+    """Base class of every error idpool raises on purpose."""
+
+
+class ConfigError(IdPoolError):
+    """A setting is malformed; the message names the variable to fix."""
+
+
+class InvalidTag(IdPoolError):
+    """A tag name is outside the documented character set or length."""
+
+
+class UnknownTag(IdPoolError):
+    """No row for this tag in the ledger."""
+
+
+class TagExists(IdPoolError):
+    """`tag add` for a tag that already has a row."""
+
+
+class StoreUnavailable(IdPoolError):
+    """A store (MySQL or Redis) could not be reached or did not answer in time.
+
+    ``store`` is "mysql" or "redis", so a 503 can say which one is down.
+    """
+
+    def __init__(self, store: str, detail: str) -> None:
+        super().__init__(f"{store} unavailable: {detail}")
+        self.store = store
+        self.detail = detail
+
+
+class StaleLedger(IdPoolError):
+    """MySQL handed out a range at or below a high-water mark seen before.
+
+    This happens after a failover to a lagging replica or a restore from backup.
+    The range is abandoned; the ledger is raised past the mark before claiming again.
+    """

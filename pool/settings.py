@@ -1,0 +1,127 @@
+"""One settings object, read from ``IDPOOL_*`` environment variables.
+
+Every field has a default that works against the MariaDB and Redis on a
+developer machine (127.0.0.1, root without a password).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .errors import ConfigError
+
+ENV_PREFIX = "IDPOOL_"
+
+
+@dataclass(frozen=True)
+class MysqlParams:
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+    database: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    # IDPOOL_MYSQL_URL: the ledger; mysql://user:password@host:port/database
+    mysql_url: str = field(default="mysql://root@127.0.0.1:3306/idpool", repr=False)
+    # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # IDPOOL_REDIS_PREFIX: first part of every Redis key (see pool/keys.py)
+    redis_prefix: str = "idpool"
+    # IDPOOL_CREATE_DATABASE: `serve` and `preload` create the database and table if missing
+    create_database: bool = True
+    # IDPOOL_DEFAULT_STEP: range size for tags added without --step
+    default_step: int = 1000
+    # IDPOOL_PREFETCH_AT: fraction of the current range used before the next is fetched
+    prefetch_at: float = 0.1
+    # IDPOOL_MAX_COUNT: largest count accepted by GET /ids/{tag}
+    max_count: int = 10_000
+    # IDPOOL_PRELOAD: run the preloader job inside each service process
+    preload: bool = True
+    # IDPOOL_POOL_DEPTH: ranges the preloader keeps in each tag's Redis list
+    pool_depth: int = 4
+    # IDPOOL_PRELOAD_INTERVAL: seconds between preloader ticks
+    preload_interval: float = 1.0
+    # IDPOOL_LEASE_SECONDS: how long one preloader holds a tag's refill lease
+    lease_seconds: float = 10.0
+    # IDPOOL_STORE_TIMEOUT: seconds a single MySQL or Redis call may take
+    store_timeout: float = 2.0
+    # IDPOOL_UNKNOWN_TAG_TTL: seconds an unknown tag is remembered as unknown
+    unknown_tag_ttl: float = 1.0
+    # IDPOOL_ADMIN_TOKEN: bearer token for the admin API; empty turns the admin API off
+    admin_token: str = field(default="", repr=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(name, raw, type(getattr(cls(), f.name)))
+        return cls(**values).validated()
+
+    def validated(self) -> Settings:
+        checks = [
+            (self.default_step >= 1, "IDPOOL_DEFAULT_STEP must be at least 1"),
+            (0.0 <= self.prefetch_at < 1.0, "IDPOOL_PREFETCH_AT must be in [0, 1)"),
+            (self.max_count >= 1, "IDPOOL_MAX_COUNT must be at least 1"),
+            (self.pool_depth >= 0, "IDPOOL_POOL_DEPTH must be 0 or more"),
+            (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
+            (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
+            (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
+            (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        self.mysql_params()  # raises ConfigError on a bad URL
+        if urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError("IDPOOL_REDIS_URL must start with redis://, rediss:// or unix://")
+        return self
+
+    def with_changes(self, **changes: Any) -> Settings:
+        return replace(self, **changes).validated()
+
+    def mysql_params(self) -> MysqlParams:
+        url = urlsplit(self.mysql_url)
+        database = url.path.lstrip("/")
+        if url.scheme not in ("mysql", "mariadb") or not url.hostname or not database:
+            raise ConfigError(
+                "IDPOOL_MYSQL_URL must look like mysql://user:password@host:3306/database"
+            )
+        if not database.replace("_", "").isalnum():
+            raise ConfigError("IDPOOL_MYSQL_URL: database name must be letters, digits and _")
+        return MysqlParams(
+            host=url.hostname,
+            port=url.port or 3306,
+            user=unquote(url.username or "root"),
+            password=unquote(url.password or ""),
+            database=database,
+        )
+
+
+def _parse(name: str, raw: str, kind: type) -> Any:
+    try:
+        if kind is bool:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}") from None

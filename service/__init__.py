@@ -1,0 +1,1 @@
+"""The idpool node: per-tag double buffers served over HTTP."""

@@ -1,0 +1,222 @@
+"""The ``idpool`` command: serve, preload, tag add/list/step, pool show.
+
+Logging is configured here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from pool.errors import ConfigError, IdPoolError, StoreUnavailable, TagExists, UnknownTag
+from pool.ledger import Ledger
+from pool.preloader import Preloader
+from pool.ranges import MAX_ID, TAG_RULE, is_valid_tag
+from pool.redis_pool import RedisPool
+from pool.settings import Settings
+
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+        stream=sys.stderr,
+    )
+    # one line per job run is noise; idpool logs what each tick did
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+
+def _tag(value: str) -> str:
+    if not is_valid_tag(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a valid tag: use {TAG_RULE}")
+    return value
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if not 1 <= number <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"{value} must be from 1 to {MAX_ID}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a node (HTTP API; preloader inside by default)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn workers; each is a node")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+
+    sub.add_parser("preload", help="run the preloader alone, until SIGTERM or Ctrl-C")
+
+    tag = sub.add_parser("tag", help="manage tags").add_subparsers(
+        dest="tag_command", required=True
+    )
+    add = tag.add_parser("add", help="create a tag")
+    add.add_argument("tag", type=_tag)
+    add.add_argument("--step", type=_positive, default=None, help="IDs per range")
+    add.add_argument("--start", type=_positive, default=1, help="first ID (default 1)")
+    add.add_argument("--description", default="")
+    tag.add_parser("list", help="list tags and their ledger position")
+    step = tag.add_parser("step", help="change a tag's range size")
+    step.add_argument("tag", type=_tag)
+    step.add_argument("step", type=_positive)
+
+    pool = sub.add_parser("pool", help="inspect the Redis pool").add_subparsers(
+        dest="pool_command", required=True
+    )
+    pool.add_parser("show", help="depth and head range per tag")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    try:
+        settings = Settings.from_env()
+        if args.command == "serve":
+            return _serve(settings, args)
+        commands: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
+            "preload": _preload,
+            "tag": _tag_command,
+            "pool": _pool_show,
+        }
+        return asyncio.run(commands[args.command](settings, args))
+    except ConfigError as e:
+        print(f"idpool: configuration error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreUnavailable as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    # Fail here, once, with a clear message, rather than in every worker.
+    asyncio.run(_check_stores(settings))
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        access_log=args.access_log,
+        log_config=None,  # keep the logging set up above
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+async def _check_stores(settings: Settings) -> None:
+    ledger = await Ledger.connect(settings)
+    await ledger.close()
+    redis_pool = RedisPool.from_settings(settings)
+    try:
+        await redis_pool.check()
+    finally:
+        await redis_pool.close()
+
+
+async def _preload(settings: Settings, args: argparse.Namespace) -> int:
+    ledger = await Ledger.connect(settings)
+    redis_pool = RedisPool.from_settings(settings)
+    try:
+        await redis_pool.check()
+        preloader = Preloader(settings, ledger, redis_pool)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        preloader.start()
+        logging.getLogger("idpool.cli").info("event=preloader_started owner=%s", preloader.owner)
+        await stop.wait()
+        await preloader.close()
+    finally:
+        await redis_pool.close()
+        await ledger.close()
+    return 0
+
+
+async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
+    ledger = await Ledger.connect(settings)
+    try:
+        if args.tag_command == "add":
+            return await _tag_add(settings, ledger, args)
+        if args.tag_command == "step":
+            try:
+                row = await ledger.set_step(args.tag, args.step)
+            except UnknownTag:
+                print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+                return EXIT_USAGE
+            print(f"{row.tag}: step is now {row.step}; ranges already claimed keep their size")
+            return 0
+        print(f"{'tag':<24} {'max_id':>20} {'step':>10} {'start':>12}  description")
+        for row in await ledger.list_tags():
+            print(
+                f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12}  "
+                f"{row.description}"
+            )
+        return 0
+    finally:
+        await ledger.close()
+
+
+async def _tag_add(settings: Settings, ledger: Ledger, args: argparse.Namespace) -> int:
+    step = args.step or settings.default_step
+    floor = await _shared_high_water(settings, args.tag)
+    try:
+        row = await ledger.add_tag(
+            args.tag, step=step, start=args.start, description=args.description, floor=floor
+        )
+    except TagExists:
+        print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
+        return EXIT_USAGE
+    note = ""
+    if row.max_id > args.start:
+        note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
+    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{note}")
+    return 0
+
+
+async def _shared_high_water(settings: Settings, tag: str) -> int:
+    redis_pool = RedisPool.from_settings(settings)
+    try:
+        return await redis_pool.high_water(tag)
+    except IdPoolError:
+        return 0
+    finally:
+        await redis_pool.close()
+
+
+async def _pool_show(settings: Settings, args: argparse.Namespace) -> int:
+    redis_pool = RedisPool.from_settings(settings)
+    try:
+        await redis_pool.check()
+        print(f"{'tag':<24} {'depth':>6} {'ids':>12}  head range")
+        for tag in await redis_pool.tags():
+            ranges = await redis_pool.ranges(tag)
+            head = ranges[0].to_text() if ranges else "-"
+            print(f"{tag:<24} {len(ranges):>6} {sum(map(len, ranges)):>12}  {head}")
+        return 0
+    finally:
+        await redis_pool.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Real servers for tests: a private redis-server that can be killed and restarted,
+and a TCP proxy that can cut a store off from a node without stopping the store."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class RedisServer:
+    """A redis-server of the test's own, on its own port and directory."""
+
+    def __init__(self, directory: Path, *args: str) -> None:
+        self.dir = directory
+        self.port = free_port()
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                str(self.dir / "redis.log"),
+                *self.args,
+            ],
+        )
+        wait_for_port(self.port)
+        return self
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:port to a target; `cut()` drops every connection and
+    refuses new ones until `restore()`, like a store that went away."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                # shutdown wakes the thread blocked in accept(); close alone would not
+                with contextlib.suppress(OSError):
+                    self._listener.shutdown(socket.SHUT_RDWR)
+                self._listener.close()
+                self._listener = None
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self._conns.clear()
+
+    close = cut
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def env_with(**values: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(values)
+    return env
+
+
+class NodeProcess:
+    """One `idpool serve` process on its own port, logging to a file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
+        self.env = env
+        self.port = port or free_port()
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.logs: list[Path] = []  # every log file this node wrote, one per start
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> NodeProcess:
+        import sys
+
+        path = self.log_path.with_suffix(f".{len(self.logs)}.log")
+        self.logs.append(path)
+        with open(path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}: see {self.logs[-1]}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"node on port {self.port} not ready; see {self.logs[-1]}")
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """SIGTERM and wait: the node returns its remainders before it exits.
+
+        True when it exited cleanly (uvicorn re-raises SIGTERM after a graceful
+        shutdown, so -15 is a clean exit too).
+        """
+        assert self.proc is not None
+        self.proc.terminate()
+        code = self.proc.wait(timeout)
+        self.proc = None
+        return code in (0, -signal.SIGTERM)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None
+
+    def held_ranges(self, log_index: int) -> list[tuple[int, int]]:
+        """Ranges one run of this node took or claimed, as [start, end), from its log."""
+        import re
+
+        pattern = re.compile(r"event=range_(?:taken|claimed) tag=\S+ range=(\d+)-(\d+)")
+        text = self.logs[log_index].read_text(errors="replace")
+        return [(int(m.group(1)), int(m.group(2)) + 1) for m in pattern.finditer(text)]

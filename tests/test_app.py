@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from starlette.testclient import TestClient
+
+from pool.ledger import Ledger
+from pool.redis_pool import RedisPool
+from pool.settings import Settings
+from service.app import create_app
+
+from .conftest import TEST_DATABASE
+from .servers import TcpProxy
+
+
+async def _add(settings: Settings, tag: str, step: int = 100, start: int = 1) -> None:
+    ledger = await Ledger.connect(settings)
+    await ledger.add_tag(tag, step=step, start=start)
+    await ledger.close()
+
+
+def add_tag(settings: Settings, tag: str, step: int = 100, start: int = 1) -> None:
+    asyncio.run(_add(settings, tag, step, start))
+
+
+def pool_ranges(settings: Settings, tag: str) -> list[str]:
+    async def go() -> list[str]:
+        pool = RedisPool.from_settings(settings)
+        try:
+            return [r.to_text() for r in await pool.ranges(tag)]
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_one_id_as_text_and_leaf_path(client: TestClient, settings: Settings, tag: str) -> None:
+    add_tag(settings, tag, start=500)
+    r = client.get(f"/id/{tag}")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert r.text == "500"
+    assert client.get(f"/api/segment/get/{tag}").text == "501"
+
+
+def test_batch_spans_ranges_in_increasing_order(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=7)
+    r = client.get(f"/ids/{tag}", params={"count": 100})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["tag"] == tag and body["ids"] == list(range(1, 101))
+
+
+def test_tag_created_after_start_is_served(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    assert client.get(f"/id/{tag}").status_code == 404
+    add_tag(settings, tag)
+    import time
+
+    time.sleep(settings.unknown_tag_ttl)
+    assert client.get(f"/id/{tag}").text == "1"
+
+
+def test_unknown_tag_is_404_with_a_hint(client: TestClient) -> None:
+    r = client.get("/id/no_such_tag_here")
+    assert r.status_code == 404
+    assert r.json() == {
+        "error": "unknown_tag",
+        "message": "tag 'no_such_tag_here' does not exist; create it with "
+        "`idpool tag add no_such_tag_here`",
+    }
+
+
+@pytest.mark.parametrize("path", ["/id/bad%20tag", "/id/-x", "/ids/a:b?count=1", "/id/" + "x" * 65])
+def test_malformed_tag_is_400(client: TestClient, path: str) -> None:
+    r = client.get(path)
+    assert r.status_code == 400
+    assert r.json()["error"] == "bad_tag" and "A-Z a-z 0-9" in r.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",
+        "?count=",
+        "?count=0",
+        "?count=-1",
+        "?count=10001",
+        "?count=abc",
+        "?count=1.5",
+        "?count=1e3",
+        "?count=%205",
+        "?count=1&count=2",
+        "?count=99999999999999999999",
+    ],
+)
+def test_bad_count_is_400(client: TestClient, settings: Settings, tag: str, query: str) -> None:
+    add_tag(settings, tag)
+    r = client.get(f"/ids/{tag}{query}")
+    assert r.status_code == 400
+    assert r.json()["error"] == "bad_count" and "1 to 10000" in r.json()["message"]
+
+
+def test_shutdown_returns_the_remainder_to_the_head(settings: Settings, tag: str) -> None:
+    add_tag(settings, tag, step=100)
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/ids/{tag}", params={"count": 5}).json()["ids"] == [1, 2, 3, 4, 5]
+    assert pool_ranges(settings, tag)[0] == "6-100"
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/id/{tag}").text == "6"  # the next node goes on where it stopped
+
+
+@pytest.fixture
+def proxied(settings: Settings) -> Iterator[tuple[Settings, TcpProxy, TcpProxy]]:
+    mysql, redis = TcpProxy(3306), TcpProxy(6379)
+    s = settings.with_changes(
+        mysql_url=f"mysql://root@127.0.0.1:{mysql.port}/{TEST_DATABASE}",
+        redis_url=f"redis://127.0.0.1:{redis.port}/0",
+        store_timeout=0.5,
+    )
+    yield s, mysql, redis
+    mysql.cut()
+    redis.cut()
+
+
+def test_redis_down_claims_from_mysql_without_failures(
+    proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
+) -> None:
+    s, _, redis = proxied
+    add_tag(s, tag, step=10)
+    with TestClient(create_app(s)) as c:
+        assert c.get(f"/id/{tag}").text == "1"
+        redis.cut()
+        ids = [int(c.get(f"/id/{tag}").text) for _ in range(60)]
+        assert ids == list(range(2, 62))
+
+
+def test_mysql_down_serves_from_the_pool(
+    proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
+) -> None:
+    s, mysql, _ = proxied
+    add_tag(s, tag, step=10)
+    with TestClient(create_app(s.with_changes(preload=True, pool_depth=8))) as c:
+        assert c.get(f"/id/{tag}").status_code == 200
+        for _ in range(100):
+            if len(pool_ranges(s, tag)) >= 7:
+                break
+            asyncio.run(asyncio.sleep(0.05))
+        mysql.cut()
+        responses = [c.get(f"/id/{tag}") for _ in range(60)]
+        assert [r.status_code for r in responses] == [200] * 60
+        values = [int(r.text) for r in responses]
+        assert len(set(values)) == 60
+
+
+def test_both_down_is_503_naming_them_then_recovers(
+    proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
+) -> None:
+    s, mysql, redis = proxied
+    add_tag(s, tag, step=5)
+    with TestClient(create_app(s)) as c:
+        assert c.get(f"/id/{tag}").text == "1"
+        asyncio.run(asyncio.sleep(0.3))  # let the prefetch of the second range land
+        mysql.cut()
+        redis.cut()
+        served = []
+        for _ in range(20):
+            r = c.get(f"/id/{tag}")
+            if r.status_code != 200:
+                break
+            served.append(int(r.text))
+        assert served == list(range(2, 2 + len(served)))  # the buffers lasted this long
+        assert r.status_code == 503
+        body = r.json()
+        assert body["error"] == "unavailable"
+        assert "redis" in body["message"] and "mysql" in body["message"]
+        mysql.restore()
+        redis.restore()
+        for _ in range(50):
+            r = c.get(f"/id/{tag}")
+            if r.status_code == 200:
+                break
+            asyncio.run(asyncio.sleep(0.1))
+        assert r.status_code == 200
+        assert int(r.text) > max(served)

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pool.errors import StoreUnavailable
+from pool.ranges import IdRange
+from service.buffer import Draining, SegmentBuffer
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeSupply:
+    """Hands out consecutive ranges of `step`; can be made slow or failing."""
+
+    def __init__(self, step: int = 10, start: int = 1) -> None:
+        self.step = step
+        self.next_start = start
+        self.calls = 0
+        self.delay = 0.0
+        self.fail: BaseException | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, tag: str) -> IdRange:
+        self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        r = IdRange(self.next_start, self.next_start + self.step)
+        self.next_start = r.end
+        return r
+
+
+async def test_switch_has_no_gap_and_no_repeat() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    ids = [await buf.take_waiting() for _ in range(95)]
+    assert ids == list(range(1, 96))
+
+
+async def test_prefetch_starts_at_the_threshold_and_runs_in_background() -> None:
+    supply = FakeSupply(step=100)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    assert await buf.take_waiting() == 1
+    assert supply.calls == 1
+    for _ in range(9):
+        buf.take()  # IDs 2..10: 10% not yet passed
+    assert not buf.fetching and supply.calls == 1
+    assert buf.take() == 11  # the 11th ID crosses 10%
+    assert buf.fetching
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert buf.next == IdRange(101, 201) and not buf.fetching
+
+
+async def test_requests_never_wait_while_the_next_range_is_ready() -> None:
+    supply = FakeSupply(step=20)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.5)
+    await buf.take_waiting()
+    for _ in range(15):
+        buf.take()
+    await asyncio.sleep(0.01)  # prefetch done
+    supply.gate = asyncio.Event()  # from now on the store hangs
+    taken = [buf.take() for _ in range(24)]  # finish range 1, all of range 2
+    assert None not in taken
+    assert taken == list(range(17, 41))
+
+
+async def test_take_many_spans_ranges_in_order() -> None:
+    supply = FakeSupply(step=7)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    ids = await buf.take_many_waiting(50)
+    assert ids == list(range(1, 51))
+    ids = await buf.take_many_waiting(3)
+    assert ids == [51, 52, 53]
+
+
+async def test_concurrent_waiters_share_one_fetch_and_get_distinct_ids() -> None:
+    supply = FakeSupply(step=1000)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    ids = await asyncio.gather(*(buf.take_waiting() for _ in range(500)))
+    assert sorted(ids) == list(range(1, 501))
+    assert supply.calls <= 2
+
+
+async def test_failed_fetch_fails_fast_then_recovers() -> None:
+    supply = FakeSupply(step=5)
+    supply.fail = StoreUnavailable("redis", "down")
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    with pytest.raises(StoreUnavailable):
+        await buf.take_waiting()
+    calls = supply.calls
+    with pytest.raises(StoreUnavailable):  # within the backoff: no new store call
+        await buf.take_waiting()
+    assert supply.calls == calls
+    supply.fail = None
+    await asyncio.sleep(0.25)
+    assert await buf.take_waiting() == 1
+
+
+async def test_drain_returns_the_exact_remainder_once_and_stops_serving() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    for _ in range(3):
+        await buf.take_waiting()  # 1,2,3; prefetch of 11-20 started
+    await asyncio.sleep(0.01)
+    remainder = await buf.drain()
+    assert remainder == [IdRange(4, 11), IdRange(11, 21)]
+    assert buf.take() is None
+    with pytest.raises(Draining):
+        await buf.take_waiting()
+    assert await buf.drain() == []
+
+
+async def test_drain_waits_for_a_fetch_under_way() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.0)
+    await buf.take_waiting()  # 1; prefetch begins at once
+    supply.gate = asyncio.Event()
+    for _ in range(3):
+        buf.take()
+    supply.next_start = 11
+    draining = asyncio.ensure_future(buf.drain())
+    await asyncio.sleep(0.01)
+    assert not draining.done()
+    supply.gate.set()
+    assert await draining == [IdRange(5, 11), IdRange(11, 21)]

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import pymysql
+import pytest
+
+from pool.claims import LedgerClaims
+from pool.errors import StaleLedger
+from pool.ledger import TABLE, Ledger
+from pool.ranges import IdRange
+from pool.redis_pool import RedisPool
+
+from .conftest import TEST_DATABASE
+
+pytestmark = pytest.mark.anyio
+
+
+def rewind_ledger(tag: str, max_id: int) -> None:
+    """What a failover to a lagging MySQL replica, or a restore, looks like to idpool."""
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=TEST_DATABASE, autocommit=True)
+    conn.cursor().execute(f"UPDATE {TABLE} SET max_id = %s WHERE tag = %s", (max_id, tag))
+    conn.close()
+
+
+async def test_rewound_ledger_is_refused_and_raised(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=100, start=1)
+    claims = LedgerClaims(ledger, redis_pool)
+    first = await claims.claim(tag, 3)
+    assert first.range == IdRange(1, 301) and first.refused == []
+    assert await redis_pool.high_water(tag) == 301
+    rewind_ledger(tag, 101)
+    second = await claims.claim(tag)
+    assert second.refused == [IdRange(101, 201)]  # would have repeated IDs 101..200
+    assert second.raised_to == 301
+    assert second.range == IdRange(301, 401)
+    assert (await ledger.get_tag(tag)).max_id == 401
+
+
+async def test_mark_in_redis_guards_other_processes(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    await LedgerClaims(ledger, redis_pool).claim(tag, 5)
+    rewind_ledger(tag, 1)
+    fresh_process = LedgerClaims(ledger, redis_pool)  # knows nothing in memory
+    claim = await fresh_process.claim(tag)
+    assert claim.range.start >= 51 and claim.refused
+
+
+async def test_mark_in_memory_guards_when_redis_lost_it(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    claims = LedgerClaims(ledger, redis_pool)
+    await claims.claim(tag, 5)
+    await redis_pool.client.delete(redis_pool.keys.hwm(tag))  # Redis restarted empty
+    rewind_ledger(tag, 1)
+    claim = await claims.claim(tag)
+    assert claim.range.start >= 51 and claim.refused
+
+
+async def test_pool_ranges_raise_the_mark(ledger: Ledger, tag: str) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    claims = LedgerClaims(ledger, None)
+    claims.observe(tag, IdRange(1, 1001))  # a range popped from the pool
+    claim = await claims.claim(tag)
+    assert claim.range.start >= 1001
+
+
+async def test_gives_up_loudly_when_the_ledger_cannot_be_raised(
+    ledger: Ledger, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    claims = LedgerClaims(ledger, None)
+    claims.observe(tag, IdRange(1, 10_000))
+
+    async def no_op(tag: str, floor: int) -> int:
+        return 0
+
+    monkeypatch.setattr(ledger, "raise_floor", no_op)
+    with pytest.raises(StaleLedger, match="high-water mark"):
+        await claims.claim(tag)
+
+
+async def test_concurrent_claimers_are_never_refused(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    """A claim racing with faster claims elsewhere is fine, not stale."""
+    import asyncio
+
+    await ledger.add_tag(tag, step=10, start=1)
+    processes = [LedgerClaims(ledger, redis_pool) for _ in range(4)]
+    claims = await asyncio.gather(*(processes[i % 4].claim(tag) for i in range(300)))
+    assert [c.refused for c in claims if c.refused] == []
+    ids = sorted(i for c in claims for i in range(c.range.start, c.range.end))
+    assert ids == list(range(1, 3001))

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+
+import pytest
+
+from pool.errors import StoreUnavailable, TagExists, UnknownTag
+from pool.ledger import Ledger
+from pool.ranges import IdRange
+from pool.settings import Settings
+
+from .conftest import MYSQL_SERVER, MYSQL_URL, new_name
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_claims_are_consecutive_and_read_back(ledger: Ledger, tag: str) -> None:
+    row = await ledger.add_tag(tag, step=100, start=1000)
+    assert (row.max_id, row.step, row.start_id) == (1000, 100, 1000)
+    assert await ledger.claim(tag) == IdRange(1000, 1100)
+    assert await ledger.claim(tag, 3) == IdRange(1100, 1400)
+    assert (await ledger.get_tag(tag)).max_id == 1400
+
+
+async def test_unknown_tag(ledger: Ledger) -> None:
+    with pytest.raises(UnknownTag):
+        await ledger.claim(new_name("nosuch"))
+    with pytest.raises(UnknownTag):
+        await ledger.get_tag(new_name("nosuch"))
+
+
+async def test_concurrent_claims_in_one_process_never_overlap(ledger: Ledger, tag: str) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    ranges = await asyncio.gather(*(ledger.claim(tag) for _ in range(200)))
+    ids = [i for r in ranges for i in range(r.start, r.end)]
+    assert len(ids) == len(set(ids)) == 2000
+    assert sorted(ids) == list(range(1, 2001))
+
+
+def _claim_many(url: str, tag: str, n: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    async def go() -> list[tuple[int, int]]:
+        led = await Ledger.connect(Settings(mysql_url=url))
+        try:
+            got = []
+            for _ in range(n):
+                r = await led.claim(tag)
+                got.append((r.start, r.end))
+            return got
+        finally:
+            await led.close()
+
+    out.put(asyncio.run(go()))
+
+
+async def test_claims_from_many_processes_never_overlap(ledger: Ledger, tag: str) -> None:
+    await ledger.add_tag(tag, step=7, start=1)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claim_many, args=(MYSQL_URL, tag, 150, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    ids = [i for got in results for (s, e) in got for i in range(s, e)]
+    assert len(ids) == len(set(ids)) == 4 * 150 * 7
+    assert sorted(ids) == list(range(1, 4 * 150 * 7 + 1))
+
+
+async def test_max_id_never_decreases(ledger: Ledger, tag: str) -> None:
+    await ledger.add_tag(tag, step=50, start=1)
+    await ledger.claim(tag, 2)
+    assert await ledger.raise_floor(tag, 10) == 101  # lower floor: unchanged
+    assert await ledger.raise_floor(tag, 5000) == 5000
+    with pytest.raises(TagExists):
+        await ledger.add_tag(tag, step=50, start=1)  # re-creating cannot reset it
+    assert (await ledger.get_tag(tag)).max_id == 5000
+    await ledger.set_step(tag, 10)
+    assert await ledger.claim(tag) == IdRange(5000, 5010)
+
+
+async def test_add_tag_starts_above_a_known_high_water_mark(ledger: Ledger, tag: str) -> None:
+    row = await ledger.add_tag(tag, step=10, start=1, floor=777)
+    assert row.max_id == 777
+    assert await ledger.claim(tag) == IdRange(777, 787)
+
+
+async def test_creates_missing_database(settings: Settings) -> None:
+    db = new_name("idpool_new_")
+    url = f"{MYSQL_SERVER}/{db}"
+    led = await Ledger.connect(settings.with_changes(mysql_url=url))
+    try:
+        await led.add_tag("x", step=1, start=1)
+        assert await led.claim("x") == IdRange(1, 2)
+    finally:
+        await led.close()
+        import pymysql
+
+        conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+        conn.cursor().execute(f"DROP DATABASE `{db}`")
+        conn.close()
+
+
+async def test_missing_database_without_permission_to_create(settings: Settings) -> None:
+    url = f"{MYSQL_SERVER}/{new_name('idpool_absent_')}"
+    with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL"):
+        await Ledger.connect(settings.with_changes(mysql_url=url, create_database=False))
+
+
+async def test_unreachable_mysql_names_the_variable(settings: Settings) -> None:
+    from .servers import free_port
+
+    url = f"mysql://root@127.0.0.1:{free_port()}/idpool"
+    with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL") as info:
+        await Ledger.connect(settings.with_changes(mysql_url=url))
+    assert info.value.store == "mysql"

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from pool.errors import StoreUnavailable
+from pool.ledger import Ledger
+from pool.preloader import Preloader
+from pool.ranges import IdRange
+from pool.redis_pool import PushResult, RedisPool
+from pool.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_refill_tops_up_to_depth_with_one_claim(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=100, start=1)
+    pre = Preloader(settings.with_changes(pool_depth=4), ledger, redis_pool)
+    report = await pre.refill_tag(tag, 100)
+    assert [r.to_text() for r in report.pushed] == ["1-100", "101-200", "201-300", "301-400"]
+    assert (await ledger.get_tag(tag)).max_id == 401
+    await redis_pool.pop(tag)
+    report = await pre.refill_tag(tag, 100)
+    assert [r.to_text() for r in report.pushed] == ["401-500"]
+    assert (await pre.refill_tag(tag, 100)).skipped == "full"
+    assert await redis_pool.high_water(tag) == 501
+
+
+async def test_many_preloaders_at_once_do_not_overfill(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    s = settings.with_changes(pool_depth=5)
+    preloaders = [Preloader(s, ledger, redis_pool) for _ in range(8)]
+    for _ in range(3):
+        await asyncio.gather(*(p.refill_tag(tag, 10) for p in preloaders))
+    assert await redis_pool.depth(tag) == 5
+    ranges = await redis_pool.ranges(tag)
+    assert ranges == IdRange(1, 51).split(10)
+
+
+class AmbiguousPush(RedisPool):
+    """The push lands, but the answer is lost (a timeout after the server ran it)."""
+
+    pushes = 0
+
+    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+        AmbiguousPush.pushes += 1
+        await super().push(tag, ranges, head=head)
+        raise StoreUnavailable("redis", "Timeout reading from socket")
+
+
+async def test_push_with_unknown_outcome_is_abandoned_not_retried(
+    settings: Settings, ledger: Ledger, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    plain = RedisPool.from_settings(settings)
+    pool = AmbiguousPush(plain.client, plain.keys)
+    pre = Preloader(settings.with_changes(pool_depth=2), ledger, pool)
+    report = await pre.refill_tag(tag, 10)
+    assert AmbiguousPush.pushes == 1
+    assert [r.to_text() for r in report.abandoned] == ["1-10", "11-20"]
+    assert report.pushed == []
+    ranges = await pool.ranges(tag)
+    assert ranges == [IdRange(1, 11), IdRange(11, 21)]  # landed once, never twice
+    await pool.close()
+
+
+async def test_scheduled_ticks_fill_every_tag_and_close_waits(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    pre = Preloader(settings.with_changes(pool_depth=3, preload_interval=0.05), ledger, redis_pool)
+    pre.start()
+    for _ in range(100):
+        if await redis_pool.depth(tag) == 3:
+            break
+        await asyncio.sleep(0.02)
+    await pre.close()
+    await pre.close()  # harmless twice
+    assert await redis_pool.depth(tag) == 3
+    row = await ledger.get_tag(tag)
+    assert row.max_id == 31  # nothing claimed that is not in the list
+
+
+async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPool) -> None:
+    from .conftest import TEST_DATABASE
+    from .servers import TcpProxy
+
+    proxy = TcpProxy(3306)
+    url = f"mysql://root@127.0.0.1:{proxy.port}/{TEST_DATABASE}"
+    ledger = await Ledger.connect(settings.with_changes(mysql_url=url))
+    proxy.cut()
+    pre = Preloader(settings, ledger, redis_pool)
+    assert await pre.refill_all() == []
+    await ledger.close()

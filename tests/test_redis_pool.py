@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from pool.errors import StoreUnavailable
+from pool.keys import Keys
+from pool.ranges import IdRange
+from pool.redis_pool import RedisPool, make_client
+from pool.settings import Settings
+
+from .servers import RedisServer, free_port
+
+pytestmark = pytest.mark.anyio
+
+
+def R(text: str) -> IdRange:
+    return IdRange.from_text(text)
+
+
+async def test_fresh_ranges_at_tail_remainders_at_head(redis_pool: RedisPool, tag: str) -> None:
+    await redis_pool.push(tag, [R("1-10"), R("11-20")], head=False)
+    await redis_pool.push(tag, [R("31-40")], head=False)
+    result = await redis_pool.push(tag, [R("5-10"), R("15-20")], head=True)
+    assert result.depth == 5
+    assert [r.to_text() for r in await redis_pool.ranges(tag)] == [
+        "5-10",
+        "15-20",
+        "1-10",
+        "11-20",
+        "31-40",
+    ]
+    assert (await redis_pool.pop(tag)).range == R("5-10")
+    assert await redis_pool.depth(tag) == 4
+    assert tag in await redis_pool.tags()
+
+
+async def test_pop_of_empty_list(redis_pool: RedisPool, tag: str) -> None:
+    result = await redis_pool.pop(tag)
+    assert result.range is None and result.dropped == []
+
+
+async def test_list_is_readable_with_plain_redis_commands(
+    redis_pool: RedisPool, settings: Settings, tag: str
+) -> None:
+    await redis_pool.push(tag, [R("1001-2000")], head=False)
+    plain = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    assert plain.lrange(Keys(settings.redis_prefix).pool(tag), 0, -1) == ["1001-2000"]
+
+
+async def test_high_water_mark_only_rises_even_past_2_pow_53(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    big = 2**60 + 1
+    assert await redis_pool.high_water(tag) == 0
+    assert await redis_pool.raise_high_water(tag, 100) == 100
+    assert await redis_pool.raise_high_water(tag, 99) == 100
+    assert await redis_pool.raise_high_water(tag, big) == big
+    assert await redis_pool.raise_high_water(tag, big - 1) == big  # a double would say equal
+    assert await redis_pool.high_water(tag) == big
+
+
+async def test_lease_has_one_owner(redis_pool: RedisPool, tag: str) -> None:
+    assert await redis_pool.acquire_lease(tag, "a", 5)
+    assert not await redis_pool.acquire_lease(tag, "b", 5)
+    await redis_pool.release_lease(tag, "b")  # not b's: stays
+    assert not await redis_pool.acquire_lease(tag, "b", 5)
+    await redis_pool.release_lease(tag, "a")
+    assert await redis_pool.acquire_lease(tag, "b", 5)
+
+
+def test_client_never_retries_a_command(settings: Settings) -> None:
+    # A retried RPUSH whose first try landed would put a range in the list twice.
+    client = make_client(settings)
+    retry = client.get_retry()
+    assert retry is not None and retry.get_retries() == 0
+    kwargs = client.connection_pool.connection_kwargs
+    assert not kwargs.get("retry_on_error")
+
+
+async def test_unreachable_redis_raises_store_unavailable(settings: Settings, tag: str) -> None:
+    pool = RedisPool.from_settings(
+        settings.with_changes(redis_url=f"redis://127.0.0.1:{free_port()}")
+    )
+    with pytest.raises(StoreUnavailable, match="IDPOOL_REDIS_URL"):
+        await pool.check()
+    with pytest.raises(StoreUnavailable) as info:
+        await pool.pop(tag)
+    assert info.value.store == "redis"
+    await pool.close()
+
+
+async def test_redis_restarted_from_old_data_never_hands_out_a_popped_range(
+    redis_server: RedisServer, settings: Settings, tag: str
+) -> None:
+    """AOF everysec loses the last second: a popped range comes back in the list."""
+    s = settings.with_changes(redis_url=redis_server.url)
+    pool = RedisPool.from_settings(s)
+    await pool.push(tag, [R("1-10"), R("11-20"), R("21-30")], head=False)
+    plain = redis.Redis.from_url(redis_server.url)
+    plain.bgrewriteaof()
+    _wait_rewrite(plain)
+    popped = (await pool.pop(tag)).range
+    assert popped == R("1-10")
+    # Simulate the lost second: put the popped range back as an old snapshot would.
+    # (kill -9 right after the pop may or may not lose it; this makes the loss certain.)
+    plain.lpush(Keys(s.redis_prefix).pool(tag), "1-10")
+    plain.bgrewriteaof()
+    _wait_rewrite(plain)
+    redis_server.kill9()
+    redis_server.start()
+    await pool.close()
+    pool = RedisPool.from_settings(s)
+    assert plain.lrange(Keys(s.redis_prefix).pool(tag), 0, -1)[0] == b"1-10"  # the hazard
+    first = await pool.pop(tag)
+    assert first.range is None  # everything from before the restart is dropped...
+    assert sorted(first.dropped) == [f"{tag}=1-10", f"{tag}=11-20", f"{tag}=21-30"]
+    await pool.push(tag, [R("31-40")], head=False)
+    assert (await pool.pop(tag)).range == R("31-40")  # ...and the pool works on
+    assert (await pool.pop(tag)).dropped == []
+    await pool.close()
+
+
+async def test_data_loaded_from_an_old_rdb_snapshot_is_dropped(
+    tmp_path: Path, settings: Settings, tag: str
+) -> None:
+    server = RedisServer(tmp_path / "rdb", "--save", "", "--appendonly", "no").start()
+    try:
+        s = settings.with_changes(redis_url=server.url)
+        pool = RedisPool.from_settings(s)
+        await pool.push(tag, [R("1-10"), R("11-20")], head=False)
+        plain = redis.Redis.from_url(server.url)
+        plain.save()  # the snapshot holds both ranges
+        assert (await pool.pop(tag)).range == R("1-10")
+        server.kill9()  # the pop after the snapshot is lost
+        server.start()
+        await pool.close()
+        pool = RedisPool.from_settings(s)
+        result = await pool.pop(tag)
+        assert result.range is None
+        assert sorted(result.dropped) == [f"{tag}=1-10", f"{tag}=11-20"]
+        await pool.close()
+    finally:
+        server.kill9()
+
+
+async def test_promoted_replica_is_a_new_incarnation(
+    tmp_path: Path, settings: Settings, tag: str
+) -> None:
+    """A failover to a replica that missed the last pop must not serve it again."""
+    primary = RedisServer(
+        tmp_path / "primary", "--save", "", "--repl-diskless-sync-delay", "0"
+    ).start()
+    replica = RedisServer(tmp_path / "replica", "--save", "").start()
+    try:
+        rep = redis.Redis.from_url(replica.url)
+        rep.replicaof("127.0.0.1", primary.port)
+        _wait_until(lambda: rep.info("replication")["master_link_status"] == "up")
+        pool = RedisPool.from_settings(settings.with_changes(redis_url=primary.url))
+        await pool.push(tag, [R("1-10"), R("11-20")], head=False)
+        prim = redis.Redis.from_url(primary.url)
+        assert prim.wait(1, 10_000) == 1
+        rep.config_set("replica-read-only", "yes")
+        # The replica stops hearing the primary before the next pop: it lags.
+        rep.replicaof("127.0.0.1", free_port())
+        assert (await pool.pop(tag)).range == R("1-10")
+        rep.replicaof("no", "one")  # failover
+        await pool.close()
+        pool = RedisPool.from_settings(settings.with_changes(redis_url=replica.url))
+        result = await pool.pop(tag)
+        assert result.range is None
+        assert sorted(result.dropped) == [f"{tag}=1-10", f"{tag}=11-20"]
+        await pool.close()
+    finally:
+        primary.kill9()
+        replica.kill9()
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.02)
+
+
+def _wait_rewrite(client: redis.Redis) -> None:
+    def done() -> bool:
+        info = client.info("persistence")
+        return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
+    _wait_until(done)

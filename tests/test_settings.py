@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+
+from pool.errors import ConfigError
+from pool.settings import Settings
+
+
+def test_defaults_work_on_this_machine() -> None:
+    s = Settings.from_env({})
+    params = s.mysql_params()
+    assert (params.host, params.port, params.user, params.database) == (
+        "127.0.0.1",
+        3306,
+        "root",
+        "idpool",
+    )
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+
+
+def test_environment_overrides_with_prefix() -> None:
+    s = Settings.from_env(
+        {"IDPOOL_POOL_DEPTH": "7", "IDPOOL_PRELOAD": "off", "IDPOOL_PREFETCH_AT": "0.25"}
+    )
+    assert (s.pool_depth, s.preload, s.prefetch_at) == (7, False, 0.25)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("IDPOOL_POOL_DEPTH", "many"),
+        ("IDPOOL_PRELOAD", "maybe"),
+        ("IDPOOL_PREFETCH_AT", "1.5"),
+        ("IDPOOL_MAX_COUNT", "0"),
+        ("IDPOOL_MYSQL_URL", "postgres://x/y"),
+        ("IDPOOL_MYSQL_URL", "mysql://host/bad-name;drop"),
+        ("IDPOOL_REDIS_URL", "http://localhost"),
+        ("IDPOOL_REDIS_PREFIX", "a:b"),
+    ],
+)
+def test_bad_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_passwords_and_tokens_stay_out_of_repr() -> None:
+    s = Settings.from_env(
+        {
+            "IDPOOL_MYSQL_URL": "mysql://app:s3cret-m@db:3306/idpool",
+            "IDPOOL_REDIS_URL": "redis://:s3cret-r@cache:6379/0",
+            "IDPOOL_ADMIN_TOKEN": "s3cret-t",
+        }
+    )
+    text = repr(s) + repr(s.mysql_params())
+    assert "s3cret" not in text
+    assert s.mysql_params().password == "s3cret-m"
