@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import StaleLedger, StoreUnavailable
-from .ledger import Ledger
 from .ranges import IdRange
-from .redis_pool import RedisPool
+from .stores import LedgerStore, PoolStore
 
 _MAX_STALE_RETRIES = 3
 
@@ -29,7 +28,7 @@ class Claim:
 
 
 class LedgerClaims:
-    def __init__(self, ledger: Ledger, redis_pool: RedisPool | None) -> None:
+    def __init__(self, ledger: LedgerStore, redis_pool: PoolStore | None) -> None:
         self.ledger = ledger
         self.redis_pool = redis_pool
         self._high_water: dict[str, int] = {}  # tag -> highest range end seen here

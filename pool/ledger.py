@@ -23,12 +23,16 @@ from .settings import MysqlParams, Settings
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
+DEFAULT_MAX_STEP = 1_000_000
+_COLUMNS = "tag, max_id, step, start_id, description, updated_at, min_step, max_step"
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
     tag         VARCHAR(64)  NOT NULL PRIMARY KEY,
     max_id      BIGINT       NOT NULL COMMENT 'first ID not yet claimed',
-    step        INT          NOT NULL COMMENT 'IDs per range',
+    step        INT          NOT NULL COMMENT 'IDs per range (adapted by the preloader)',
+    min_step    INT          NOT NULL COMMENT 'dynamic step never goes below',
+    max_step    INT          NOT NULL COMMENT 'dynamic step never goes above',
     start_id    BIGINT       NOT NULL COMMENT 'first ID the tag hands out',
     description VARCHAR(255) NOT NULL DEFAULT '',
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
@@ -56,6 +60,8 @@ class TagRow:
     start_id: int
     description: str
     updated_at: datetime
+    min_step: int
+    max_step: int
 
 
 class Ledger:
@@ -149,20 +155,32 @@ class Ledger:
         return await self._run(op, transaction=True)
 
     async def add_tag(
-        self, tag: str, *, step: int, start: int, description: str = "", floor: int = 0
+        self,
+        tag: str,
+        *,
+        step: int,
+        start: int,
+        description: str = "",
+        floor: int = 0,
+        min_step: int | None = None,
+        max_step: int | None = None,
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)``.
 
         ``floor`` is the high-water mark known outside MySQL: a tag deleted by hand
-        and added again cannot hand out its old IDs a second time.
+        and added again cannot hand out its old IDs a second time. The dynamic
+        step stays within ``[min_step, max_step]`` (default: ``[step, DEFAULT_MAX_STEP]``).
         """
+        lo = step if min_step is None else min_step
+        hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
 
         async def op(cur: Any) -> None:
             try:
                 await cur.execute(
-                    f"INSERT INTO {TABLE} (tag, max_id, step, start_id, description) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    (tag, max(start, floor), step, start, description),
+                    f"INSERT INTO {TABLE} "
+                    "(tag, max_id, step, start_id, description, min_step, max_step) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    (tag, max(start, floor), step, start, description, lo, hi),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None
@@ -171,9 +189,13 @@ class Ledger:
         return await self.get_tag(tag)
 
     async def set_step(self, tag: str, step: int) -> TagRow:
+        """An operator's step: the new size, and the floor of the dynamic step."""
+
         async def op(cur: Any) -> int:
             result: int = await cur.execute(
-                f"UPDATE {TABLE} SET step = %s WHERE tag = %s", (step, tag)
+                f"UPDATE {TABLE} SET step = %s, min_step = %s, "
+                "max_step = GREATEST(max_step, %s) WHERE tag = %s",
+                (step, step, step, tag),
             )
             return result
 
@@ -182,11 +204,7 @@ class Ledger:
 
     async def get_tag(self, tag: str) -> TagRow:
         async def op(cur: Any) -> TagRow | None:
-            await cur.execute(
-                f"SELECT tag, max_id, step, start_id, description, updated_at FROM {TABLE} "
-                "WHERE tag = %s",
-                (tag,),
-            )
+            await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s", (tag,))
             row = await cur.fetchone()
             return None if row is None else TagRow(*row)
 
@@ -197,10 +215,7 @@ class Ledger:
 
     async def list_tags(self) -> list[TagRow]:
         async def op(cur: Any) -> list[TagRow]:
-            await cur.execute(
-                f"SELECT tag, max_id, step, start_id, description, updated_at FROM {TABLE} "
-                "ORDER BY tag"
-            )
+            await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} ORDER BY tag")
             return [TagRow(*row) for row in await cur.fetchall()]
 
         return await self._run(op)

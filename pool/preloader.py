@@ -24,10 +24,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
 from .errors import IdPoolError, StoreUnavailable
-from .ledger import Ledger
 from .ranges import IdRange
-from .redis_pool import RedisPool
 from .settings import Settings
+from .stores import LedgerStore, PoolStore
 
 logger = logging.getLogger("idpool.preloader")
 
@@ -48,8 +47,8 @@ class Preloader:
     def __init__(
         self,
         settings: Settings,
-        ledger: Ledger,
-        redis_pool: RedisPool,
+        ledger: LedgerStore,
+        redis_pool: PoolStore,
         claims: LedgerClaims | None = None,
     ) -> None:
         self.settings = settings

@@ -20,11 +20,10 @@ from starlette.routing import Route
 
 from pool.claims import LedgerClaims
 from pool.errors import IdPoolError, StaleLedger, UnknownTag
-from pool.ledger import Ledger
 from pool.preloader import Preloader
 from pool.ranges import TAG_RULE, is_valid_tag
-from pool.redis_pool import RedisPool
 from pool.settings import Settings
+from pool.stores import open_stores
 
 from .buffer import Draining
 from .node import Node, NoRangeAvailable, RangeSource
@@ -111,11 +110,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger = await Ledger.connect(settings)
-        redis_pool = RedisPool.from_settings(settings)
+        ledger, redis_pool = await open_stores(settings)
         preloader: Preloader | None = None
         try:
-            await redis_pool.check()
             claims = LedgerClaims(ledger, redis_pool)
             node = Node(
                 RangeSource(claims, redis_pool),

@@ -19,6 +19,7 @@ from pool.preloader import Preloader
 from pool.ranges import MAX_ID, TAG_RULE, is_valid_tag
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
+from pool.stores import LedgerStore, open_stores
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -124,20 +125,14 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _check_stores(settings: Settings) -> None:
-    ledger = await Ledger.connect(settings)
+    ledger, redis_pool = await open_stores(settings)
+    await redis_pool.close()
     await ledger.close()
-    redis_pool = RedisPool.from_settings(settings)
-    try:
-        await redis_pool.check()
-    finally:
-        await redis_pool.close()
 
 
 async def _preload(settings: Settings, args: argparse.Namespace) -> int:
-    ledger = await Ledger.connect(settings)
-    redis_pool = RedisPool.from_settings(settings)
+    ledger, redis_pool = await open_stores(settings)
     try:
-        await redis_pool.check()
         preloader = Preloader(settings, ledger, redis_pool)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -177,7 +172,7 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
         await ledger.close()
 
 
-async def _tag_add(settings: Settings, ledger: Ledger, args: argparse.Namespace) -> int:
+async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
     step = args.step or settings.default_step
     floor = await _shared_high_water(settings, args.tag)
     try:

@@ -16,7 +16,7 @@ from pool.claims import LedgerClaims
 from pool.errors import IdPoolError, StoreUnavailable, UnknownTag
 from pool.preloader import log_dropped, log_refused
 from pool.ranges import IdRange
-from pool.redis_pool import RedisPool
+from pool.stores import PoolStore
 
 from .buffer import Draining, SegmentBuffer
 
@@ -37,7 +37,7 @@ class NoRangeAvailable(IdPoolError):
 
 
 class RangeSource:
-    def __init__(self, claims: LedgerClaims, redis_pool: RedisPool | None) -> None:
+    def __init__(self, claims: LedgerClaims, redis_pool: PoolStore | None) -> None:
         self.claims = claims
         self.redis_pool = redis_pool
         self._skip_redis_until = 0.0

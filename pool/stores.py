@@ -1,0 +1,79 @@
+"""What the rest of idpool needs from a ledger and from a pool, as protocols.
+
+``pool/ledger.py`` (MySQL) and ``pool/redis_pool.py`` (Redis) are the production
+implementations; tests and the embedded mode may supply others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from .ledger import Ledger, TagRow
+from .ranges import IdRange
+from .redis_pool import PopResult, PushResult, RedisPool
+from .settings import Settings
+
+
+class LedgerStore(Protocol):
+    async def close(self) -> None: ...
+
+    async def claim(self, tag: str, ranges: int = 1) -> IdRange: ...
+
+    async def raise_floor(self, tag: str, floor: int) -> int: ...
+
+    async def add_tag(
+        self,
+        tag: str,
+        *,
+        step: int,
+        start: int,
+        description: str = "",
+        floor: int = 0,
+        min_step: int | None = None,
+        max_step: int | None = None,
+    ) -> TagRow: ...
+
+    async def set_step(self, tag: str, step: int) -> TagRow: ...
+
+    async def get_tag(self, tag: str) -> TagRow: ...
+
+    async def list_tags(self) -> list[TagRow]: ...
+
+
+class PoolStore(Protocol):
+    async def close(self) -> None: ...
+
+    async def check(self) -> None: ...
+
+    async def pop(self, tag: str) -> PopResult: ...
+
+    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult: ...
+
+    async def depth(self, tag: str) -> int: ...
+
+    async def ranges(self, tag: str) -> list[IdRange]: ...
+
+    async def tags(self) -> list[str]: ...
+
+    async def high_water(self, tag: str) -> int: ...
+
+    async def raise_high_water(self, tag: str, value: int) -> int: ...
+
+    async def acquire_lease(self, tag: str, owner: str, seconds: float) -> bool: ...
+
+    async def release_lease(self, tag: str, owner: str) -> None: ...
+
+
+async def open_stores(settings: Settings) -> tuple[LedgerStore, PoolStore]:
+    """Connect the ledger and the pool the settings name; raise StoreUnavailable
+    (naming the variable to fix) when either cannot be reached."""
+    ledger = await Ledger.connect(settings)
+    pool = RedisPool.from_settings(settings)
+    try:
+        await pool.check()
+    except BaseException:
+        await pool.close()
+        await ledger.close()
+        raise
+    return ledger, pool
