@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import StaleLedger, StoreUnavailable
+from .ledger import TagRow
 from .ranges import IdRange
 from .stores import LedgerStore, PoolStore
 
@@ -80,3 +81,27 @@ class LedgerClaims:
             await self.redis_pool.raise_high_water(tag, end)
         except StoreUnavailable:
             pass  # a lower shared mark only weakens the check; it never causes a repeat
+
+
+async def create_tag(
+    ledger: LedgerStore,
+    pool: PoolStore | None,
+    tag: str,
+    *,
+    step: int,
+    start: int,
+    description: str = "",
+) -> TagRow:
+    """Add a tag, starting above any ID ever issued under that name.
+
+    A tag deleted by hand and added again would otherwise start from ``start``
+    and repeat its old IDs; the high-water mark in Redis remembers them.
+    Raises TagExists.
+    """
+    floor = 0
+    if pool is not None:
+        try:
+            floor = await pool.high_water(tag)
+        except StoreUnavailable:
+            floor = 0  # Redis down: MySQL's own row (if any) still refuses a duplicate tag
+    return await ledger.add_tag(tag, step=step, start=start, description=description, floor=floor)

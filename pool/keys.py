@@ -14,6 +14,14 @@ With the default prefix ``idpool``:
     for the tag (the high-water mark). Raised, never lowered, by whoever claims a
     range from MySQL; read to refuse ranges from a MySQL that came back older.
 
+``idpool:stats:{tag}``  HASH of supply figures. ``taken``: IDs nodes have taken
+    (HINCRBY by nodes on every range they take, pool or ledger); ``lifetime_s``
+    and ``lifetime_ids``: how long the last range a node finished lasted, and its
+    size (HSET by nodes, consumed by the preloader's dynamic step); ``rate``,
+    ``target_depth``, ``step``: the preloader's latest estimate of IDs/s, the
+    depth it fills to, and the step (HSET by the preloader; ``target_depth`` is
+    read by the pop script so a node knows when the pool runs low).
+
 ``idpool:lease:{tag}``  STRING with a TTL, the id of the preloader refilling the
     tag right now. Set with NX by the preloader, deleted by its owner only.
 
@@ -44,6 +52,9 @@ class Keys:
 
     def hwm(self, tag: str) -> str:
         return f"{self.prefix}:hwm:{tag}"
+
+    def stats(self, tag: str) -> str:
+        return f"{self.prefix}:stats:{tag}"
 
     def lease(self, tag: str) -> str:
         return f"{self.prefix}:lease:{tag}"

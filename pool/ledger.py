@@ -202,6 +202,24 @@ class Ledger:
         await self._run(op)
         return await self.get_tag(tag)
 
+    async def adapt_step(self, tag: str, step: int) -> int:
+        """The dynamic step's decision, kept within the tag's bounds. Returns the new step."""
+
+        async def op(cur: Any) -> int | None:
+            await cur.execute(
+                f"UPDATE {TABLE} SET step = LEAST(GREATEST(%s, min_step), max_step) WHERE tag = %s",
+                (step, tag),
+            )
+            await cur.execute(f"SELECT step FROM {TABLE} WHERE tag = %s", (tag,))
+            row = await cur.fetchone()
+            await cur.connection.commit()
+            return None if row is None else int(row[0])
+
+        new = await self._run(op, transaction=True)
+        if new is None:
+            raise UnknownTag(tag)
+        return new
+
     async def get_tag(self, tag: str) -> TagRow:
         async def op(cur: Any) -> TagRow | None:
             await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s", (tag,))

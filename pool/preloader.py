@@ -1,10 +1,12 @@
 """The preloader job: keep every tag's Redis list topped up from the ledger.
 
-One tick, per tag: take the tag's refill lease (SET NX PX), read the list depth,
-claim ``depth target - depth`` ranges from MySQL in one UPDATE, and RPUSH them in
-one script call. The lease keeps several preloaders (one per service process by
-default) from filling the same tag at once, so the list overfills by at most the
-ranges of one tick whose lease ran out mid-way.
+One tick, per tag: adapt the step to how long ranges last at the nodes, size the
+list to cover ``pool_seconds`` of recent consumption, take the tag's refill lease
+(SET NX PX), read the list depth, claim ``target - depth`` ranges from MySQL in
+one UPDATE, and RPUSH them in one script call. The lease keeps several
+preloaders (one per service process by default) from filling the same tag at
+once, so the list overfills by at most the ranges of one tick whose lease ran
+out mid-way.
 
 A push whose outcome is unknown (timeout, broken connection) is not retried:
 the ranges are abandoned and logged as waste, never pushed a second time.
@@ -16,7 +18,9 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -24,8 +28,10 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
 from .errors import IdPoolError, StoreUnavailable
+from .ledger import TagRow
 from .ranges import IdRange
 from .settings import Settings
+from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
 
 logger = logging.getLogger("idpool.preloader")
@@ -59,6 +65,10 @@ class Preloader:
         self._scheduler: AsyncIOScheduler | None = None
         self._tick_task: asyncio.Task[list[RefillReport]] | None = None
         self._closing = False
+        self._meters: dict[str, RateMeter] = {}
+        self.wasted: Counter[tuple[str, str]] = Counter()  # (tag, reason) -> IDs
+        self._urgent: set[asyncio.Task[None]] = set()
+        self._urgent_after: dict[str, float] = {}
 
     def start(self) -> None:
         """Run a tick now and then every ``preload_interval`` seconds."""
@@ -81,9 +91,9 @@ class Preloader:
         if self._scheduler is not None:
             scheduler, self._scheduler = self._scheduler, None
             scheduler.shutdown(wait=False)
-        task = self._tick_task
-        if task is not None and not task.done():
-            await asyncio.wait([task])
+        pending = [t for t in (self._tick_task, *self._urgent) if t is not None and not t.done()]
+        if pending:
+            await asyncio.wait(pending)
 
     async def _scheduled_tick(self) -> None:
         if self._closing or (self._tick_task is not None and not self._tick_task.done()):
@@ -103,27 +113,48 @@ class Preloader:
         for row in rows:
             if self._closing:
                 break
-            reports.append(await self.refill_tag(row.tag, row.step))
+            reports.append(await self.refill_tag(row))
         return reports
 
-    async def refill_tag(self, tag: str, step: int) -> RefillReport:
-        report = RefillReport(tag)
-        target = self.settings.pool_depth
+    def refill_soon(self, tag: str) -> None:
+        """A node saw the tag's list run low: refill it now rather than at the next tick.
+
+        At most one such refill per tag at a time, and one a second.
+        """
+        now = time.monotonic()
+        if self._closing or now < self._urgent_after.get(tag, 0.0):
+            return
+        self._urgent_after[tag] = now + 1.0
+        task = asyncio.ensure_future(self._refill_by_name(tag))
+        self._urgent.add(task)
+        task.add_done_callback(self._urgent.discard)
+
+    async def _refill_by_name(self, tag: str) -> None:
         try:
+            row = await self.ledger.get_tag(tag)
+        except IdPoolError:
+            return
+        await self.refill_tag(row)
+
+    async def refill_tag(self, row: TagRow) -> RefillReport:
+        tag = row.tag
+        report = RefillReport(tag)
+        try:
+            step, target = await self._size(row)
             if not await self.redis_pool.acquire_lease(
                 tag, self.owner, self.settings.lease_seconds
             ):
                 report.skipped = "lease held"
                 return report
-        except StoreUnavailable as e:
-            report.skipped = e.detail
+        except IdPoolError as e:
+            report.skipped = str(e)
             return report
         try:
             depth = await self.redis_pool.depth(tag)
             if depth >= target:
                 report.skipped = "full"
                 return report
-            await self._claim_and_push(report, tag, step, target - depth)
+            await self._claim_and_push(report, tag, target - depth)
         except IdPoolError as e:
             report.skipped = str(e)
             logger.warning("event=preload_failed tag=%s reason=%r", tag, str(e))
@@ -131,9 +162,38 @@ class Preloader:
             await self._release(tag)
         return report
 
-    async def _claim_and_push(self, report: RefillReport, tag: str, step: int, need: int) -> None:
+    async def _size(self, row: TagRow) -> tuple[int, int]:
+        """Adapt the step and size the list in time; publish both for nodes and operators."""
+        tag, step, s = row.tag, row.step, self.settings
+        stats = await self.redis_pool.read_stats(tag)
+        meter = self._meters.setdefault(tag, RateMeter(s.rate_window))
+        rate = meter.add(time.monotonic(), int(stats.get("taken", 0)))
+        if s.step_seconds > 0:
+            seen = await self.redis_pool.take_lifetime(tag)
+            if seen is not None:
+                wanted = next_step(step, seen[0], seen[1], s.step_seconds)
+                if wanted != step:
+                    new = await self.ledger.adapt_step(tag, wanted)
+                    if new != step:
+                        logger.info(
+                            "event=step_changed tag=%s old=%d new=%d range_ids=%d lasted_s=%.3f",
+                            tag,
+                            step,
+                            new,
+                            seen[0],
+                            seen[1],
+                        )
+                    step = new
+        target = target_depth(rate, step, s.pool_seconds, s.pool_depth, s.max_pool_depth)
+        fields = {"rate": f"{rate:.3f}", "target_depth": str(target), "step": str(step)}
+        await self.redis_pool.write_stats(tag, fields)
+        return step, target
+
+    async def _claim_and_push(self, report: RefillReport, tag: str, need: int) -> None:
         claim = await self.claims.claim(tag, need)
         log_refused(logger, tag, claim.refused, claim.raised_to)
+        for refused in claim.refused:
+            self.wasted[tag, "stale_ledger"] += len(refused)
         # The ledger's step may have changed since list_tags(): split by what was claimed.
         ranges = claim.range.split(len(claim.range) // need)
         logger.info("event=range_claimed tag=%s range=%s for=pool", tag, claim.range.to_text())
@@ -142,6 +202,7 @@ class Preloader:
         except StoreUnavailable as e:
             # Maybe pushed, maybe not: never push again; count the range as waste.
             report.abandoned = ranges
+            self.wasted[tag, "push_outcome_unknown"] += len(claim.range)
             logger.error(
                 "event=range_abandoned tag=%s range=%s reason=push_outcome_unknown detail=%r",
                 tag,
@@ -150,6 +211,9 @@ class Preloader:
             )
             return
         log_dropped(logger, result.dropped)
+        for item in result.dropped:
+            dropped_tag, _, text = item.partition("=")
+            self.wasted[dropped_tag, "redis_new_incarnation"] += len(IdRange.from_text(text))
         report.pushed = ranges
         logger.info(
             "event=ranges_pushed tag=%s range=%s ranges=%d depth=%d",

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 MAX_ID = 2**63 - 1  # IDs are positive signed 64-bit integers (BIGINT in MySQL)
+MAX_STEP = 2**31 - 1  # the ledger's step column is a signed 32-bit INT
 TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TAG_RULE = "1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"
 

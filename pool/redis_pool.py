@@ -57,12 +57,14 @@ local function ensure_clean()
 end
 """
 
-# KEYS[3] = pool list. Returns {dropped, range or false}.
+# KEYS[3] = pool list, KEYS[4] = stats hash.
+# Returns {dropped, range or false, depth after the pop, target depth or false}.
 _POP = (
     _PRELUDE
     + """
 local dropped = ensure_clean()
-return {dropped, redis.call('LPOP', KEYS[3])}
+local range = redis.call('LPOP', KEYS[3])
+return {dropped, range, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
 """
 )
 
@@ -105,6 +107,8 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 class PopResult(NamedTuple):
     range: IdRange | None
     dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
+    depth: int = 0  # ranges left in the list after the pop
+    target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
 
 
 class PushResult(NamedTuple):
@@ -166,8 +170,10 @@ class RedisPool:
         handed out; the caller just fetches elsewhere.
         """
         keys, args = self._pool_args(tag)
-        dropped, text = await self._call(self._pop, keys, args)
-        return PopResult(None if text is None else IdRange.from_text(text), list(dropped))
+        keys.append(self.keys.stats(tag))
+        dropped, text, depth, target = await self._call(self._pop, keys, args)
+        taken = None if text is None else IdRange.from_text(text)
+        return PopResult(taken, list(dropped), int(depth), int(target or 0))
 
     async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
@@ -195,6 +201,32 @@ class RedisPool:
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         return int(await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)]))
+
+    async def count_taken(self, tag: str, ids: int) -> None:
+        """Add to the tag's count of IDs taken by nodes (the consumption signal)."""
+        await self._plain(self.client.hincrby(self.keys.stats(tag), "taken", ids))
+
+    async def report_lifetime(self, tag: str, ids: int, seconds: float) -> None:
+        """A node finished a range of ``ids`` IDs that it served for ``seconds``."""
+        mapping: dict[Any, Any] = {"lifetime_ids": ids, "lifetime_s": f"{seconds:.3f}"}
+        await self._plain(self.client.hset(self.keys.stats(tag), mapping=mapping))
+
+    async def read_stats(self, tag: str) -> dict[str, str]:
+        return dict(await self._plain(self.client.hgetall(self.keys.stats(tag))))
+
+    async def write_stats(self, tag: str, fields: dict[str, str]) -> None:
+        mapping: dict[Any, Any] = dict(fields)
+        await self._plain(self.client.hset(self.keys.stats(tag), mapping=mapping))
+
+    async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
+        """Read and clear the last reported range lifetime: one observation, one decision."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.keys.stats(tag), ["lifetime_ids", "lifetime_s"])
+            pipe.hdel(self.keys.stats(tag), "lifetime_ids", "lifetime_s")
+            (ids, seconds), _ = await self._plain(pipe.execute())
+        if ids is None or seconds is None:
+            return None
+        return int(ids), float(seconds)
 
     async def acquire_lease(self, tag: str, owner: str, seconds: float) -> bool:
         ms = max(1, int(seconds * 1000))

@@ -44,8 +44,19 @@ class Settings:
     max_count: int = 10_000
     # IDPOOL_PRELOAD: run the preloader job inside each service process
     preload: bool = True
-    # IDPOOL_POOL_DEPTH: ranges the preloader keeps in each tag's Redis list
+    # IDPOOL_POOL_DEPTH: fewest ranges the preloader keeps in each tag's Redis list
     pool_depth: int = 4
+    # IDPOOL_POOL_SECONDS: supply to keep in the list, in seconds of recent consumption
+    # (Leaf's advice: enough to ride out a 10-minute database outage)
+    pool_seconds: float = 600.0
+    # IDPOOL_MAX_POOL_DEPTH: most ranges kept in one tag's list, whatever the rate
+    max_pool_depth: int = 10_000
+    # IDPOOL_STEP_SECONDS: how long one range should last at a node; the preloader
+    # doubles a tag's step when ranges last less, halves it when they last over twice
+    # as long (within the tag's min_step and max_step). 0 turns the dynamic step off.
+    step_seconds: float = 900.0
+    # IDPOOL_RATE_WINDOW: seconds of history behind the consumption rate
+    rate_window: float = 60.0
     # IDPOOL_PRELOAD_INTERVAL: seconds between preloader ticks
     preload_interval: float = 1.0
     # IDPOOL_LEASE_SECONDS: how long one preloader holds a tag's refill lease
@@ -75,6 +86,13 @@ class Settings:
             (0.0 <= self.prefetch_at < 1.0, "IDPOOL_PREFETCH_AT must be in [0, 1)"),
             (self.max_count >= 1, "IDPOOL_MAX_COUNT must be at least 1"),
             (self.pool_depth >= 0, "IDPOOL_POOL_DEPTH must be 0 or more"),
+            (self.pool_seconds >= 0, "IDPOOL_POOL_SECONDS must be 0 or more"),
+            (
+                self.max_pool_depth >= self.pool_depth,
+                "IDPOOL_MAX_POOL_DEPTH must be >= IDPOOL_POOL_DEPTH",
+            ),
+            (self.step_seconds >= 0, "IDPOOL_STEP_SECONDS must be 0 or more"),
+            (self.rate_window > 0, "IDPOOL_RATE_WINDOW must be positive"),
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
             (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),

@@ -4,36 +4,56 @@
 as text; ``GET /ids/{tag}?count=N`` answers ``{"tag": ..., "ids": [...]}``.
 Errors are ``{"error": code, "message": what to fix}``: 400 bad tag or count,
 404 unknown tag, 503 when no range can be had or the node is stopping.
+Operators get ``/healthz``, ``/readyz``, ``/metrics``, ``/status`` (HTML),
+``/status.json`` and, with ``IDPOOL_ADMIN_TOKEN`` set, ``/admin/...``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from pool.claims import LedgerClaims
-from pool.errors import IdPoolError, StaleLedger, UnknownTag
+from pool.errors import IdPoolError, UnknownTag
 from pool.preloader import Preloader
 from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
-from pool.stores import open_stores
+from pool.stores import LedgerStore, PoolStore, open_stores
 
+from . import admin, metrics, status, status_page
 from .buffer import Draining
-from .node import Node, NoRangeAvailable, RangeSource
+from .node import Node, RangeSource
 
 logger = logging.getLogger("idpool.app")
 
 
-def error(status: int, code: str, message: str) -> Response:
-    body = orjson.dumps({"error": code, "message": message})
-    return Response(body, status_code=status, media_type="application/json")
+@dataclass
+class Running:
+    """What the lifespan opened, for the handlers."""
+
+    node: Node
+    ledger: LedgerStore
+    pool: PoolStore
+    preloader: Preloader
+
+
+def json_response(body: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
+def error(status_code: int, code: str, message: str) -> Response:
+    return json_response({"error": code, "message": message}, status_code)
 
 
 def _failure(tag: str, e: IdPoolError) -> Response:
@@ -43,10 +63,7 @@ def _failure(tag: str, e: IdPoolError) -> Response:
         )
     if isinstance(e, Draining):
         return error(503, "draining", "this node is shutting down; retry on another node")
-    if isinstance(e, NoRangeAvailable | StaleLedger):
-        logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
-        return error(503, "unavailable", str(e))
-    logger.error("event=request_failed tag=%s reason=%r", tag, str(e))
+    logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
     return error(503, "unavailable", str(e))
 
 
@@ -68,15 +85,18 @@ def _parse_count(request: Request, limit: int) -> int | Response:
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings.from_env()
-    holder: dict[str, Node] = {}
+    state: dict[str, Running] = {}
+    clock = time.perf_counter
 
     async def one_id(request: Request) -> Response:
+        started = clock()
         tag: str = request.path_params["tag"]
-        node = holder["node"]
+        node = state["run"].node
         buf = node.buffers.get(tag)
         if buf is not None:  # hot path: a known tag with IDs in memory
             value = buf.take()
             if value is not None:
+                node.stats.latency["id"].observe(clock() - started)
                 return PlainTextResponse(str(value))
         if not is_valid_tag(tag):
             return _bad_tag(tag)
@@ -84,51 +104,68 @@ def create_app(settings: Settings | None = None) -> Starlette:
             value = await node.next_id(tag)
         except IdPoolError as e:
             return _failure(tag, e)
+        node.stats.latency["id"].observe(clock() - started)
         return PlainTextResponse(str(value))
 
     async def many_ids(request: Request) -> Response:
+        started = clock()
         tag: str = request.path_params["tag"]
         if not is_valid_tag(tag):
             return _bad_tag(tag)
         count = _parse_count(request, settings.max_count)
         if isinstance(count, Response):
             return count
+        node = state["run"].node
         try:
-            ids = await holder["node"].next_ids(tag, count)
+            ids = await node.next_ids(tag, count)
         except IdPoolError as e:
             return _failure(tag, e)
-        return Response(orjson.dumps({"tag": tag, "ids": ids}), media_type="application/json")
+        body = orjson.dumps({"tag": tag, "ids": ids})
+        node.stats.latency["ids"].observe(clock() - started)
+        return Response(body, media_type="application/json")
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        node = holder.get("node")
-        if node is None or node.draining:
-            return error(503, "not_ready", "node is starting or shutting down")
+        run = state.get("run")
+        if run is None or run.node.draining:
+            return error(503, "not_ready", "node is starting, draining or shutting down")
         return PlainTextResponse("ready")
+
+    async def take_snapshot() -> status.Snapshot:
+        run = state["run"]
+        return await status.snapshot(run.node, run.ledger, run.pool, run.preloader.wasted)
+
+    async def status_json(request: Request) -> Response:
+        return json_response(await take_snapshot())
+
+    async def status_html(request: Request) -> Response:
+        return HTMLResponse(status_page.render(await take_snapshot()))
+
+    async def metrics_text(request: Request) -> Response:
+        body = metrics.render(await take_snapshot(), state["run"].node.stats)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger, redis_pool = await open_stores(settings)
-        preloader: Preloader | None = None
+        ledger, pool = await open_stores(settings)
+        claims = LedgerClaims(ledger, pool)
+        preloader = Preloader(settings, ledger, pool, claims)
+        source = RangeSource(claims, pool, on_low=preloader.refill_soon)
+        node = Node(
+            source, prefetch_at=settings.prefetch_at, unknown_tag_ttl=settings.unknown_tag_ttl
+        )
+        state["run"] = Running(node, ledger, pool, preloader)
+        sampler = asyncio.ensure_future(node.run_sampler())
         try:
-            claims = LedgerClaims(ledger, redis_pool)
-            node = Node(
-                RangeSource(claims, redis_pool),
-                prefetch_at=settings.prefetch_at,
-                unknown_tag_ttl=settings.unknown_tag_ttl,
-            )
-            holder["node"] = node
             if settings.preload:
-                preloader = Preloader(settings, ledger, redis_pool, claims)
                 preloader.start()
             logger.info("event=node_started preload=%s", settings.preload)
             yield
             # Shutdown, in reverse: the preloader's tick under way finishes its
             # push; the node stops serving and returns its remainders.
-            if preloader is not None:
-                await preloader.close()
+            await preloader.close()
             report = await node.shutdown()
             logger.info(
                 "event=node_stopped returned=%d abandoned=%d",
@@ -136,9 +173,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 len(report.abandoned),
             )
         finally:
-            if preloader is not None:
-                await preloader.close()
-            await redis_pool.close()
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            await preloader.close()
+            await pool.close()
             await ledger.close()
 
     routes = [
@@ -147,5 +186,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/ids/{tag}", many_ids),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
+        Route("/status", status_html),
+        Route("/status.json", status_json),
+        Route("/metrics", metrics_text),
+        *admin.routes(settings, lambda: state["run"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

@@ -20,6 +20,8 @@ from pool.errors import IdPoolError
 from pool.ranges import IdRange
 
 Fetch = Callable[[str], Awaitable[IdRange]]
+# (tag, IDs in the range, seconds it was served for): a range was used up
+Finished = Callable[[str, int, float], None]
 _NEVER = math.inf
 RETRY_BACKOFF = 0.2  # seconds between background fetches after a failed one
 
@@ -29,10 +31,15 @@ class Draining(IdPoolError):
 
 
 class SegmentBuffer:
-    def __init__(self, tag: str, fetch: Fetch, prefetch_at: float) -> None:
+    def __init__(
+        self, tag: str, fetch: Fetch, prefetch_at: float, on_finished: Finished | None = None
+    ) -> None:
         self.tag = tag
         self._fetch = fetch
         self._prefetch_at = prefetch_at
+        self._on_finished = on_finished
+        self._issued_before = 0  # IDs handed out from ranges before `current`
+        self._installed_at = 0.0
         self.current: IdRange | None = None
         self.next: IdRange | None = None
         self._cur = 0  # next ID to hand out from `current`
@@ -50,6 +57,11 @@ class SegmentBuffer:
     @property
     def used(self) -> int:
         return 0 if self.current is None else self._cur - self.current.start
+
+    @property
+    def issued(self) -> int:
+        """IDs this buffer has handed out since the node started."""
+        return self._issued_before + self.used
 
     @property
     def fetching(self) -> bool:
@@ -115,6 +127,8 @@ class SegmentBuffer:
             remainder.append(IdRange(self._cur, self._end))
         if self.next is not None:
             remainder.append(self.next)
+        self._issued_before = self.issued
+        self.current = None
         self._cur = self._end = 0
         self.next = None
         self._trigger = _NEVER
@@ -128,6 +142,13 @@ class SegmentBuffer:
         return True
 
     def _install(self, new: IdRange) -> None:
+        now = time.monotonic()
+        old = self.current
+        if old is not None:
+            self._issued_before += self._cur - old.start
+            if self._cur >= self._end and self._on_finished is not None:
+                self._on_finished(self.tag, len(old), now - self._installed_at)
+        self._installed_at = now
         self.current = new
         self._cur = new.start
         self._end = new.end

@@ -13,10 +13,11 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from pool.errors import ConfigError, IdPoolError, StoreUnavailable, TagExists, UnknownTag
+from pool.claims import create_tag
+from pool.errors import ConfigError, StoreUnavailable, TagExists, UnknownTag
 from pool.ledger import Ledger
 from pool.preloader import Preloader
-from pool.ranges import MAX_ID, TAG_RULE, is_valid_tag
+from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from pool.stores import LedgerStore, open_stores
@@ -41,14 +42,17 @@ def _tag(value: str) -> str:
     return value
 
 
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if not 1 <= number <= MAX_ID:
-        raise argparse.ArgumentTypeError(f"{value} must be from 1 to {MAX_ID}")
-    return number
+def _integer(top: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if not 1 <= number <= top:
+            raise argparse.ArgumentTypeError(f"{value} must be from 1 to {top}")
+        return number
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,13 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = tag.add_parser("add", help="create a tag")
     add.add_argument("tag", type=_tag)
-    add.add_argument("--step", type=_positive, default=None, help="IDs per range")
-    add.add_argument("--start", type=_positive, default=1, help="first ID (default 1)")
+    add.add_argument("--step", type=_integer(MAX_STEP), default=None, help="IDs per range")
+    add.add_argument("--start", type=_integer(MAX_ID), default=1, help="first ID (default 1)")
     add.add_argument("--description", default="")
     tag.add_parser("list", help="list tags and their ledger position")
     step = tag.add_parser("step", help="change a tag's range size")
     step.add_argument("tag", type=_tag)
-    step.add_argument("step", type=_positive)
+    step.add_argument("step", type=_integer(MAX_STEP))
 
     pool = sub.add_parser("pool", help="inspect the Redis pool").add_subparsers(
         dest="pool_command", required=True
@@ -174,29 +178,21 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
     step = args.step or settings.default_step
-    floor = await _shared_high_water(settings, args.tag)
+    redis_pool = RedisPool.from_settings(settings)
     try:
-        row = await ledger.add_tag(
-            args.tag, step=step, start=args.start, description=args.description, floor=floor
+        row = await create_tag(
+            ledger, redis_pool, args.tag, step=step, start=args.start, description=args.description
         )
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        await redis_pool.close()
     note = ""
     if row.max_id > args.start:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
     print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{note}")
     return 0
-
-
-async def _shared_high_water(settings: Settings, tag: str) -> int:
-    redis_pool = RedisPool.from_settings(settings)
-    try:
-        return await redis_pool.high_water(tag)
-    except IdPoolError:
-        return 0
-    finally:
-        await redis_pool.close()
 
 
 async def _pool_show(settings: Settings, args: argparse.Namespace) -> int:

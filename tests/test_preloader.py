@@ -18,26 +18,26 @@ pytestmark = pytest.mark.anyio
 async def test_refill_tops_up_to_depth_with_one_claim(
     settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=100, start=1)
+    row = await ledger.add_tag(tag, step=100, start=1)
     pre = Preloader(settings.with_changes(pool_depth=4), ledger, redis_pool)
-    report = await pre.refill_tag(tag, 100)
+    report = await pre.refill_tag(row)
     assert [r.to_text() for r in report.pushed] == ["1-100", "101-200", "201-300", "301-400"]
     assert (await ledger.get_tag(tag)).max_id == 401
     await redis_pool.pop(tag)
-    report = await pre.refill_tag(tag, 100)
+    report = await pre.refill_tag(row)
     assert [r.to_text() for r in report.pushed] == ["401-500"]
-    assert (await pre.refill_tag(tag, 100)).skipped == "full"
+    assert (await pre.refill_tag(row)).skipped == "full"
     assert await redis_pool.high_water(tag) == 501
 
 
 async def test_many_preloaders_at_once_do_not_overfill(
     settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    row = await ledger.add_tag(tag, step=10, start=1)
     s = settings.with_changes(pool_depth=5)
     preloaders = [Preloader(s, ledger, redis_pool) for _ in range(8)]
     for _ in range(3):
-        await asyncio.gather(*(p.refill_tag(tag, 10) for p in preloaders))
+        await asyncio.gather(*(p.refill_tag(row) for p in preloaders))
     assert await redis_pool.depth(tag) == 5
     ranges = await redis_pool.ranges(tag)
     assert ranges == IdRange(1, 51).split(10)
@@ -57,11 +57,11 @@ class AmbiguousPush(RedisPool):
 async def test_push_with_unknown_outcome_is_abandoned_not_retried(
     settings: Settings, ledger: Ledger, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    row = await ledger.add_tag(tag, step=10, start=1)
     plain = RedisPool.from_settings(settings)
     pool = AmbiguousPush(plain.client, plain.keys)
     pre = Preloader(settings.with_changes(pool_depth=2), ledger, pool)
-    report = await pre.refill_tag(tag, 10)
+    report = await pre.refill_tag(row)
     assert AmbiguousPush.pushes == 1
     assert [r.to_text() for r in report.abandoned] == ["1-10", "11-20"]
     assert report.pushed == []
@@ -98,3 +98,64 @@ async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPo
     pre = Preloader(settings, ledger, redis_pool)
     assert await pre.refill_all() == []
     await ledger.close()
+
+
+async def test_depth_follows_the_consumption_rate(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    """Enough ranges for pool_seconds of supply at the recent rate, at least pool_depth."""
+    row = await ledger.add_tag(tag, step=100, start=1)
+    s = settings.with_changes(pool_depth=2, pool_seconds=10, step_seconds=0)
+    pre = Preloader(s, ledger, redis_pool)
+    assert len((await pre.refill_tag(row)).pushed) == 2  # no rate yet: the minimum
+    await asyncio.sleep(0.5)
+    await redis_pool.count_taken(tag, 1000)  # nodes took 1,000 IDs in ~0.5 s: ~2,000/s
+    report = await pre.refill_tag(row)
+    stats = await redis_pool.read_stats(tag)
+    rate = float(stats["rate"])
+    assert 1000 < rate < 2100
+    expected = -(-int(rate * 10) // 100)  # ceil(rate * 10 s / 100 per range)
+    assert int(stats["target_depth"]) == expected
+    assert await redis_pool.depth(tag) == expected
+    assert len(report.pushed) == expected - 2
+
+
+async def test_dynamic_step_doubles_halves_and_persists(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    row = await ledger.add_tag(tag, step=100, start=1, max_step=300)
+    pre = Preloader(settings.with_changes(step_seconds=60), ledger, redis_pool)
+    await redis_pool.report_lifetime(tag, 100, 10.0)  # a range lasted 10 s < 60 s
+    await pre.refill_tag(row)
+    row = await ledger.get_tag(tag)
+    assert row.step == 200  # persisted in the ledger
+    assert (await redis_pool.read_stats(tag))["step"] == "200"
+    await redis_pool.report_lifetime(tag, 200, 10.0)
+    await pre.refill_tag(row)
+    assert (await ledger.get_tag(tag)).step == 300  # capped by max_step
+    await pre.refill_tag(await ledger.get_tag(tag))  # no new observation: no change
+    assert (await ledger.get_tag(tag)).step == 300
+    # a restarted preloader claims with the persisted step
+    while (await redis_pool.pop(tag)).range is not None:
+        pass
+    fresh = Preloader(settings.with_changes(step_seconds=60), ledger, redis_pool)
+    pushed = (await fresh.refill_tag(await ledger.get_tag(tag))).pushed
+    assert pushed and all(len(r) == 300 for r in pushed)
+    await redis_pool.report_lifetime(tag, 300, 400.0)  # lasted > 2 x 60 s
+    await pre.refill_tag(await ledger.get_tag(tag))
+    assert (await ledger.get_tag(tag)).step == 150
+    await redis_pool.report_lifetime(tag, 150, 1000.0)
+    await pre.refill_tag(await ledger.get_tag(tag))
+    assert (await ledger.get_tag(tag)).step == 100  # not below min_step (the initial step)
+
+
+async def test_refill_soon_fills_without_waiting_for_a_tick(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    pre = Preloader(settings.with_changes(pool_depth=3), ledger, redis_pool)
+    pre.refill_soon(tag)
+    pre.refill_soon(tag)  # rate-limited: one refill
+    await pre.close()  # waits for the urgent refill
+    assert await redis_pool.depth(tag) == 3
+    assert (await ledger.get_tag(tag)).max_id == 31

@@ -1,0 +1,161 @@
+"""The admin API: create tags, change a step, drain the node.
+
+Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
+constant time. With no token configured the admin API is off (404). The token
+never appears in a log line or an error body.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pool.claims import create_tag
+from pool.errors import IdPoolError, StoreUnavailable, TagExists, UnknownTag
+from pool.ledger import TagRow
+from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from pool.settings import Settings
+
+if TYPE_CHECKING:
+    from .app import Running
+
+
+def _json(body: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
+def _error(status_code: int, code: str, message: str) -> Response:
+    return _json({"error": code, "message": message}, status_code)
+
+
+def _row(row: TagRow) -> dict[str, Any]:
+    return {
+        "tag": row.tag,
+        "max_id": row.max_id,
+        "step": row.step,
+        "min_step": row.min_step,
+        "max_step": row.max_step,
+        "start_id": row.start_id,
+        "description": row.description,
+    }
+
+
+async def _body(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        return _error(400, "bad_body", 'send a JSON object, e.g. {"tag": "orders", "step": 1000}')
+    if not isinstance(body, dict):
+        return _error(400, "bad_body", "the body must be a JSON object")
+    return body
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, top: int) -> int | Response:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        return _error(400, f"bad_{name}", f"{name} must be an integer from 1 to {top}")
+    return value
+
+
+def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
+    token = settings.admin_token.encode()
+
+    def denied(request: Request) -> Response | None:
+        if not token:
+            return _error(
+                404, "admin_off", "the admin API is off: set IDPOOL_ADMIN_TOKEN to use it"
+            )
+        given = request.headers.get("authorization", "")
+        scheme, _, credential = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(credential.encode(), token):
+            response = _error(
+                401, "unauthorized", "send Authorization: Bearer <IDPOOL_ADMIN_TOKEN>"
+            )
+            response.headers["www-authenticate"] = "Bearer"
+            return response
+        return None
+
+    async def list_tags(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        try:
+            rows = await running().ledger.list_tags()
+        except StoreUnavailable as e:
+            return _error(503, "unavailable", str(e))
+        return _json({"tags": [_row(r) for r in rows]})
+
+    async def add_tag(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        tag = body.get("tag")
+        if not isinstance(tag, str) or not is_valid_tag(tag):
+            return _error(400, "bad_tag", f"tag must be a string of {TAG_RULE}")
+        step = _int(body, "step", settings.default_step, MAX_STEP)
+        start = _int(body, "start", 1, MAX_ID)
+        description = body.get("description", "")
+        if isinstance(step, Response):
+            return step
+        if isinstance(start, Response):
+            return start
+        if not isinstance(description, str) or len(description) > 255:
+            return _error(400, "bad_description", "description must be a string of at most 255")
+        run = running()
+        try:
+            row = await create_tag(
+                run.ledger, run.pool, tag, step=step, start=start, description=description
+            )
+        except TagExists:
+            return _error(409, "tag_exists", f"tag {tag!r} already exists; change it with PATCH")
+        except IdPoolError as e:
+            return _error(503, "unavailable", str(e))
+        return _json(_row(row), 201)
+
+    async def change_tag(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        tag = request.path_params["tag"]
+        if not is_valid_tag(tag):
+            return _error(400, "bad_tag", f"tag must be {TAG_RULE}")
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        if set(body) != {"step"}:
+            return _error(400, "bad_body", 'send {"step": N}; only the step can be changed')
+        step = _int(body, "step", None, MAX_STEP)
+        if isinstance(step, Response):
+            return step
+        try:
+            row = await running().ledger.set_step(tag, step)
+        except UnknownTag:
+            return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
+        except IdPoolError as e:
+            return _error(503, "unavailable", str(e))
+        return _json(_row(row))
+
+    async def drain(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        report = await running().node.shutdown()
+        return _json(
+            {
+                "draining": True,
+                "returned": [f"{tag}={r.to_text()}" for tag, r in report.returned],
+                "abandoned": [f"{tag}={r.to_text()}" for tag, r in report.abandoned],
+            }
+        )
+
+    return [
+        Route("/admin/tags", list_tags, methods=["GET"]),
+        Route("/admin/tags", add_tag, methods=["POST"]),
+        Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+        Route("/admin/drain", drain, methods=["POST"]),
+    ]

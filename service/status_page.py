@@ -1,0 +1,95 @@
+"""The status page: the snapshot of `service/status.py` as one HTML page.
+
+Rendered on the server from the same dict that `/status.json` returns, so the
+two always agree; every number carries a `data-field` attribute naming its
+place in the JSON. No script, no external asset; it refreshes every 5 seconds.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from .status import Snapshot
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fafbfc}
+h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
+table{border-collapse:collapse;background:#fff}td,th{border:1px solid #d0d7de;padding:4px 8px;
+text-align:right}th{background:#f0f3f6}td.l,th.l{text-align:left}.up{color:#1a7f37}
+.down{color:#cf222e;font-weight:600}.muted{color:#6e7781}
+svg{background:#fff;border:1px solid #d0d7de}
+"""
+
+
+def _cell(value: Any, field: str, cls: str = "") -> str:
+    text = "-" if value is None else str(value)
+    klass = f' class="{cls}"' if cls else ""
+    return f'<td{klass} data-field="{escape(field)}">{escape(text)}</td>'
+
+
+def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) -> str:
+    if len(history) < 2:
+        return '<span class="muted">collecting</span>'
+    top = max(p["ids_per_s"] for p in history) or 1.0
+    step = width / (len(history) - 1)
+    points = " ".join(
+        f"{i * step:.1f},{height - 2 - (p['ids_per_s'] / top) * (height - 4):.1f}"
+        for i, p in enumerate(history)
+    )
+    return (
+        f'<svg width="{width}" height="{height}" role="img" aria-label="IDs per second">'
+        f'<polyline fill="none" stroke="#0969da" stroke-width="1.5" points="{points}"/></svg>'
+        f'<div class="muted">peak {top:g}/s</div>'
+    )
+
+
+def render(snap: Snapshot) -> str:
+    node = snap["node"]
+    stores = "".join(
+        f'<li>{escape(name)}: <span class="{"up" if h["up"] else "down"}" '
+        f'data-field="stores.{escape(name)}.up">{"up" if h["up"] else "down"}</span>'
+        + (f' <span class="muted">{escape(str(h["error"]))}</span>' if h["error"] else "")
+        + "</li>"
+        for name, h in snap["stores"].items()
+    )
+    rows = []
+    for i, t in enumerate(snap["tags"]):
+        p = f"tags.{i}"
+        buf = t["buffer"] or {}
+        pool = t["pool"] or {}
+        rows.append(
+            "<tr>"
+            + _cell(t["tag"], f"{p}.tag", "l")
+            + _cell(buf.get("current"), f"{p}.buffer.current", "l")
+            + _cell(buf.get("used"), f"{p}.buffer.used")
+            + _cell(buf.get("remaining"), f"{p}.buffer.remaining")
+            + _cell(buf.get("next"), f"{p}.buffer.next", "l")
+            + _cell(pool.get("depth"), f"{p}.pool.depth")
+            + _cell(pool.get("ids"), f"{p}.pool.ids")
+            + _cell(pool.get("minutes_of_supply"), f"{p}.pool.minutes_of_supply")
+            + _cell(t["step"], f"{p}.step")
+            + _cell(t["counters"]["ids_issued"], f"{p}.counters.ids_issued")
+            + _cell(t["rate"]["node_ids_per_s"], f"{p}.rate.node_ids_per_s")
+            + f'<td class="l">{_chart(t["history"])}</td>'
+            + "</tr>"
+        )
+    head = (
+        '<tr><th class="l">tag</th><th class="l">current range</th><th>used</th>'
+        '<th>left</th><th class="l">next range</th><th>pool ranges</th><th>pool IDs</th>'
+        "<th>pool minutes</th><th>step</th><th>issued here</th><th>IDs/s here</th>"
+        '<th class="l">last 10 min</th></tr>'
+    )
+    state = "draining" if node["draining"] else "serving"
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta http-equiv="refresh" content="5"><title>idpool status</title>'
+        f"<style>{_STYLE}</style></head><body>"
+        f"<h1>idpool node {node['pid']}</h1>"
+        f'<div class="muted">{state}, up <span data-field="node.uptime_s">'
+        f"{node['uptime_s']}</span> s; same data as "
+        '<a href="/status.json">/status.json</a> and <a href="/metrics">/metrics</a></div>'
+        f"<h2>Stores</h2><ul>{stores}</ul>"
+        f"<h2>Tags</h2><table>{head}{''.join(rows)}</table>"
+        "</body></html>"
+    )
