@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install clean
+.PHONY: serve test check install browser clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,8 +16,13 @@ install: $(VENV)/.installed
 serve: install
 	$(VENV)/bin/idpool serve --host 127.0.0.1 --port 8000
 
+# The status-page test renders /status in headless Chromium (Debian's package).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
-test: install
+test: install browser
 	$(VENV)/bin/ruff check pool service tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q

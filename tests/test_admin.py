@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from starlette.testclient import TestClient
+
+from pool.settings import Settings
+from service.app import create_app
+
+from .test_app import add_tag, pool_ranges
+
+TOKEN = "s3cret-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def admin(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        yield c
+
+
+def test_admin_api_is_off_without_a_token(settings: Settings) -> None:
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/admin/tags", json={"tag": "x"}, headers=AUTH)
+        assert r.status_code == 404
+        assert "IDPOOL_ADMIN_TOKEN" in r.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic x"}],
+)
+def test_wrong_or_missing_token_is_401(admin: TestClient, headers: dict[str, str]) -> None:
+    r = admin.post("/admin/tags", json={"tag": "x"}, headers=headers)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert TOKEN not in r.text
+
+
+def test_create_tag_then_serve_it(admin: TestClient, tag: str) -> None:
+    r = admin.post(
+        "/admin/tags",
+        json={"tag": tag, "step": 50, "start": 1000, "description": "d"},
+        headers=AUTH,
+    )
+    assert r.status_code == 201
+    assert r.json()["step"] == 50 and r.json()["max_id"] == 1000
+    assert admin.get(f"/id/{tag}").text == "1000"
+    again = admin.post("/admin/tags", json={"tag": tag}, headers=AUTH)
+    assert again.status_code == 409 and again.json()["error"] == "tag_exists"
+    listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+    assert any(t["tag"] == tag for t in listed)
+
+
+BAD_BODIES = [
+    b"not json",
+    b"[1]",
+    b'{"tag": "a b"}',
+    b'{"tag": "ok", "step": 0}',
+    b'{"tag": "ok", "step": "5"}',
+    b'{"tag": "ok", "start": -1}',
+    b'{"tag": "ok", "step": true}',
+    b'{"tag": "ok", "step": 4294967296}',
+]
+
+
+@pytest.mark.parametrize("body", BAD_BODIES)
+def test_bad_create_bodies_are_400(admin: TestClient, body: bytes) -> None:
+    r = admin.post("/admin/tags", content=body, headers=AUTH)
+    assert r.status_code == 400 and r.json()["message"]
+
+
+def test_change_step(admin: TestClient, settings: Settings, tag: str) -> None:
+    add_tag(settings, tag, step=10)
+    r = admin.patch(f"/admin/tags/{tag}", json={"step": 25}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["step"] == 25 and r.json()["min_step"] == 25
+    ids = admin.get(f"/ids/{tag}", params={"count": 30}).json()["ids"]
+    assert ids[:25] == list(range(1, 26))  # the first range has the new size
+    assert len(set(ids)) == 30 and (ids[25] - 1) % 25 == 0
+    assert admin.patch("/admin/tags/nosuchtag1", json={"step": 5}, headers=AUTH).status_code == 404
+    bad = admin.patch(f"/admin/tags/{tag}", json={"step": 5, "max_id": 1}, headers=AUTH)
+    assert bad.status_code == 400
+
+
+def test_drain_returns_remainders_and_stops_serving(
+    admin: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=100)
+    assert admin.get(f"/id/{tag}").text == "1"
+    r = admin.post("/admin/drain", headers=AUTH)
+    assert r.status_code == 200
+    assert f"{tag}=2-100" in r.json()["returned"]
+    assert pool_ranges(settings, tag)[0] == "2-100"
+    assert admin.get(f"/id/{tag}").status_code == 503
+    assert admin.get("/readyz").status_code == 503

@@ -1,0 +1,121 @@
+"""/status.json, /status (checked in a real browser) and /metrics."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from pool.settings import Settings
+from service.app import create_app
+
+from .servers import NodeProcess, env_with
+from .test_app import add_tag
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_status_json_shows_buffers_pool_and_stores(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=100)
+    assert client.get(f"/ids/{tag}", params={"count": 5}).status_code == 200
+    # The first pop found the list empty, so the node asked for a refill at once.
+    for _ in range(100):
+        snap = client.get("/status.json").json()
+        if next(t for t in snap["tags"] if t["tag"] == tag)["pool"]["depth"] == 4:
+            break
+        time.sleep(0.02)
+    assert snap["stores"]["mysql"]["up"] and snap["stores"]["redis"]["up"]
+    entry = next(t for t in snap["tags"] if t["tag"] == tag)
+    assert entry["step"] == 100
+    assert entry["buffer"]["current"] == "1-100"
+    assert entry["buffer"]["used"] == 5 and entry["buffer"]["remaining"] == 95
+    assert entry["counters"]["ids_issued"] == 5
+    assert entry["counters"]["ranges_from_ledger"] == 1
+    assert entry["pool"]["depth"] == settings.pool_depth == 4
+    assert entry["pool"]["ids"] == 400 and entry["pool"]["head"] == "101-200"
+
+
+def test_metrics_parse_with_prometheus_parser(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=10)
+    for _ in range(25):
+        assert client.get(f"/id/{tag}").status_code == 200
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    assert samples[("idpool_ids_issued_total", (("tag", tag),))] == 25
+    from_ledger = samples[("idpool_ranges_taken_total", (("source", "ledger"), ("tag", tag)))]
+    from_pool = samples[("idpool_ranges_taken_total", (("source", "pool"), ("tag", tag)))]
+    assert from_ledger >= 1 and from_ledger + from_pool >= 3  # 25 IDs from ranges of 10
+    assert samples[("idpool_step", (("tag", tag),))] == 10
+    assert samples[("idpool_store_up", (("store", "mysql"),))] == 1
+    assert samples[("idpool_request_seconds_count", (("route", "id"),))] == 25
+    assert samples[("idpool_request_seconds_bucket", (("le", "+Inf"), ("route", "id")))] == 25
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_status_page_in_a_real_browser(settings: Settings, tag: str, tmp_path: Path) -> None:
+    """Headless Chromium renders /status; its numbers equal /status.json's."""
+    assert CHROMIUM, "chromium is not installed (the Makefile's test target installs it)"
+    add_tag(settings, tag, step=100)
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+    )
+    node = NodeProcess(env, tmp_path / "node").start()
+    try:
+        import json
+        import urllib.request
+
+        urllib.request.urlopen(f"{node.base_url}/ids/{tag}?count=7").read()
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+        dom = subprocess.run(
+            [CHROMIUM, *flags, "--dump-dom", f"{node.base_url}/status"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        snap = json.loads(urllib.request.urlopen(f"{node.base_url}/status.json").read())
+        shot = tmp_path / "status.png"
+        subprocess.run(
+            [CHROMIUM, *flags, "--window-size=1400,600", f"--screenshot={shot}",
+             f"{node.base_url}/status"],
+            capture_output=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert shot.stat().st_size > 5000  # a real rendered page, not an empty image
+    finally:
+        node.stop()
+    fields = dict(re.findall(r'data-field="([^"]+)">([^<]*)<', dom))
+    i = next(n for n, t in enumerate(snap["tags"]) if t["tag"] == tag)
+    assert fields[f"tags.{i}.tag"] == tag
+    for path in ("buffer.current", "buffer.used", "buffer.remaining", "step",
+                 "counters.ids_issued", "pool.depth", "pool.ids"):  # fmt: skip
+        value: object = snap["tags"][i]
+        for part in path.split("."):
+            value = value[part]  # type: ignore[index]
+        assert fields[f"tags.{i}.{path}"] == ("-" if value is None else str(value)), path
+    assert fields[f"tags.{i}.counters.ids_issued"] == "7"
+    assert fields["stores.mysql.up"] == "up" and fields["stores.redis.up"] == "up"
