@@ -131,6 +131,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         run = state.get("run")
         if run is None or run.node.draining:
             return error(503, "not_ready", "node is starting, draining or shutting down")
+        if run.node.source.starved:
+            return error(503, "not_ready", "no ID range can be had: see /status for the stores")
         return PlainTextResponse("ready")
 
     async def take_snapshot() -> status.Snapshot:

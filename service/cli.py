@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from pool.claims import create_tag
+from pool.claims import LedgerClaims, create_tag
 from pool.errors import ConfigError, StoreUnavailable, TagExists, UnknownTag
 from pool.ledger import Ledger
 from pool.preloader import Preloader
@@ -21,6 +21,8 @@ from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from pool.stores import LedgerStore, open_stores
+from service.node import Node, RangeSource
+from service.status import snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -196,17 +198,33 @@ async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Names
 
 
 async def _pool_show(settings: Settings, args: argparse.Namespace) -> int:
-    redis_pool = RedisPool.from_settings(settings)
+    """The per-tag part of /status, from the stores (no node's buffers here)."""
+    ledger, redis_pool = await open_stores(settings)
     try:
-        await redis_pool.check()
-        print(f"{'tag':<24} {'depth':>6} {'ids':>12}  head range")
-        for tag in await redis_pool.tags():
-            ranges = await redis_pool.ranges(tag)
-            head = ranges[0].to_text() if ranges else "-"
-            print(f"{tag:<24} {len(ranges):>6} {sum(map(len, ranges)):>12}  {head}")
-        return 0
+        idle = Node(RangeSource(LedgerClaims(ledger, redis_pool), redis_pool), prefetch_at=0.1,
+                    unknown_tag_ttl=0)  # fmt: skip
+        snap = await snapshot(idle, ledger, redis_pool)
     finally:
         await redis_pool.close()
+        await ledger.close()
+    print(
+        f"{'tag':<20} {'step':>9} {'max_id':>14} {'depth':>6} {'target':>6} {'pool IDs':>12} "
+        f"{'IDs/s':>9} {'minutes':>8}  head range"
+    )
+    for t in snap["tags"]:
+        pool = t["pool"] or {}
+        rate = t["rate"].get("cluster_ids_per_s")
+        print(
+            f"{t['tag']:<20} {_show(t['step']):>9} {_show(t['max_id']):>14} "
+            f"{_show(pool.get('depth')):>6} {_show(pool.get('target_depth')):>6} "
+            f"{_show(pool.get('ids')):>12} {_show(rate):>9} "
+            f"{_show(pool.get('minutes_of_supply')):>8}  {_show(pool.get('head'))}"
+        )
+    return 0
+
+
+def _show(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 if __name__ == "__main__":

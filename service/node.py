@@ -56,18 +56,29 @@ class RangeSource:
         self._redis_error: StoreUnavailable | None = None
         self.last_error: dict[str, tuple[float, str]] = {}  # store -> (unix time, detail)
         self._background: set[asyncio.Task[None]] = set()
+        # monotonic times of the last fetch that found a range / found none anywhere
+        self.last_fetched = 0.0
+        self.last_starved = 0.0
+
+    @property
+    def starved(self) -> bool:
+        """The latest fetch found no range in any store (readiness fails until one does)."""
+        return self.last_starved > self.last_fetched
 
     async def fetch(self, tag: str) -> IdRange:
         errors: list[StoreUnavailable] = []
         taken = await self._pop(tag, errors)
         if taken is not None:
+            self.last_fetched = time.monotonic()
             return taken
         try:
             claim = await self.claims.claim(tag)
         except StoreUnavailable as e:
             self._failed(e)
             errors.append(e)
+            self.last_starved = time.monotonic()
             raise NoRangeAvailable(tag, errors) from e
+        self.last_fetched = time.monotonic()
         log_refused(logger, tag, claim.refused, claim.raised_to)
         for refused in claim.refused:
             self.stats.waste(tag, "stale_ledger", len(refused))

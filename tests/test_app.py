@@ -191,6 +191,7 @@ def test_both_down_is_503_naming_them_then_recovers(
         body = r.json()
         assert body["error"] == "unavailable"
         assert "redis" in body["message"] and "mysql" in body["message"]
+        assert c.get("/readyz").status_code == 503  # no range can be had
         mysql.restore()
         redis.restore()
         for _ in range(50):
@@ -200,3 +201,4 @@ def test_both_down_is_503_naming_them_then_recovers(
             asyncio.run(asyncio.sleep(0.1))
         assert r.status_code == 200
         assert int(r.text) > max(served)
+        assert c.get("/readyz").status_code == 200

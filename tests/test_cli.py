@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pool.settings import Settings
+
+from .servers import env_with, free_port
+
+
+def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+    )
+    base.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        env=base, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_tag_add_list_step_and_pool_show(settings: Settings, tag: str) -> None:
+    added = idpool(settings, "tag", "add", tag, "--step", "250", "--start", "1000")
+    assert added.returncode == 0, added.stderr
+    assert f"added {tag}: first ID 1000, step 250" in added.stdout
+    again = idpool(settings, "tag", "add", tag)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    listed = idpool(settings, "tag", "list")
+    assert any(
+        line.split()[:4] == [tag, "1000", "250", "1000"] for line in listed.stdout.splitlines()
+    )
+    assert idpool(settings, "tag", "step", tag, "500").returncode == 0
+    shown = idpool(settings, "pool", "show")
+    assert shown.returncode == 0, shown.stderr
+    row = next(line.split() for line in shown.stdout.splitlines() if line.startswith(tag))
+    assert row[1:3] == ["500", "1000"]  # step, max_id
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x", "2147483648"])
+def test_bad_step_is_refused_before_any_store(settings: Settings, tag: str, value: str) -> None:
+    r = idpool(settings, "tag", "add", tag, "--step", value)
+    assert r.returncode == 2 and "--step" in r.stderr
+
+
+def test_invalid_tag_is_refused(settings: Settings) -> None:
+    r = idpool(settings, "tag", "add", "bad tag")
+    assert r.returncode == 2 and "not a valid tag" in r.stderr
+
+
+def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
+    port = free_port()
+    r = idpool(settings, "serve", IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x")
+    assert r.returncode == 3 and "IDPOOL_MYSQL_URL" in r.stderr
+    r = idpool(settings, "pool", "show", IDPOOL_REDIS_URL=f"redis://127.0.0.1:{port}/0")
+    assert r.returncode == 3 and "IDPOOL_REDIS_URL" in r.stderr
+
+
+def test_bad_setting_names_the_variable(settings: Settings) -> None:
+    r = idpool(settings, "tag", "list", IDPOOL_POOL_DEPTH="lots")
+    assert r.returncode == 2 and "IDPOOL_POOL_DEPTH" in r.stderr
