@@ -124,6 +124,8 @@ class Preloader:
         now = time.monotonic()
         if self._closing or now < self._urgent_after.get(tag, 0.0):
             return
+        if len(self._urgent_after) >= 10_000:
+            self._urgent_after.clear()  # bounded: requests may name tags that do not exist
         self._urgent_after[tag] = now + 1.0
         task = asyncio.ensure_future(self._refill_by_name(tag))
         self._urgent.add(task)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import logging.config
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -28,14 +29,26 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
-        stream=sys.stderr,
-    )
-    # one line per job run is noise; idpool logs what each tick did
-    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+def logging_config(level: str) -> dict[str, Any]:
+    """dictConfig for this process and every uvicorn worker (workers are spawned
+    processes: they configure logging from this, not from the parent's state)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "line": {"format": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"}
+        },
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "line",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+        # one line per job run is noise; idpool logs what each tick did
+        "loggers": {"apscheduler": {"level": "ERROR"}},
+    }
 
 
 def _tag(value: str) -> str:
@@ -92,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.log_level)
+    logging.config.dictConfig(logging_config(args.log_level))
     try:
         settings = Settings.from_env()
         if args.command == "serve":
@@ -123,7 +136,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         access_log=args.access_log,
-        log_config=None,  # keep the logging set up above
+        log_config=logging_config(args.log_level),
         lifespan="on",
         timeout_graceful_shutdown=30,
     )

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,42 @@ def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
 def test_bad_setting_names_the_variable(settings: Settings) -> None:
     r = idpool(settings, "tag", "list", IDPOOL_POOL_DEPTH="lots")
     assert r.returncode == 2 and "IDPOOL_POOL_DEPTH" in r.stderr
+
+
+def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    import json
+    import signal
+    import urllib.request
+
+    from .servers import wait_for_port
+
+    assert idpool(settings, "tag", "add", tag, "--step", "1000").returncode == 0
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "2"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for_port(port, 30)
+        ids: list[int] = []
+        for _ in range(40):
+            url = f"http://127.0.0.1:{port}/ids/{tag}?count=10"
+            ids += json.loads(urllib.request.urlopen(url, timeout=10).read())["ids"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert len(set(ids)) == 400
+    text = log.read_text()
+    assert text.count("event=node_started") == 2  # two workers, two nodes, both logging
+    assert text.count("event=node_stopped") == 2
+    assert "event=range_returned" in text
