@@ -94,3 +94,13 @@ def test_drain_returns_remainders_and_stops_serving(
     assert pool_ranges(settings, tag)[0] == "2-100"
     assert admin.get(f"/id/{tag}").status_code == 503
     assert admin.get("/readyz").status_code == 503
+
+
+def test_drain_then_stop_pushes_the_remainder_once(settings: Settings, tag: str) -> None:
+    """Shutdown runs twice here (the admin drain, then the lifespan): one push."""
+    add_tag(settings, tag, step=100)
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        assert c.get(f"/id/{tag}").text == "1"
+        assert c.post("/admin/drain", headers=AUTH).status_code == 200
+    ranges = pool_ranges(settings, tag)
+    assert ranges.count("2-100") == 1
