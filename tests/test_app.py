@@ -186,7 +186,8 @@ def test_both_down_is_503_naming_them_then_recovers(
             if r.status_code != 200:
                 break
             served.append(int(r.text))
-        assert served == list(range(2, 2 + len(served)))  # the buffers lasted this long
+        # the buffers lasted this long: the rest of the first range, then the next one
+        assert served[:4] == [2, 3, 4, 5] and len(served) == len(set(served)) >= 5
         assert r.status_code == 503
         body = r.json()
         assert body["error"] == "unavailable"
@@ -200,5 +201,5 @@ def test_both_down_is_503_naming_them_then_recovers(
                 break
             asyncio.run(asyncio.sleep(0.1))
         assert r.status_code == 200
-        assert int(r.text) > max(served)
+        assert int(r.text) not in [1, *served]
         assert c.get("/readyz").status_code == 200
