@@ -137,7 +137,9 @@ class RangeSource:
         for item in result.dropped:
             dropped_tag, _, text = item.partition("=")
             self.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
-        if self.on_low is not None and result.depth < max(1, result.target_depth // 2):
+        # target_depth is 0 until a preloader has sized this tag's list (and for
+        # tags that do not exist): leave those to the preloader's next tick.
+        if self.on_low is not None and result.depth < result.target_depth / 2:
             self.on_low(tag)
         if result.range is None:
             return None

@@ -75,9 +75,7 @@ def test_change_step(admin: TestClient, settings: Settings, tag: str) -> None:
     add_tag(settings, tag, step=10)
     r = admin.patch(f"/admin/tags/{tag}", json={"step": 25}, headers=AUTH)
     assert r.status_code == 200 and r.json()["step"] == 25 and r.json()["min_step"] == 25
-    ids = admin.get(f"/ids/{tag}", params={"count": 30}).json()["ids"]
-    assert ids[:25] == list(range(1, 26))  # the first range has the new size
-    assert len(set(ids)) == 30 and (ids[25] - 1) % 25 == 0
+    assert admin.get(f"/ids/{tag}", params={"count": 30}).json()["ids"] == list(range(1, 31))
     assert admin.patch("/admin/tags/nosuchtag1", json={"step": 5}, headers=AUTH).status_code == 404
     bad = admin.patch(f"/admin/tags/{tag}", json={"step": 5, "max_id": 1}, headers=AUTH)
     assert bad.status_code == 400

@@ -57,12 +57,7 @@ def test_batch_spans_ranges_in_increasing_order(
     r = client.get(f"/ids/{tag}", params={"count": 100})
     assert r.status_code == 200
     body = r.json()
-    ids = body["ids"]
-    assert body["tag"] == tag and len(ids) == len(set(ids)) == 100
-    assert ids[:7] == list(range(1, 8))
-    for a, b in zip(ids, ids[1:], strict=False):
-        # increasing within a range; a jump only from a range's end to another's start
-        assert b == a + 1 or (a % 7 == 0 and (b - 1) % 7 == 0), (a, b)
+    assert body["tag"] == tag and body["ids"] == list(range(1, 101))
 
 
 def test_tag_created_after_start_is_served(
@@ -148,8 +143,7 @@ def test_redis_down_claims_from_mysql_without_failures(
         redis.cut()
         responses = [c.get(f"/id/{tag}") for _ in range(60)]
         assert [r.status_code for r in responses] == [200] * 60
-        ids = [int(r.text) for r in responses]
-        assert len(set(ids)) == 60 and ids == sorted(ids)
+        assert [int(r.text) for r in responses] == list(range(2, 62))
 
 
 def test_mysql_down_serves_from_the_pool(
@@ -187,7 +181,7 @@ def test_both_down_is_503_naming_them_then_recovers(
                 break
             served.append(int(r.text))
         # the buffers lasted this long: the rest of the first range, then the next one
-        assert served[:4] == [2, 3, 4, 5] and len(served) == len(set(served)) >= 5
+        assert served == list(range(2, 11))
         assert r.status_code == 503
         body = r.json()
         assert body["error"] == "unavailable"
@@ -201,5 +195,5 @@ def test_both_down_is_503_naming_them_then_recovers(
                 break
             asyncio.run(asyncio.sleep(0.1))
         assert r.status_code == 200
-        assert int(r.text) not in [1, *served]
+        assert int(r.text) > max(served)
         assert c.get("/readyz").status_code == 200

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,12 +30,7 @@ def test_status_json_shows_buffers_pool_and_stores(
 ) -> None:
     add_tag(settings, tag, step=100)
     assert client.get(f"/ids/{tag}", params={"count": 5}).status_code == 200
-    # The first pop found the list empty, so the node asked for a refill at once.
-    for _ in range(100):
-        snap = client.get("/status.json").json()
-        if next(t for t in snap["tags"] if t["tag"] == tag)["pool"]["depth"] == 4:
-            break
-        time.sleep(0.02)
+    snap = client.get("/status.json").json()
     assert snap["stores"]["mysql"]["up"] and snap["stores"]["redis"]["up"]
     entry = next(t for t in snap["tags"] if t["tag"] == tag)
     assert entry["step"] == 100
@@ -44,8 +38,13 @@ def test_status_json_shows_buffers_pool_and_stores(
     assert entry["buffer"]["used"] == 5 and entry["buffer"]["remaining"] == 95
     assert entry["counters"]["ids_issued"] == 5
     assert entry["counters"]["ranges_from_ledger"] == 1
-    assert entry["pool"]["depth"] == settings.pool_depth == 4
-    assert entry["pool"]["ids"] == 400 and entry["pool"]["head"] == "101-200"
+    assert entry["pool"] == {  # no preloader runs here (preload is off in these tests)
+        "depth": 0,
+        "ids": 0,
+        "head": None,
+        "target_depth": None,
+        "minutes_of_supply": None,
+    }
 
 
 def test_metrics_parse_with_prometheus_parser(
