@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import StaleLedger, StoreUnavailable
+from .errors import StaleLedger, StartBelowIssued, StoreUnavailable
 from .ledger import TagRow
 from .ranges import IdRange
 from .stores import LedgerStore, PoolStore
@@ -105,3 +105,26 @@ async def create_tag(
         except StoreUnavailable:
             floor = 0  # Redis down: MySQL's own row (if any) still refuses a duplicate tag
     return await ledger.add_tag(tag, step=step, start=start, description=description, floor=floor)
+
+
+async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, start: int) -> TagRow:
+    """Make ``start`` the lowest ID any future claim of ``tag`` can return.
+
+    The start only ever moves forward: a start below what the ledger (or the
+    high-water mark) already passed would hand those IDs out again, so it raises
+    StartBelowIssued. Ranges claimed before (in the pool, in nodes' buffers) are
+    still served. Raises UnknownTag, StoreUnavailable.
+    """
+    row = await ledger.get_tag(tag)
+    floor = row.max_id
+    if pool is not None:
+        try:
+            floor = max(floor, await pool.high_water(tag))
+        except StoreUnavailable:
+            pass  # the ledger's own max_id still refuses a start below it
+    if start < floor:
+        raise StartBelowIssued(tag, floor)
+    # GREATEST in the ledger: a claim that lands between the read above and this
+    # write only moves max_id up, and the start can never pull it back down.
+    await ledger.raise_floor(tag, start)
+    return await ledger.get_tag(tag)

@@ -21,6 +21,17 @@ class TagExists(IdPoolError):
     """`tag add` for a tag that already has a row."""
 
 
+class StartBelowIssued(IdPoolError):
+    """A tag's start may only move forward: IDs below ``max_id`` were already claimed."""
+
+    def __init__(self, tag: str, max_id: int) -> None:
+        super().__init__(
+            f"tag {tag!r}: IDs below {max_id} are already issued or claimed; "
+            f"start can only move forward, to {max_id} or above"
+        )
+        self.max_id = max_id
+
+
 class StoreUnavailable(IdPoolError):
     """A store (MySQL or Redis) could not be reached or did not answer in time.
 

@@ -6,8 +6,8 @@ script that touches a pool list first checks that the Redis it runs on is a
 snapshot, or a replica promoted with missing writes, can never hand out a range
 that was already popped.
 
-redis-py retries a command after a connection error by default (three times in
-redis-py 6 and later). A retried RPUSH whose first attempt landed would put the
+redis-py's ``Redis()`` retries a command after a connection error by default
+(3 times in redis-py 6, 10 in redis-py 8). A retried RPUSH whose first attempt landed would put the
 same range in the list twice, so the client here is built with retries off:
 every command runs at most once, and a caller that gets an error treats the
 outcome as unknown (a push is abandoned, a pop is counted as lost).

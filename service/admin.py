@@ -1,4 +1,4 @@
-"""The admin API: create tags, change a step, drain the node.
+"""The admin API: create tags, change a step or move a start forward, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pool.claims import create_tag
-from pool.errors import IdPoolError, StoreUnavailable, TagExists, UnknownTag
+from pool.claims import create_tag, move_start
+from pool.errors import IdPoolError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
 from pool.ledger import TagRow
 from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from pool.settings import Settings
@@ -128,15 +128,27 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         body = await _body(request)
         if isinstance(body, Response):
             return body
-        if set(body) != {"step"}:
-            return _error(400, "bad_body", 'send {"step": N}; only the step can be changed')
-        step = _int(body, "step", None, MAX_STEP)
+        if not body or not set(body) <= {"step", "start"}:
+            return _error(
+                400, "bad_body", 'send {"step": N} and/or {"start": N}; nothing else can change'
+            )
+        step = _int(body, "step", None, MAX_STEP) if "step" in body else None
+        start = _int(body, "start", None, MAX_ID) if "start" in body else None
         if isinstance(step, Response):
             return step
+        if isinstance(start, Response):
+            return start
+        run = running()
         try:
-            row = await running().ledger.set_step(tag, step)
+            row = await run.ledger.get_tag(tag)
+            if start is not None:
+                row = await move_start(run.ledger, run.pool, tag, start)
+            if step is not None:
+                row = await run.ledger.set_step(tag, step)
         except UnknownTag:
             return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
+        except StartBelowIssued as e:
+            return _error(409, "start_below_issued", str(e))
         except IdPoolError as e:
             return _error(503, "unavailable", str(e))
         return _json(_row(row))

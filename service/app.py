@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -69,6 +70,25 @@ def _failure(tag: str, e: IdPoolError) -> Response:
 
 def _bad_tag(tag: str) -> Response:
     return error(400, "bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
+
+
+ROUTES_HINT = "GET /id/{tag}, GET /ids/{tag}?count=N, GET /api/segment/get/{tag}"
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 (no such path, wrong method), as JSON with a hint."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        response = error(
+            404, "not_found", f"no such path {request.url.path[:80]!r}; use {ROUTES_HINT}"
+        )
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        response = error(405, "method_not_allowed", f"use {allowed} here, not {request.method}")
+    else:
+        response = error(exc.status_code, "http_error", str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
 
 
 def _parse_count(request: Request, limit: int) -> int | Response:
@@ -193,4 +213,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/metrics", metrics_text),
         *admin.routes(settings, lambda: state["run"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+    )

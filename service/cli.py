@@ -1,4 +1,4 @@
-"""The ``idpool`` command: serve, preload, tag add/list/step, pool show.
+"""The ``idpool`` command: serve, preload, tag add/list/step/start, pool show.
 
 Logging is configured here and nowhere else.
 """
@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from pool.claims import LedgerClaims, create_tag
-from pool.errors import ConfigError, StoreUnavailable, TagExists, UnknownTag
+from pool.claims import LedgerClaims, create_tag, move_start
+from pool.errors import ConfigError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
 from pool.ledger import Ledger
 from pool.preloader import Preloader
 from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     step = tag.add_parser("step", help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
+    start = tag.add_parser("start", help="move a tag's next ID forward (never back)")
+    start.add_argument("tag", type=_tag)
+    start.add_argument("start", type=_integer(MAX_ID))
 
     pool = sub.add_parser("pool", help="inspect the Redis pool").add_subparsers(
         dest="pool_command", required=True
@@ -180,6 +183,8 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
                 return EXIT_USAGE
             print(f"{row.tag}: step is now {row.step}; ranges already claimed keep their size")
             return 0
+        if args.tag_command == "start":
+            return await _tag_start(settings, ledger, args)
         print(f"{'tag':<24} {'max_id':>20} {'step':>10} {'start':>12}  description")
         for row in await ledger.list_tags():
             print(
@@ -207,6 +212,25 @@ async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Names
     if row.max_id > args.start:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
     print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{note}")
+    return 0
+
+
+async def _tag_start(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    redis_pool = RedisPool.from_settings(settings)
+    try:
+        row = await move_start(ledger, redis_pool, args.tag, args.start)
+    except UnknownTag:
+        print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    except StartBelowIssued as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        await redis_pool.close()
+    print(
+        f"{row.tag}: the next range claimed starts at {row.max_id}; "
+        "ranges already in the pool or in nodes are served first"
+    )
     return 0
 
 

@@ -81,6 +81,23 @@ def test_change_step(admin: TestClient, settings: Settings, tag: str) -> None:
     assert bad.status_code == 400
 
 
+def test_start_moves_forward_never_back(admin: TestClient, settings: Settings, tag: str) -> None:
+    add_tag(settings, tag, step=10)
+    assert admin.get(f"/id/{tag}").text == "1"  # this node holds 1-10 (and maybe 11-20)
+    r = admin.patch(f"/admin/tags/{tag}", json={"start": 1}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"] == "start_below_issued"
+    assert "can only move forward" in r.json()["message"]
+    r = admin.patch(f"/admin/tags/{tag}", json={"start": 5000, "step": 20}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["max_id"] == 5000 and r.json()["step"] == 20
+    ids = admin.get(f"/ids/{tag}", params={"count": 40}).json()["ids"]
+    held = [i for i in ids if i < 5000]
+    assert held == list(range(2, 2 + len(held)))  # ranges claimed before are served first
+    assert ids[len(held) :] == list(range(5000, 5000 + 40 - len(held)))
+    assert admin.patch(f"/admin/tags/{tag}", json={}, headers=AUTH).status_code == 400
+    bad = admin.patch(f"/admin/tags/{tag}", json={"start": 0}, headers=AUTH)
+    assert bad.status_code == 400 and bad.json()["error"] == "bad_start"
+
+
 def test_drain_returns_remainders_and_stops_serving(
     admin: TestClient, settings: Settings, tag: str
 ) -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from pool.claims import LedgerClaims
-from pool.errors import StaleLedger
+from pool.claims import LedgerClaims, move_start
+from pool.errors import StaleLedger, StartBelowIssued
 from pool.ledger import TABLE, Ledger
 from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
@@ -95,3 +95,25 @@ async def test_concurrent_claimers_are_never_refused(
     assert [c.refused for c in claims if c.refused] == []
     ids = sorted(i for c in claims for i in range(c.range.start, c.range.end))
     assert ids == list(range(1, 3001))
+
+
+async def test_start_moves_forward_only(ledger: Ledger, redis_pool: RedisPool, tag: str) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    claims = LedgerClaims(ledger, redis_pool)
+    assert (await claims.claim(tag)).range == IdRange(1, 11)
+    with pytest.raises(StartBelowIssued, match="to 11 or above"):
+        await move_start(ledger, redis_pool, tag, 5)  # would hand out 5..10 again
+    assert (await ledger.get_tag(tag)).max_id == 11
+    row = await move_start(ledger, redis_pool, tag, 1000)
+    assert row.max_id == 1000
+    assert (await claims.claim(tag)).range == IdRange(1000, 1010)
+
+
+async def test_start_is_refused_below_the_mark_a_rewound_ledger_forgot(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=100, start=1)
+    await LedgerClaims(ledger, redis_pool).claim(tag, 3)  # mark 301 in Redis
+    rewind_ledger(tag, 101)
+    with pytest.raises(StartBelowIssued, match="to 301 or above"):
+        await move_start(ledger, redis_pool, tag, 150)

@@ -35,10 +35,14 @@ def test_tag_add_list_step_and_pool_show(settings: Settings, tag: str) -> None:
         line.split()[:4] == [tag, "1000", "250", "1000"] for line in listed.stdout.splitlines()
     )
     assert idpool(settings, "tag", "step", tag, "500").returncode == 0
+    back = idpool(settings, "tag", "start", tag, "999")
+    assert back.returncode == 2 and "can only move forward, to 1000 or above" in back.stderr
+    moved = idpool(settings, "tag", "start", tag, "7000")
+    assert moved.returncode == 0 and "starts at 7000" in moved.stdout
     shown = idpool(settings, "pool", "show")
     assert shown.returncode == 0, shown.stderr
     row = next(line.split() for line in shown.stdout.splitlines() if line.startswith(tag))
-    assert row[1:3] == ["500", "1000"]  # step, max_id
+    assert row[1:3] == ["500", "7000"]  # step, max_id
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "x", "2147483648"])

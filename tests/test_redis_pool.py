@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from pool.errors import StoreUnavailable
 from pool.keys import Keys
@@ -194,3 +200,75 @@ def _wait_rewrite(client: redis.Redis) -> None:
         return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
 
     _wait_until(done)
+
+
+class ReplyDroppingProxy:
+    """Forwards to Redis; once armed, swallows the next reply and hangs up, as a
+    network that fails after the command reached the server does."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if replies and self.armed.is_set():
+                    self.armed.clear()  # one reply lost, then the connection breaks
+                    break
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+async def _push_with_lost_reply(client: aioredis.Redis, keys: Keys, proxy: ReplyDroppingProxy,
+                                tag: str) -> None:  # fmt: skip
+    pool = RedisPool(client, keys)
+    await pool.push(tag, [R("1-10")], head=False)  # loads the script; the reply arrives
+    proxy.armed.set()
+    try:
+        await pool.push(tag, [R("11-20")], head=False)
+    except StoreUnavailable:
+        pass
+    finally:
+        await pool.close()
+
+
+async def test_a_push_whose_reply_is_lost_lands_once(settings: Settings, tag: str) -> None:
+    """redis-py's default retry would send the push again: the range would be in the
+    list twice and handed out twice. The client idpool builds never re-sends."""
+    proxy = ReplyDroppingProxy(6379)
+    keys = Keys(settings.redis_prefix)
+    plain = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        idpool_client = make_client(settings.with_changes(redis_url=url))
+        await _push_with_lost_reply(idpool_client, keys, proxy, tag)
+        assert plain.lrange(keys.pool(tag), 0, -1) == ["1-10", "11-20"]
+
+        # The same push with redis-py's retrying defaults: the hazard this closes.
+        other = f"{tag}x"
+        retrying = aioredis.Redis.from_url(
+            url, retry=Retry(NoBackoff(), 3), retry_on_error=[redis.ConnectionError]
+        )
+        await _push_with_lost_reply(retrying, keys, proxy, other)
+        assert plain.lrange(keys.pool(other), 0, -1) == ["1-10", "11-20", "11-20"]
+    finally:
+        proxy.close()
