@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import StoreUnavailable
+from .errors import ConfigError, StoreUnavailable
+from .settings import Settings
 
 T = TypeVar("T")
 
@@ -73,6 +74,14 @@ class SqliteFile:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"idpool-{store}")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+
+    @classmethod
+    async def from_settings(cls, settings: Settings, store: str) -> SqliteFile:
+        """The file a ``sqlite:`` IDPOOL_MYSQL_URL names, made unless IDPOOL_CREATE_DATABASE=0."""
+        path = settings.sqlite_path()
+        if path is None:
+            raise ConfigError("IDPOOL_MYSQL_URL does not name a SQLite file (sqlite:///path)")
+        return await cls.open(path, settings.store_timeout, store, create=settings.create_database)
 
     @classmethod
     async def open(cls, path: Path, timeout: float, store: str, *, create: bool) -> SqliteFile:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sqlite3
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from .errors import StoreUnavailable, TagExists, UnknownTag
@@ -44,16 +43,8 @@ class SqliteLedger:
         self.file = file
 
     @classmethod
-    async def connect(cls, settings: Settings, *, create: bool | None = None) -> SqliteLedger:
-        path = settings.sqlite_path()
-        if path is None:
-            raise ValueError("SqliteLedger needs a sqlite: IDPOOL_MYSQL_URL")
-        create = settings.create_database if create is None else create
-        return cls(await SqliteFile.open(path, settings.store_timeout, cls.name, create=create))
-
-    @property
-    def path(self) -> Path:
-        return self.file.path
+    async def connect(cls, settings: Settings) -> SqliteLedger:
+        return cls(await SqliteFile.from_settings(settings, cls.name))
 
     async def close(self) -> None:
         await self.file.close()

@@ -53,12 +53,8 @@ class SqlitePool:
         self.file = file
 
     @classmethod
-    async def open(cls, settings: Settings, *, create: bool | None = None) -> SqlitePool:
-        path = settings.sqlite_path()
-        if path is None:
-            raise ValueError("SqlitePool needs a sqlite: IDPOOL_MYSQL_URL")
-        create = settings.create_database if create is None else create
-        return cls(await SqliteFile.open(path, settings.store_timeout, cls.name, create=create))
+    async def open(cls, settings: Settings) -> SqlitePool:
+        return cls(await SqliteFile.from_settings(settings, cls.name))
 
     async def close(self) -> None:
         await self.file.close()
