@@ -35,7 +35,8 @@ class StartBelowIssued(IdPoolError):
 class StoreUnavailable(IdPoolError):
     """A store (MySQL or Redis) could not be reached or did not answer in time.
 
-    ``store`` is "mysql" or "redis", so a 503 can say which one is down.
+    ``store`` is "mysql" or "redis" ("sqlite" or "sqlite_pool" in the embedded
+    mode), so a 503 can say which one is down.
     """
 
     def __init__(self, store: str, detail: str) -> None:

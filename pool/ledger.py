@@ -65,6 +65,8 @@ class TagRow:
 
 
 class Ledger:
+    name = "mysql"  # in /status, /metrics and 503 messages
+
     def __init__(self, pool: Any, timeout: float) -> None:
         self._pool = pool
         self._timeout = timeout

@@ -131,6 +131,8 @@ def make_client(settings: Settings) -> aioredis.Redis:
 
 
 class RedisPool:
+    name = "redis"  # in /status, /metrics and 503 messages
+
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys

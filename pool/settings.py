@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -28,7 +29,9 @@ class MysqlParams:
 
 @dataclass(frozen=True)
 class Settings:
-    # IDPOOL_MYSQL_URL: the ledger; mysql://user:password@host:port/database
+    # IDPOOL_MYSQL_URL: the ledger; mysql://user:password@host:port/database, or
+    # sqlite:///path/file.db for the embedded mode (one node; ledger and pool in that
+    # file, Redis not used). Never chosen unless named here or by `serve --embedded`.
     mysql_url: str = field(default="mysql://root@127.0.0.1:3306/idpool", repr=False)
     # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
@@ -101,7 +104,8 @@ class Settings:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        self.mysql_params()  # raises ConfigError on a bad URL
+        if self.sqlite_path() is None:
+            self.mysql_params()  # raises ConfigError on a bad URL
         if urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
             raise ConfigError("IDPOOL_REDIS_URL must start with redis://, rediss:// or unix://")
         return self
@@ -109,12 +113,33 @@ class Settings:
     def with_changes(self, **changes: Any) -> Settings:
         return replace(self, **changes).validated()
 
+    @property
+    def embedded(self) -> bool:
+        """The ledger is a SQLite file and the pool lives in the same file."""
+        return self.sqlite_path() is not None
+
+    def sqlite_path(self) -> Path | None:
+        """The embedded ledger's file for a ``sqlite:`` URL, else None.
+
+        ``sqlite:///var/idpool.db`` is ``/var/idpool.db``; ``sqlite:idpool.db`` is
+        relative to the working directory.
+        """
+        url = urlsplit(self.mysql_url)
+        if url.scheme != "sqlite":
+            return None
+        if url.netloc or not url.path or url.query or url.path.endswith("/"):
+            raise ConfigError(
+                "IDPOOL_MYSQL_URL: a SQLite ledger looks like sqlite:///path/to/idpool.db"
+            )
+        return Path(unquote(url.path))
+
     def mysql_params(self) -> MysqlParams:
         url = urlsplit(self.mysql_url)
         database = url.path.lstrip("/")
         if url.scheme not in ("mysql", "mariadb") or not url.hostname or not database:
             raise ConfigError(
-                "IDPOOL_MYSQL_URL must look like mysql://user:password@host:3306/database"
+                "IDPOOL_MYSQL_URL must look like mysql://user:password@host:3306/database "
+                "(or sqlite:///path/to/idpool.db for the embedded mode)"
             )
         if not database.replace("_", "").isalnum():
             raise ConfigError("IDPOOL_MYSQL_URL: database name must be letters, digits and _")

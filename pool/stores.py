@@ -1,7 +1,10 @@
 """What the rest of idpool needs from a ledger and from a pool, as protocols.
 
 ``pool/ledger.py`` (MySQL) and ``pool/redis_pool.py`` (Redis) are the production
-implementations; tests and the embedded mode may supply others.
+implementations; ``pool/sqlite_ledger.py`` and ``pool/sqlite_pool.py`` the
+embedded mode's (one SQLite file). Which pair is used depends on the scheme of
+IDPOOL_MYSQL_URL alone: a node never falls back from one ledger to another, since
+two ledgers for one tag would hand out the same IDs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from .ledger import Ledger, TagRow
 from .ranges import IdRange
 from .redis_pool import PopResult, PushResult, RedisPool
 from .settings import Settings
+from .sqlite_ledger import SqliteLedger
+from .sqlite_pool import SqlitePool
 
 
 class LedgerStore(Protocol):
@@ -77,15 +82,50 @@ class PoolStore(Protocol):
     async def release_lease(self, tag: str, owner: str) -> None: ...
 
 
+async def open_ledger(settings: Settings) -> LedgerStore:
+    """The ledger IDPOOL_MYSQL_URL names: MySQL, or a SQLite file for ``sqlite:``.
+
+    Raises StoreUnavailable (naming IDPOOL_MYSQL_URL) when it cannot be opened;
+    there is deliberately no fallback to the other kind.
+    """
+    if settings.embedded:
+        return await SqliteLedger.connect(settings)
+    return await Ledger.connect(settings)
+
+
+async def open_pool(settings: Settings, *, check: bool = True) -> PoolStore:
+    """The pool that goes with the ledger: Redis, or the embedded ledger's own file.
+
+    With ``check``, raises StoreUnavailable (naming the variable) unless it answers.
+    """
+    pool: PoolStore
+    if settings.embedded:
+        pool = await SqlitePool.open(settings)
+    else:
+        pool = RedisPool.from_settings(settings)
+    if check:
+        try:
+            await pool.check()
+        except BaseException:
+            await pool.close()
+            raise
+    return pool
+
+
 async def open_stores(settings: Settings) -> tuple[LedgerStore, PoolStore]:
     """Connect the ledger and the pool the settings name; raise StoreUnavailable
     (naming the variable to fix) when either cannot be reached."""
-    ledger = await Ledger.connect(settings)
-    pool = RedisPool.from_settings(settings)
+    ledger = await open_ledger(settings)
     try:
-        await pool.check()
+        pool = await open_pool(settings)
     except BaseException:
-        await pool.close()
         await ledger.close()
         raise
     return ledger, pool
+
+
+def store_name(store: object, default: str) -> str:
+    """What /status, /metrics and 503 messages call a store: "mysql", "redis",
+    "sqlite" (embedded ledger), "sqlite_pool" (embedded pool). Stores without a
+    ``name`` (test doubles) are called by their role's production name."""
+    return str(getattr(store, "name", default))

@@ -183,6 +183,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
         try:
             if settings.preload:
                 preloader.start()
+            if settings.embedded:
+                logger.warning(
+                    "event=embedded_mode file=%s detail='one node; ledger and pool in this SQLite "
+                    "file; MySQL and Redis are not used'",
+                    settings.sqlite_path(),
+                )
             logger.info("event=node_started preload=%s", settings.preload)
             yield
             # Shutdown, in reverse: the preloader's tick under way finishes its

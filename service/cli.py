@@ -9,24 +9,25 @@ import argparse
 import asyncio
 import logging
 import logging.config
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from pool.claims import LedgerClaims, create_tag, move_start
 from pool.errors import ConfigError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
-from pool.ledger import Ledger
 from pool.preloader import Preloader
 from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
-from pool.redis_pool import RedisPool
 from pool.settings import Settings
-from pool.stores import LedgerStore, open_stores
+from pool.stores import LedgerStore, open_ledger, open_pool, open_stores
 from service.node import Node, RangeSource
 from service.status import snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
 def logging_config(level: str) -> dict[str, Any]:
@@ -74,25 +75,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     sub = parser.add_subparsers(dest="command", required=True)
+    embedded = argparse.ArgumentParser(add_help=False)
+    embedded.add_argument(
+        "--embedded",
+        action="store_true",
+        help=f"use the embedded ledger and pool (SQLite file ./{EMBEDDED_FILE}, or the one a "
+        "sqlite:///path IDPOOL_MYSQL_URL names): one node, no MySQL or Redis",
+    )
 
-    serve = sub.add_parser("serve", help="run a node (HTTP API; preloader inside by default)")
+    serve = sub.add_parser(
+        "serve", parents=[embedded], help="run a node (HTTP API; preloader inside by default)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1, help="uvicorn workers; each is a node")
     serve.add_argument("--access-log", action="store_true", help="log every request")
 
-    sub.add_parser("preload", help="run the preloader alone, until SIGTERM or Ctrl-C")
+    sub.add_parser(
+        "preload", parents=[embedded], help="run the preloader alone, until SIGTERM or Ctrl-C"
+    )
 
     tag = sub.add_parser("tag", help="manage tags").add_subparsers(
         dest="tag_command", required=True
     )
-    add = tag.add_parser("add", help="create a tag")
+    add = tag.add_parser("add", parents=[embedded], help="create a tag")
     add.add_argument("tag", type=_tag)
     add.add_argument("--step", type=_integer(MAX_STEP), default=None, help="IDs per range")
     add.add_argument("--start", type=_integer(MAX_ID), default=1, help="first ID (default 1)")
     add.add_argument("--description", default="")
-    tag.add_parser("list", help="list tags and their ledger position")
-    step = tag.add_parser("step", help="change a tag's range size")
+    tag.add_parser("list", parents=[embedded], help="list tags and their ledger position")
+    step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
     start = tag.add_parser("start", help="move a tag's next ID forward (never back)")
@@ -102,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     pool = sub.add_parser("pool", help="inspect the Redis pool").add_subparsers(
         dest="pool_command", required=True
     )
-    pool.add_parser("show", help="depth and head range per tag")
+    pool.add_parser("show", parents=[embedded], help="depth and head range per tag")
     return parser
 
 
@@ -110,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.config.dictConfig(logging_config(args.log_level))
     try:
-        settings = Settings.from_env()
+        settings = _choose_ledger(Settings.from_env(), args.embedded)
         if args.command == "serve":
             return _serve(settings, args)
         commands: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
@@ -127,9 +139,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
 
 
+def _choose_ledger(settings: Settings, embedded: bool) -> Settings:
+    """``--embedded`` picks the SQLite ledger; it never overrides a MySQL URL the
+    operator set, and nothing else ever picks it (no fallback when MySQL is down)."""
+    if not embedded or settings.embedded:
+        return settings
+    if os.environ.get("IDPOOL_MYSQL_URL"):
+        raise ConfigError(
+            "--embedded and IDPOOL_MYSQL_URL name two different ledgers: unset "
+            "IDPOOL_MYSQL_URL, or set it to sqlite:///path/to/idpool.db to choose the file"
+        )
+    return settings.with_changes(mysql_url="sqlite://" + quote(os.path.abspath(EMBEDDED_FILE)))
+
+
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    if settings.embedded:
+        if args.workers != 1:
+            raise ConfigError(
+                f"--workers {args.workers}: the embedded mode runs one node in one process; "
+                "drop --workers, or run MySQL and Redis for several nodes"
+            )
+        # The app factory reads the environment: hand it the ledger chosen here.
+        os.environ["IDPOOL_MYSQL_URL"] = settings.mysql_url
     # Fail here, once, with a clear message, rather than in every worker.
     asyncio.run(_check_stores(settings))
     uvicorn.run(
@@ -171,7 +204,7 @@ async def _preload(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
-    ledger = await Ledger.connect(settings)
+    ledger = await open_ledger(settings)
     try:
         if args.tag_command == "add":
             return await _tag_add(settings, ledger, args)
@@ -198,16 +231,17 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
     step = args.step or settings.default_step
-    redis_pool = RedisPool.from_settings(settings)
+    # No check: with Redis down a tag can still be added (without its high-water mark).
+    pool = await open_pool(settings, check=False)
     try:
         row = await create_tag(
-            ledger, redis_pool, args.tag, step=step, start=args.start, description=args.description
+            ledger, pool, args.tag, step=step, start=args.start, description=args.description
         )
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        await redis_pool.close()
+        await pool.close()
     note = ""
     if row.max_id > args.start:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
@@ -216,9 +250,10 @@ async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Names
 
 
 async def _tag_start(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
-    redis_pool = RedisPool.from_settings(settings)
+    # No check: with Redis down the ledger's own max_id still refuses a start below it.
+    pool = await open_pool(settings, check=False)
     try:
-        row = await move_start(ledger, redis_pool, args.tag, args.start)
+        row = await move_start(ledger, pool, args.tag, args.start)
     except UnknownTag:
         print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
         return EXIT_USAGE
@@ -226,7 +261,7 @@ async def _tag_start(settings: Settings, ledger: LedgerStore, args: argparse.Nam
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        await redis_pool.close()
+        await pool.close()
     print(
         f"{row.tag}: the next range claimed starts at {row.max_id}; "
         "ranges already in the pool or in nodes are served first"

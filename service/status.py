@@ -13,7 +13,7 @@ from typing import Any
 
 from pool.errors import StoreUnavailable
 from pool.ranges import IdRange
-from pool.stores import LedgerStore, PoolStore
+from pool.stores import LedgerStore, PoolStore, store_name
 
 from .node import Node
 from .stats import rates
@@ -29,20 +29,22 @@ async def snapshot(
 ) -> Snapshot:
     stores: dict[str, dict[str, Any]] = {}
     rows: dict[str, Any] = {}
+    ledger_name = store_name(ledger, "mysql")
     try:
         rows = {row.tag: row for row in await ledger.list_tags()}
-        stores["mysql"] = {"up": True, "error": None}
+        stores[ledger_name] = {"up": True, "error": None}
     except StoreUnavailable as e:
-        stores["mysql"] = {"up": False, "error": e.detail}
+        stores[ledger_name] = {"up": False, "error": e.detail}
     names = sorted(set(rows) | set(node.buffers))
     pooled: dict[str, tuple[list[IdRange], dict[str, str]]] = {}
     if pool is not None:
+        pool_name = store_name(pool, "redis")
         try:
             for tag in names:
                 pooled[tag] = (await pool.ranges(tag), await pool.read_stats(tag))
-            stores["redis"] = {"up": True, "error": None}
+            stores[pool_name] = {"up": True, "error": None}
         except StoreUnavailable as e:
-            stores["redis"] = {"up": False, "error": e.detail}
+            stores[pool_name] = {"up": False, "error": e.detail}
     for store, (when, detail) in node.source.last_error.items():
         stores.setdefault(store, {"up": True, "error": None})["last_error"] = {
             "at": when,

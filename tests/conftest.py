@@ -5,6 +5,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pymysql
 import pytest
@@ -75,6 +76,12 @@ def settings() -> Iterator[Settings]:
     keys = list(client.scan_iter(f"{prefix}:*"))
     if keys:
         client.delete(*keys)
+
+
+@pytest.fixture
+def sqlite_settings(settings: Settings, tmp_path: Path) -> Settings:
+    """The embedded mode: ledger and pool in a SQLite file of the test's own."""
+    return settings.with_changes(mysql_url="sqlite://" + quote(str(tmp_path / "idpool.db")))
 
 
 @pytest.fixture

@@ -150,10 +150,20 @@ def env_with(**values: str) -> dict[str, str]:
 class NodeProcess:
     """One `idpool serve` process on its own port, logging to a file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        port: int | None = None,
+        *,
+        args: tuple[str, ...] = (),  # more `idpool serve` options, e.g. ("--embedded",)
+        cwd: Path | None = None,
+    ) -> None:
         self.env = env
         self.port = port or free_port()
         self.log_path = log_path
+        self.args = args
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.logs: list[Path] = []  # every log file this node wrote, one per start
 
@@ -166,10 +176,12 @@ class NodeProcess:
 
         path = self.log_path.with_suffix(f".{len(self.logs)}.log")
         self.logs.append(path)
+        command = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
         with open(path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
+                [*command, *self.args],
                 env=self.env,
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

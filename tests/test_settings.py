@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pool.errors import ConfigError
@@ -36,11 +38,22 @@ def test_environment_overrides_with_prefix() -> None:
         ("IDPOOL_MYSQL_URL", "mysql://host/bad-name;drop"),
         ("IDPOOL_REDIS_URL", "http://localhost"),
         ("IDPOOL_REDIS_PREFIX", "a:b"),
+        ("IDPOOL_MYSQL_URL", "sqlite://host/idpool.db"),
+        ("IDPOOL_MYSQL_URL", "sqlite:///"),
+        ("IDPOOL_MYSQL_URL", "sqlite:"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
         Settings.from_env({name: value})
+
+
+def test_only_a_sqlite_url_selects_the_embedded_mode() -> None:
+    assert not Settings.from_env({}).embedded
+    absolute = Settings.from_env({"IDPOOL_MYSQL_URL": "sqlite:///var/lib/idpool/ids.db"})
+    assert absolute.embedded and absolute.sqlite_path() == Path("/var/lib/idpool/ids.db")
+    relative = Settings.from_env({"IDPOOL_MYSQL_URL": "sqlite:ids%20here.db"})
+    assert relative.sqlite_path() == Path("ids here.db")
 
 
 def test_passwords_and_tokens_stay_out_of_repr() -> None:

@@ -1,0 +1,151 @@
+"""The embedded ledger: the MySQL ledger's rows and claims, in a SQLite file.
+
+Same row semantics as ``pool/ledger.py``: ``max_id`` is the first ID not yet
+claimed and only ever grows; a claim is one transaction that moves it up by
+``step * n``; ``raise_floor`` never lowers it; ``adapt_step`` stays within the
+tag's ``[min_step, max_step]``. Chosen only by a ``sqlite:`` IDPOOL_MYSQL_URL
+(``idpool serve --embedded`` sets one); see ``pool/stores.py``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import StoreUnavailable, TagExists, UnknownTag
+from .ledger import DEFAULT_MAX_STEP, TagRow
+from .ranges import MAX_ID, IdRange
+from .settings import Settings
+from .sqlite_file import SqliteFile
+
+_COLUMNS = "tag, max_id, step, start_id, description, updated_at, min_step, max_step"
+
+
+def _row(values: Any) -> TagRow:
+    tag, max_id, step, start_id, description, updated_at, min_step, max_step = values
+    updated = datetime.fromtimestamp(updated_at, UTC)
+    return TagRow(tag, max_id, step, start_id, description, updated, min_step, max_step)
+
+
+def _select(conn: sqlite3.Connection, tag: str) -> TagRow:
+    found = conn.execute(f"SELECT {_COLUMNS} FROM idpool_tags WHERE tag = ?", (tag,)).fetchone()
+    if found is None:
+        raise UnknownTag(tag)
+    return _row(found)
+
+
+class SqliteLedger:
+    name = "sqlite"  # in /status, /metrics and 503 messages
+
+    def __init__(self, file: SqliteFile) -> None:
+        self.file = file
+
+    @classmethod
+    async def connect(cls, settings: Settings) -> SqliteLedger:
+        return cls(await SqliteFile.from_settings(settings, cls.name))
+
+    async def close(self) -> None:
+        await self.file.close()
+
+    async def claim(self, tag: str, ranges: int = 1) -> IdRange:
+        """Claim ``ranges * step`` fresh IDs for ``tag`` in one transaction.
+
+        Raises UnknownTag, or StoreUnavailable when the outcome is unknown.
+        """
+
+        def op(conn: sqlite3.Connection) -> IdRange:
+            # BEGIN IMMEDIATE holds the file's write lock from the read to the
+            # COMMIT, so two claims (from any process) can never overlap.
+            row = _select(conn, tag)
+            # Written as max_id <= MAX_ID - step*n so the sum cannot leave 64 bits.
+            if row.max_id > MAX_ID - row.step * ranges:
+                raise StoreUnavailable(self.name, f"tag {tag!r} has run out of 64-bit IDs")
+            end = row.max_id + row.step * ranges
+            conn.execute(
+                "UPDATE idpool_tags SET max_id = ?, updated_at = ? WHERE tag = ?",
+                (end, time.time(), tag),
+            )
+            return IdRange(row.max_id, end)
+
+        return await self.file.write(op)
+
+    async def raise_floor(self, tag: str, floor: int) -> int:
+        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            # MAX() of two arguments is SQLite's GREATEST: never moves max_id down.
+            conn.execute(
+                "UPDATE idpool_tags SET max_id = MAX(max_id, ?), updated_at = ? WHERE tag = ?",
+                (floor, time.time(), tag),
+            )
+            return _select(conn, tag).max_id
+
+        return await self.file.write(op)
+
+    async def add_tag(
+        self,
+        tag: str,
+        *,
+        step: int,
+        start: int,
+        description: str = "",
+        floor: int = 0,
+        min_step: int | None = None,
+        max_step: int | None = None,
+    ) -> TagRow:
+        """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
+        lo = step if min_step is None else min_step
+        hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
+
+        def op(conn: sqlite3.Connection) -> TagRow:
+            now = time.time()
+            try:
+                conn.execute(
+                    "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
+                    "min_step, max_step, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (tag, max(start, floor), step, start, description, lo, hi, now, now),
+                )
+            except sqlite3.IntegrityError:
+                raise TagExists(tag) from None
+            return _select(conn, tag)
+
+        return await self.file.write(op)
+
+    async def set_step(self, tag: str, step: int) -> TagRow:
+        """An operator's step: the new size, and the floor of the dynamic step."""
+
+        def op(conn: sqlite3.Connection) -> TagRow:
+            conn.execute(
+                "UPDATE idpool_tags SET step = ?, min_step = ?, max_step = MAX(max_step, ?), "
+                "updated_at = ? WHERE tag = ?",
+                (step, step, step, time.time(), tag),
+            )
+            return _select(conn, tag)
+
+        return await self.file.write(op)
+
+    async def adapt_step(self, tag: str, step: int) -> int:
+        """The dynamic step's decision, kept within the tag's bounds. Returns the new step."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "UPDATE idpool_tags SET step = MIN(MAX(?, min_step), max_step), updated_at = ? "
+                "WHERE tag = ?",
+                (step, time.time(), tag),
+            )
+            return _select(conn, tag).step
+
+        return await self.file.write(op)
+
+    async def get_tag(self, tag: str) -> TagRow:
+        return await self.file.read(lambda conn: _select(conn, tag))
+
+    async def list_tags(self) -> list[TagRow]:
+        def op(conn: sqlite3.Connection) -> list[TagRow]:
+            rows = conn.execute(f"SELECT {_COLUMNS} FROM idpool_tags ORDER BY tag").fetchall()
+            return [_row(r) for r in rows]
+
+        return await self.file.read(op)

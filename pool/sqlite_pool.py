@@ -1,0 +1,201 @@
+"""The embedded pool: the Redis pool's lists, stats, marks and leases as SQLite tables.
+
+It lives in the same file as the embedded ledger (``pool/sqlite_file.py`` has the
+tables), so a graceful restart of an embedded node wastes nothing: the ranges
+the preloader made ready and the remainders the node returned at shutdown are
+still there for the next start. Every pop and push is one transaction, durable
+(fsynced) before it returns, so a range popped and used is never in the table
+again, even after ``kill -9``.
+
+Differences from Redis: there is no incarnation to check (the pool cannot lose
+writes while the ledger keeps them: they share one file and one journal), so
+``dropped`` is always empty.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+
+from .ranges import IdRange
+from .redis_pool import PopResult, PushResult
+from .settings import Settings
+from .sqlite_file import SqliteFile
+
+_UPSERT_STAT = (
+    "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, ?, ?) "
+    # skip unchanged values: no page written, no fsync
+    "ON CONFLICT (tag, field) DO UPDATE SET value = excluded.value WHERE value != excluded.value"
+)
+
+
+def _depth(conn: sqlite3.Connection, tag: str) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM idpool_pool WHERE tag = ?", (tag,)).fetchone()[0])
+
+
+def _ranges(conn: sqlite3.Connection, tag: str) -> list[IdRange]:
+    rows = conn.execute(
+        "SELECT first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq", (tag,)
+    ).fetchall()
+    return [IdRange(first, last + 1) for first, last in rows]
+
+
+def _stats(conn: sqlite3.Connection, tag: str) -> dict[str, str]:
+    rows = conn.execute("SELECT field, value FROM idpool_pool_stats WHERE tag = ?", (tag,))
+    return {field: value for field, value in rows.fetchall()}
+
+
+class SqlitePool:
+    name = "sqlite_pool"  # in /status, /metrics and 503 messages
+
+    def __init__(self, file: SqliteFile) -> None:
+        self.file = file
+
+    @classmethod
+    async def open(cls, settings: Settings) -> SqlitePool:
+        return cls(await SqliteFile.from_settings(settings, cls.name))
+
+    async def close(self) -> None:
+        await self.file.close()
+
+    async def check(self) -> None:
+        await self.file.read(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    async def pop(self, tag: str) -> PopResult:
+        """Take the head range of the tag's pool, or None when it is empty."""
+
+        def op(conn: sqlite3.Connection) -> PopResult:
+            # One write transaction: no other pop (any process) can take the same row.
+            head = conn.execute(
+                "SELECT seq, first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq LIMIT 1",
+                (tag,),
+            ).fetchone()
+            taken = None
+            if head is not None:
+                conn.execute("DELETE FROM idpool_pool WHERE tag = ? AND seq = ?", (tag, head[0]))
+                taken = IdRange(head[1], head[2] + 1)
+            target = _stats(conn, tag).get("target_depth", "0")
+            return PopResult(taken, [], _depth(conn, tag), int(target))
+
+        return await self.file.write(op)
+
+    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+        """Append fresh ranges (tail) or return remainders (head), in serving order."""
+
+        def op(conn: sqlite3.Connection) -> PushResult:
+            # seq is read and written in one write transaction: no push interleaves.
+            low, high = conn.execute(
+                "SELECT MIN(seq), MAX(seq) FROM idpool_pool WHERE tag = ?", (tag,)
+            ).fetchone()
+            first = (0 if low is None else low) - len(ranges) if head else (high or 0) + 1
+            conn.executemany(
+                "INSERT INTO idpool_pool (tag, seq, first_id, last_id) VALUES (?, ?, ?, ?)",
+                [(tag, first + i, r.start, r.end - 1) for i, r in enumerate(ranges)],
+            )
+            return PushResult(_depth(conn, tag), [])
+
+        return await self.file.write(op)
+
+    async def depth(self, tag: str) -> int:
+        return await self.file.read(lambda conn: _depth(conn, tag))
+
+    async def ranges(self, tag: str) -> list[IdRange]:
+        return await self.file.read(lambda conn: _ranges(conn, tag))
+
+    async def tags(self) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT tag FROM idpool_pool UNION SELECT tag FROM idpool_pool_stats ORDER BY tag"
+            ).fetchall()
+            return [tag for (tag,) in rows]
+
+        return await self.file.read(op)
+
+    async def high_water(self, tag: str) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
+            ).fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self.file.read(op)
+
+    async def raise_high_water(self, tag: str, value: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            # MAX() in the upsert: the mark is only ever raised.
+            conn.execute(
+                "INSERT INTO idpool_high_water (tag, high_water) VALUES (?, ?) "
+                "ON CONFLICT (tag) DO UPDATE SET high_water = MAX(high_water, excluded.high_water)",
+                (tag, value),
+            )
+            row = conn.execute(
+                "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
+            ).fetchone()
+            return int(row[0])
+
+        return await self.file.write(op)
+
+    async def count_taken(self, tag: str, ids: int) -> None:
+        """Add to the tag's count of IDs taken by nodes (the consumption signal)."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, 'taken', ?) "
+                "ON CONFLICT (tag, field) DO UPDATE "
+                "SET value = CAST(CAST(value AS INTEGER) + excluded.value AS TEXT)",
+                (tag, str(ids)),
+            )
+
+        await self.file.write(op)
+
+    async def report_lifetime(self, tag: str, ids: int, seconds: float) -> None:
+        await self.write_stats(tag, {"lifetime_ids": str(ids), "lifetime_s": f"{seconds:.3f}"})
+
+    async def read_stats(self, tag: str) -> dict[str, str]:
+        return await self.file.read(lambda conn: _stats(conn, tag))
+
+    async def write_stats(self, tag: str, fields: dict[str, str]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(_UPSERT_STAT, [(tag, k, v) for k, v in fields.items()])
+
+        await self.file.write(op)
+
+    async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
+        """Read and clear the last reported range lifetime: one observation, one decision."""
+
+        def op(conn: sqlite3.Connection) -> tuple[int, float] | None:
+            stats = _stats(conn, tag)
+            if "lifetime_ids" not in stats or "lifetime_s" not in stats:
+                return None
+            conn.execute(
+                "DELETE FROM idpool_pool_stats WHERE tag = ? "
+                "AND field IN ('lifetime_ids', 'lifetime_s')",
+                (tag,),
+            )
+            return int(stats["lifetime_ids"]), float(stats["lifetime_s"])
+
+        return await self.file.write(op)
+
+    async def acquire_lease(self, tag: str, owner: str, seconds: float) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            # Like SET NX PX: taken only when nobody holds it, or the holder's ran out.
+            held = conn.execute(
+                "SELECT 1 FROM idpool_leases WHERE tag = ? AND expires_at > ?", (tag, now)
+            ).fetchone()
+            if held is not None:
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO idpool_leases (tag, owner, expires_at) VALUES (?, ?, ?)",
+                (tag, owner, now + seconds),
+            )
+            return True
+
+        return await self.file.write(op)
+
+    async def release_lease(self, tag: str, owner: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM idpool_leases WHERE tag = ? AND owner = ?", (tag, owner))
+
+        await self.file.write(op)

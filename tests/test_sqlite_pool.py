@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pool.ranges import IdRange
+from pool.settings import Settings
+from pool.sqlite_pool import SqlitePool
+from pool.stores import PoolStore, open_pool
+
+pytestmark = pytest.mark.anyio
+
+
+def R(text: str) -> IdRange:
+    return IdRange.from_text(text)
+
+
+# The tests taking `pool` hold the embedded pool to the Redis pool's behaviour.
+@pytest.fixture(params=["redis", "sqlite"])
+async def pool(
+    request: pytest.FixtureRequest, settings: Settings, sqlite_settings: Settings
+) -> AsyncIterator[PoolStore]:
+    opened = await open_pool(settings if request.param == "redis" else sqlite_settings)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def sqlite_pool(sqlite_settings: Settings) -> AsyncIterator[SqlitePool]:
+    opened = await SqlitePool.open(sqlite_settings)
+    yield opened
+    await opened.close()
+
+
+async def test_fresh_ranges_at_tail_remainders_at_head(pool: PoolStore, tag: str) -> None:
+    await pool.push(tag, [R("1-10"), R("11-20")], head=False)
+    await pool.push(tag, [R("31-40")], head=False)
+    result = await pool.push(tag, [R("5-10"), R("15-20")], head=True)
+    assert (result.depth, result.dropped) == (5, [])
+    assert [r.to_text() for r in await pool.ranges(tag)] == [
+        "5-10",
+        "15-20",
+        "1-10",
+        "11-20",
+        "31-40",
+    ]
+    assert (await pool.pop(tag)).range == R("5-10")
+    assert await pool.depth(tag) == 4
+    assert tag in await pool.tags()
+
+
+async def test_pop_of_empty_pool(pool: PoolStore, tag: str) -> None:
+    result = await pool.pop(tag)
+    assert (result.range, result.dropped, result.depth, result.target_depth) == (None, [], 0, 0)
+
+
+async def test_pop_tells_depth_and_target(pool: PoolStore, tag: str) -> None:
+    await pool.write_stats(tag, {"target_depth": "6", "rate": "1.5"})
+    await pool.push(tag, [R("1-10"), R("11-20"), R("21-30")], head=False)
+    result = await pool.pop(tag)
+    assert (result.range, result.depth, result.target_depth) == (R("1-10"), 2, 6)
+
+
+async def test_high_water_mark_only_rises(pool: PoolStore, tag: str) -> None:
+    assert await pool.high_water(tag) == 0
+    assert await pool.raise_high_water(tag, 2**62) == 2**62
+    assert await pool.raise_high_water(tag, 999) == 2**62
+    assert await pool.high_water(tag) == 2**62
+
+
+async def test_consumption_and_lifetime_figures(pool: PoolStore, tag: str) -> None:
+    await pool.count_taken(tag, 100)
+    await pool.count_taken(tag, 250)
+    await pool.report_lifetime(tag, 1000, 12.5)
+    stats = await pool.read_stats(tag)
+    assert (stats["taken"], stats["lifetime_ids"], stats["lifetime_s"]) == ("350", "1000", "12.500")
+    assert await pool.take_lifetime(tag) == (1000, 12.5)
+    assert await pool.take_lifetime(tag) is None  # one observation, one decision
+    assert (await pool.read_stats(tag))["taken"] == "350"
+
+
+async def test_lease_is_held_by_one_owner_until_released_or_expired(
+    pool: PoolStore, tag: str
+) -> None:
+    assert await pool.acquire_lease(tag, "a", 10)
+    assert not await pool.acquire_lease(tag, "b", 10)
+    await pool.release_lease(tag, "b")  # not b's: stays
+    assert not await pool.acquire_lease(tag, "b", 10)
+    await pool.release_lease(tag, "a")
+    assert await pool.acquire_lease(tag, "b", 0.1)
+    await asyncio.sleep(0.2)
+    assert await pool.acquire_lease(tag, "c", 10)
+
+
+async def test_concurrent_pops_never_share_a_range(pool: PoolStore, tag: str) -> None:
+    ranges = IdRange(1, 2001).split(10)
+    await pool.push(tag, ranges, head=False)
+    results = []
+    for _ in range(10):  # 25 at a time: the Redis client keeps at most 32 connections
+        results += await asyncio.gather(*(pool.pop(tag) for _ in range(25)))
+    taken = [r.range for r in results if r.range is not None]
+    assert sorted(taken, key=lambda r: r.start) == ranges
+    assert await pool.depth(tag) == 0
+
+
+def _pop_all(url: str, tag: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    async def go() -> list[tuple[int, int]]:
+        opened = await SqlitePool.open(Settings(mysql_url=url))
+        got = []
+        try:
+            while (result := await opened.pop(tag)).range is not None:
+                got.append((result.range.start, result.range.end))
+        finally:
+            await opened.close()
+        return got
+
+    out.put(asyncio.run(go()))
+
+
+async def test_pops_from_many_processes_never_share_a_range(
+    sqlite_pool: SqlitePool, sqlite_settings: Settings, tag: str
+) -> None:
+    ranges = IdRange(1, 3001).split(10)
+    await sqlite_pool.push(tag, ranges, head=False)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    args = (sqlite_settings.mysql_url, tag, out)
+    procs = [ctx.Process(target=_pop_all, args=args) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    taken = sorted(r for got in results for r in got)
+    assert taken == [(r.start, r.end) for r in ranges]
+
+
+async def test_the_pool_outlives_the_process(sqlite_settings: Settings, tag: str) -> None:
+    first = await SqlitePool.open(sqlite_settings)
+    await first.push(tag, [R("1-10"), R("11-20")], head=False)
+    await first.pop(tag)
+    await first.push(tag, [R("5-10")], head=True)
+    await first.close()
+    again = await SqlitePool.open(sqlite_settings)
+    try:
+        assert await again.ranges(tag) == [R("5-10"), R("11-20")]
+    finally:
+        await again.close()
