@@ -123,10 +123,12 @@ class Ledger:
         async def op(cur: Any) -> IdRange:
             # The UPDATE takes the row lock; the SELECT in the same transaction
             # reads our own increment, so two claims can never overlap.
+            # The guard is written max_id <= MAX_ID - step*n: the sum max_id + step*n
+            # would overflow BIGINT near the top and fail as an error, not a no.
             updated = await cur.execute(
                 f"UPDATE {TABLE} SET max_id = max_id + step * %s "
-                "WHERE tag = %s AND max_id + step * %s <= %s",
-                (ranges, tag, ranges, MAX_ID + 1),
+                "WHERE tag = %s AND max_id <= %s - step * %s",
+                (ranges, tag, MAX_ID, ranges),
             )
             await cur.execute(f"SELECT max_id, step FROM {TABLE} WHERE tag = %s", (tag,))
             row = await cur.fetchone()
