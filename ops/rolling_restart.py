@@ -54,6 +54,7 @@ from .processes import NodeProcess, node_stopped, wait_port_closed, wait_ready
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+REST_SECONDS = 0.5  # the client leaves a node that just failed alone this long
 
 
 # --- the nodes ---------------------------------------------------------------
@@ -186,12 +187,14 @@ class Client:
         count: int,
         max_ids: int,
         retry_seconds: float,
+        rate: float,
     ) -> None:
         self.urls = urls
         self.tag = tag
         self.count = count
         self.max_ids = max_ids
         self.retry_seconds = retry_seconds
+        self.rate = rate  # requests per second, all threads together (0: no limit)
         self.tally = Tally()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -215,35 +218,50 @@ class Client:
 
     def _run(self, n: int) -> None:
         conns: dict[str, http.client.HTTPConnection] = {}
+        resting: dict[str, float] = {}  # node -> until when this thread leaves it alone
+        interval = len(self.threads) / self.rate if self.rate > 0 else 0.0
+        next_at = time.monotonic()
         i = n
         while not self.stopping.is_set() and self.drawn() < self.max_ids:
             path = f"/id/{self.tag}" if i % 10 == 0 else f"/ids/{self.tag}?count={self.count}"
-            self._request(conns, i, path)
+            self._request(conns, resting, i, path)
             i += 1
+            next_at += interval
+            if (pause := next_at - time.monotonic()) > 0:
+                time.sleep(pause)
         for conn in conns.values():
             conn.close()
 
-    def _request(self, conns: dict[str, http.client.HTTPConnection], i: int, path: str) -> None:
-        """One request, tried on node after node until one answers or time runs out."""
+    def _request(
+        self,
+        conns: dict[str, http.client.HTTPConnection],
+        resting: dict[str, float],
+        i: int,
+        path: str,
+    ) -> None:
+        """One request, tried on node after node until one answers or time runs out.
+
+        A node that failed is left alone for a moment, as a balancer would."""
         give_up = time.monotonic() + self.retry_seconds
-        attempt = 0
         while True:
-            url = self.urls[(i + attempt) % len(self.urls)]
+            now = time.monotonic()
+            order = [self.urls[(i + k) % len(self.urls)] for k in range(len(self.urls))]
+            url = next((u for u in order if resting.get(u, 0.0) <= now), order[0])
             outcome = self._attempt(conns, url, path)
             if isinstance(outcome, list):
                 with self.lock:
                     self.tally.ids.extend(outcome)
                     self.tally.requests += 1
                 return
+            resting[url] = now + REST_SECONDS
             if time.monotonic() >= give_up:
                 with self.lock:
                     self.tally.failed[outcome] += 1
                 return
             with self.lock:
                 self.tally.retried[outcome] += 1
-            attempt += 1
-            if attempt % len(self.urls) == 0:
-                time.sleep(0.05)  # every node refused: give them a moment
+            if all(resting.get(u, 0.0) > now for u in order):
+                time.sleep(0.05)  # every node failed just now: give them a moment
 
     @staticmethod
     def _attempt(
@@ -471,6 +489,7 @@ def _drive(args: argparse.Namespace, settings: Settings, tag: str, targets: list
         count=args.count,
         max_ids=args.max_ids,
         retry_seconds=args.retry_seconds,
+        rate=args.rate,
     )
     client.start()
     try:
@@ -516,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, default=1000, help="step of that tag (default 1000)")
     p.add_argument("--threads", type=int, default=4, help="client threads (default 4)")
     p.add_argument("--count", type=int, default=50, help="IDs per /ids request (default 50)")
+    p.add_argument(
+        "--rate", type=float, default=1000, help="requests/s, all threads (0: no limit; 1000)"
+    )
     p.add_argument("--max-ids", type=int, default=2_000_000, help="stop drawing after this many")
     p.add_argument("--retry-seconds", type=float, default=5.0, help="give a request up after")
     p.add_argument("--pause", type=float, default=1.0, help="seconds of load between restarts")
