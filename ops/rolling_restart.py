@@ -102,13 +102,15 @@ class LocalTarget:
 class RemoteTarget:
     """A node given as host:port, stopped and started by operator-supplied means.
 
-    ``stop_cmd``/``start_cmd`` are shell templates with ``{host}`` and ``{port}``;
+    ``stop_cmd``/``start_cmd`` are shell templates with ``{host}``, ``{port}`` and
+    ``{index}`` (1 for the first node given, e.g. ``docker compose stop node{index}``);
     without ``stop_cmd`` the node is sent SIGTERM via the PID in ``pid_file``
     (same machine). ``log_file`` (optional) is read for the ``node_stopped`` line.
     """
 
     def __init__(
         self,
+        index: int,
         address: str,
         start_cmd: str,
         stop_cmd: str | None,
@@ -119,7 +121,7 @@ class RemoteTarget:
         self.host, self.port = host or "127.0.0.1", int(port)
         self.name = f"{self.host}:{self.port}"
         self.base_url = f"http://{self.name}"
-        fill = {"host": self.host, "port": str(self.port)}
+        fill = {"host": self.host, "port": str(self.port), "index": str(index)}
         self.start_cmd = start_cmd.format(**fill)
         self.stop_cmd = None if stop_cmd is None else stop_cmd.format(**fill)
         self.pid_file = None if pid_file is None else Path(pid_file.format(**fill))
@@ -471,7 +473,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"local nodes={args.local} logs={log_dir}", flush=True)
         else:
             targets = [
-                RemoteTarget(a, args.start, args.stop, args.pid_file, args.log) for a in args.nodes
+                RemoteTarget(i, a, args.start, args.stop, args.pid_file, args.log)
+                for i, a in enumerate(args.nodes, 1)
             ]
         return _drive(args, settings, tag, targets)
     finally:
@@ -483,7 +486,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def _drive(args: argparse.Namespace, settings: Settings, tag: str, targets: list[Target]) -> int:
     urls = [t.base_url for t in targets]
     client = Client(
-        urls,
+        [args.via] if args.via else urls,
         tag,
         threads=args.threads,
         count=args.count,
@@ -502,7 +505,8 @@ def _drive(args: argparse.Namespace, settings: Settings, tag: str, targets: list
     failed = sum(tally.failed.values())
     ok = clean and failed == 0 and acc.wasted_ids == 0 and acc.duplicates == 0
     print(
-        f"client tag={tag} requests={tally.requests} ids={len(tally.ids)} "
+        f"client tag={tag} via={args.via or 'nodes'} "
+        f"requests={tally.requests} ids={len(tally.ids)} "
         f"errors_retried={sum(tally.retried.values())} ({_counts(tally.retried)}) "
         f"failed={failed} ({_counts(tally.failed)})"
     )
@@ -525,11 +529,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("nodes", nargs="*", metavar="HOST:PORT", help="the nodes, restarted in order")
     p.add_argument("--local", type=int, metavar="N", help="start N `idpool serve` nodes here")
-    p.add_argument("--start", help="shell command that starts a node; {host} {port} filled in")
-    p.add_argument("--stop", help="shell command that stops a node and returns once it exited")
+    p.add_argument("--start", help="shell command starting a node: {host} {port} {index} filled in")
+    p.add_argument("--stop", help="shell command stopping a node, returning once it has exited")
     p.add_argument("--pid-file", help="without --stop: SIGTERM the PID in this file ({port})")
     p.add_argument("--log", help="node log file ({port}), read for event=node_stopped")
-    p.add_argument("--stop-signal", choices=["TERM", "KILL"], default="TERM", help="--local only")
+    p.add_argument("--via", metavar="URL", help="draw IDs through this balancer, not the nodes")
+    p.add_argument(
+        "--stop-signal",
+        choices=["TERM", "KILL"],
+        default="TERM",
+        help="--local: KILL shows what a crash costs",
+    )
     p.add_argument("--log-dir", help="--local: where node logs go (default: a new temp dir)")
     p.add_argument("--tag", help="tag to create and draw from (default: rolling-<time>-<pid>)")
     p.add_argument("--step", type=int, default=1000, help="step of that tag (default 1000)")
@@ -538,12 +548,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rate", type=float, default=1000, help="requests/s, all threads (0: no limit; 1000)"
     )
-    p.add_argument("--max-ids", type=int, default=2_000_000, help="stop drawing after this many")
-    p.add_argument("--retry-seconds", type=float, default=5.0, help="give a request up after")
+    p.add_argument(
+        "--max-ids", type=int, default=2_000_000, help="stop drawing after this many IDs"
+    )
+    p.add_argument("--retry-seconds", type=float, default=5.0, help="give a request up after (5)")
     p.add_argument("--pause", type=float, default=1.0, help="seconds of load between restarts")
     p.add_argument("--stop-timeout", type=float, default=60.0)
     p.add_argument("--start-timeout", type=float, default=60.0)
-    p.add_argument("--settle", type=float, default=10.0, help="seconds to wait for in-flight")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds the accounting waits for claims in flight",
+    )
     return p
 
 
