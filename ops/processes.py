@@ -90,7 +90,7 @@ class NodeProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> NodeProcess:
+    def start(self, ready_timeout: float = 20.0) -> NodeProcess:
         path = self.log_path.with_suffix(f".{len(self.logs)}.log")
         self.logs.append(path)
         with open(path, "wb") as log:
@@ -100,7 +100,7 @@ class NodeProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self.wait_ready()
+        self.wait_ready(ready_timeout)
         return self
 
     def wait_ready(self, timeout: float = 20.0) -> None:

@@ -48,6 +48,7 @@ from pool.ledger import Ledger
 from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
+from pool.stores import open_stores
 
 from .processes import NodeProcess, node_stopped, wait_port_closed, wait_ready
 
@@ -65,6 +66,7 @@ class Stopped:
     seconds: float  # from the signal to the exit
     returned: int | None  # ranges pushed back, from the node's log (None: no log)
     abandoned: int | None
+    problem: str = ""  # what went wrong, if anything did
 
 
 class Target(Protocol):
@@ -89,14 +91,16 @@ class LocalTarget:
         started = time.monotonic()
         if self.kill:
             self.node.kill9()
-        else:
-            self.node.stop(timeout)
+            return Stopped(time.monotonic() - started, None, None)
+        clean = self.node.stop(timeout)
+        seconds = time.monotonic() - started
         counts = node_stopped(self.node.logs[-1].read_text(errors="replace"))
-        returned, abandoned = counts if counts else (None, None)
-        return Stopped(time.monotonic() - started, returned, abandoned)
+        if counts is None or not clean:
+            return Stopped(seconds, None, None, f"unclean_exit_see_{self.node.logs[-1]}")
+        return Stopped(seconds, *counts)
 
     def start(self, timeout: float) -> None:
-        self.node.start()
+        self.node.start(timeout)
 
 
 class RemoteTarget:
@@ -147,8 +151,10 @@ class RemoteTarget:
                     f.seek(offset)
                     counts = node_stopped(f.read().decode(errors="replace"))
                 time.sleep(0.1)
-        returned, abandoned = counts if counts else (None, None)
-        return Stopped(seconds, returned, abandoned)
+        if counts is None:
+            problem = "" if self.log_file is None else f"no_node_stopped_line_in_{self.log_file}"
+            return Stopped(seconds, None, None, problem)
+        return Stopped(seconds, *counts)
 
     def start(self, timeout: float) -> None:
         subprocess.run(self.start_cmd, shell=True, check=True, timeout=timeout)
@@ -410,8 +416,7 @@ async def settle_and_account(
 
 
 async def new_tag(settings: Settings, tag: str, step: int) -> None:
-    ledger = await Ledger.connect(settings)
-    pool = RedisPool.from_settings(settings)
+    ledger, pool = await open_stores(settings)  # both must answer: StoreUnavailable if not
     try:
         await create_tag(ledger, pool, tag, step=step, start=1, description="rolling-restart")
     finally:
@@ -422,11 +427,9 @@ async def new_tag(settings: Settings, tag: str, step: int) -> None:
 # --- the run -----------------------------------------------------------------
 
 
-def restart_all(
-    targets: Sequence[Target], client: Client, args: argparse.Namespace
-) -> tuple[list[str], bool]:
-    """Restart each target in turn; one report line per node, and whether all went well."""
-    lines, ok = [], True
+def restart_all(targets: Sequence[Target], client: Client, args: argparse.Namespace) -> bool:
+    """Restart each target in turn, printing a line per node; whether all went well."""
+    ok = True
     for target in targets:
         before = client.drawn()
         stopped = target.stop(args.stop_timeout)
@@ -434,15 +437,16 @@ def restart_all(
         target.start(args.start_timeout)
         ready = time.monotonic() - started
         during = client.drawn() - before
-        lines.append(
+        problem = f" problem={stopped.problem}" if stopped.problem else ""
+        print(
             f"restarted node={target.name} stop_s={stopped.seconds:.2f} "
             f"returned={_or_unknown(stopped.returned)} abandoned={_or_unknown(stopped.abandoned)} "
-            f"ready_s={ready:.2f} ids_drawn_meanwhile={during}"
+            f"ready_s={ready:.2f} ids_drawn_meanwhile={during}{problem}",
+            flush=True,
         )
-        ok &= not stopped.abandoned
-        print(lines[-1], flush=True)
+        ok &= not stopped.abandoned and not stopped.problem
         time.sleep(args.pause)
-    return lines, ok
+    return ok
 
 
 def _or_unknown(n: int | None) -> str:
@@ -497,7 +501,7 @@ def _drive(args: argparse.Namespace, settings: Settings, tag: str, targets: list
     client.start()
     try:
         time.sleep(args.pause)  # load first, then restarts
-        _, clean = restart_all(targets, client, args)
+        clean = restart_all(targets, client, args)
         time.sleep(args.pause)
     finally:
         tally = client.stop()
