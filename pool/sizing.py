@@ -26,10 +26,17 @@ class RateMeter:
         return self.rate()
 
     def rate(self) -> float:
+        """IDs/s over the window, also while the samples span less than a window.
+
+        The counter moves a whole range at a time, so two samples a few ms apart
+        around one range taken would read as a burst of millions of IDs/s and
+        size the pool for it; until a window of history exists, the count is
+        spread over the whole window instead (the minimum depth covers a start).
+        """
         if len(self._samples) < 2:
             return 0.0
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        return (n1 - n0) / max(t1 - t0, self.window)
 
     def history(self) -> list[tuple[float, int]]:
         return list(self._samples)

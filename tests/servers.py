@@ -4,28 +4,16 @@ and a TCP proxy that can cut a store off from a node without stopping the store.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
+# Shared with ops/rolling-restart; imported here so tests keep importing from .servers.
+from ops.processes import NodeProcess, env_with, free_port, wait_for_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+__all__ = ["NodeProcess", "RedisServer", "TcpProxy", "env_with", "free_port", "wait_for_port"]
 
 
 class RedisServer:
@@ -139,92 +127,3 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
     finally:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
-
-
-def env_with(**values: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(values)
-    return env
-
-
-class NodeProcess:
-    """One `idpool serve` process on its own port, logging to a file."""
-
-    def __init__(
-        self,
-        env: dict[str, str],
-        log_path: Path,
-        port: int | None = None,
-        *,
-        args: tuple[str, ...] = (),  # more `idpool serve` options, e.g. ("--embedded",)
-        cwd: Path | None = None,
-    ) -> None:
-        self.env = env
-        self.port = port or free_port()
-        self.log_path = log_path
-        self.args = args
-        self.cwd = cwd
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.logs: list[Path] = []  # every log file this node wrote, one per start
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> NodeProcess:
-        import sys
-
-        path = self.log_path.with_suffix(f".{len(self.logs)}.log")
-        self.logs.append(path)
-        command = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
-        with open(path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [*command, *self.args],
-                env=self.env,
-                cwd=self.cwd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.wait_ready()
-        return self
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode}: see {self.logs[-1]}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"node on port {self.port} not ready; see {self.logs[-1]}")
-
-    def stop(self, timeout: float = 30.0) -> bool:
-        """SIGTERM and wait: the node returns its remainders before it exits.
-
-        True when it exited cleanly (uvicorn re-raises SIGTERM after a graceful
-        shutdown, so -15 is a clean exit too).
-        """
-        assert self.proc is not None
-        self.proc.terminate()
-        code = self.proc.wait(timeout)
-        self.proc = None
-        return code in (0, -signal.SIGTERM)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self.proc = None
-
-    def held_ranges(self, log_index: int) -> list[tuple[int, int]]:
-        """Ranges one run of this node took or claimed, as [start, end), from its log."""
-        import re
-
-        pattern = re.compile(r"event=range_(?:taken|claimed) tag=\S+ range=(\d+)-(\d+)")
-        text = self.logs[log_index].read_text(errors="replace")
-        return [(int(m.group(1)), int(m.group(2)) + 1) for m in pattern.finditer(text)]

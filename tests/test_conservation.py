@@ -65,7 +65,7 @@ class Drawer:
                 conn.request("GET", path)
                 resp = conn.getresponse()
                 body = resp.read()
-            except OSError as e:
+            except (OSError, http.client.HTTPException) as e:  # e.g. IncompleteRead on kill -9
                 self._fail(type(e).__name__)
                 conn = None
                 i += 1

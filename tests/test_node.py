@@ -30,47 +30,77 @@ def mysql_proxy() -> Iterator[TcpProxy]:
     proxy.cut()
 
 
+# A 10-minute MySQL outage, compressed 240 times: 2.5 s. The pool is sized for
+# 16 minutes of consumption (IDPOOL_POOL_SECONDS=960 at full scale; 4 s here):
+# the rate it is sized from is an estimate and the list is topped up once a tick.
+TIME_SCALE = 240
+OUTAGE_SECONDS = 600 / TIME_SCALE
+POOL_SECONDS = 960 / TIME_SCALE
+REQUESTS_PER_SECOND = 150
+WARM_UP_SECONDS = 4.0  # a few rate windows: the estimate and the list have settled
+
+
 def test_mysql_outage_is_ridden_out_on_the_pool(
     settings: Settings, tag: str, mysql_proxy: TcpProxy
 ) -> None:
-    """Leaf's 10-minute outage, compressed: the pool holds IDPOOL_POOL_SECONDS of
-    recent consumption, so an outage shorter than that fails no request."""
+    """The pool holds IDPOOL_POOL_SECONDS of recent consumption, sized in time by
+    the preloader (the fixed minimum depth is 2 ranges), so an outage shorter
+    than that fails no request under the same steady load."""
+    step = 20
     s = settings.with_changes(
         mysql_url=f"mysql://root@127.0.0.1:{mysql_proxy.port}/{TEST_DATABASE}",
         preload=True,
         preload_interval=0.1,
         pool_depth=2,
-        pool_seconds=4.0,
+        pool_seconds=POOL_SECONDS,
         rate_window=1.0,
         step_seconds=0,
         store_timeout=0.5,
     )
-    add_tag(s, tag, step=20)
+    add_tag(s, tag, step=step)
     statuses: list[int] = []
     ids: list[int] = []
 
-    def draw(seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+    def draw(seconds: float) -> int:
+        """Steady load: one request every 1/REQUESTS_PER_SECOND s, on a fixed schedule."""
+        drawn = len(ids)
+        start = time.monotonic()
+        for n in range(int(seconds * REQUESTS_PER_SECOND)):
+            wait = start + n / REQUESTS_PER_SECOND - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             r = client.get(f"/id/{tag}")
             statuses.append(r.status_code)
             if r.status_code == 200:
                 ids.append(int(r.text))
-            time.sleep(0.002)
+        return len(ids) - drawn
 
     with TestClient(create_app(s)) as client:
-        draw(2.5)  # steady load: the preloader learns the rate and sizes the list
-        drawn_before = len(ids)
+        # steady load: the preloader learns the rate and sizes the list
+        settled = draw(WARM_UP_SECONDS - 2.5)
+        drawn_before = draw(2.5)
         rate = drawn_before / 2.5
-        depth = snapshot_of(client, tag)["pool"]["depth"]
+        before = snapshot_of(client, tag)
+        depth = before["pool"]["depth"]
         assert depth * 20 >= rate * 2.5, f"pool of {depth} ranges for {rate:.0f} IDs/s"
+        # sized in time (the target follows the rate) and filled to that size, no more
+        assert before["pool"]["target_depth"] * step >= 0.8 * rate * POOL_SECONDS, before
+        assert depth <= 2 * before["pool"]["target_depth"], before
         mysql_proxy.cut()
-        draw(2.5)  # outage shorter than the 4 s of supply
+        during = draw(OUTAGE_SECONDS)
+        cut = snapshot_of(client, tag)
+        stores = client.get("/status.json").json()["stores"]
         mysql_proxy.restore()
         draw(0.5)
     assert statuses.count(200) == len(statuses), {c: statuses.count(c) for c in set(statuses)}
-    assert len(ids) > drawn_before * 1.5  # the outage was under load
+    assert len(ids) - settled > drawn_before * 1.5  # the outage was under load
     assert len(set(ids)) == len(ids)
+    # MySQL really was out, and the pool alone carried the load through it ...
+    assert stores["mysql"]["up"] is False
+    assert cut["counters"]["ranges_from_ledger"] == before["counters"]["ranges_from_ledger"]
+    assert during == int(OUTAGE_SECONDS * REQUESTS_PER_SECOND)
+    # ... using a good part of what it held: the minimum depth alone would have run dry.
+    assert during > 0.4 * before["pool"]["ids"] > 2 * 2 * step
 
 
 def test_a_list_running_low_is_refilled_without_a_tick(settings: Settings, tag: str) -> None:

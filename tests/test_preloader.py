@@ -105,7 +105,7 @@ async def test_depth_follows_the_consumption_rate(
 ) -> None:
     """Enough ranges for pool_seconds of supply at the recent rate, at least pool_depth."""
     row = await ledger.add_tag(tag, step=100, start=1)
-    s = settings.with_changes(pool_depth=2, pool_seconds=10, step_seconds=0)
+    s = settings.with_changes(pool_depth=2, pool_seconds=10, step_seconds=0, rate_window=0.5)
     pre = Preloader(s, ledger, redis_pool)
     assert len((await pre.refill_tag(row)).pushed) == 2  # no rate yet: the minimum
     await asyncio.sleep(0.5)

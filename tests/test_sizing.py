@@ -8,13 +8,19 @@ from pool.sizing import RateMeter, next_step, target_depth
 def test_rate_over_a_sliding_window() -> None:
     meter = RateMeter(window=10)
     assert meter.add(0, 0) == 0.0
-    assert meter.add(1, 100) == 100.0
+    assert meter.add(1, 100) == 10.0  # under a window of history: spread over the window
     for t in range(2, 31):
         rate = meter.add(t, 100 * t)
     assert rate == 100.0
     assert meter.history()[0][0] >= 30 - 11  # old samples dropped
     # a burst of 1,000 extra IDs in the last second, over the 10 s window from t=21
     assert meter.add(31, 100 * 30 + 1000) == (100 * 30 + 1000 - 100 * 21) / 10
+
+
+def test_a_range_taken_just_after_the_first_sample_is_no_burst() -> None:
+    meter = RateMeter(window=60)
+    meter.add(0, 0)
+    assert meter.add(0.005, 1000) == 1000 / 60  # not 200,000 IDs/s
 
 
 def test_counter_reset_starts_over() -> None:
