@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
-    start = tag.add_parser("start", help="move a tag's next ID forward (never back)")
+    start = tag.add_parser(
+        "start", parents=[embedded], help="move a tag's next ID forward (never back)"
+    )
     start.add_argument("tag", type=_tag)
     start.add_argument("start", type=_integer(MAX_ID))
 
