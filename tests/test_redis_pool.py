@@ -28,26 +28,7 @@ def R(text: str) -> IdRange:
     return IdRange.from_text(text)
 
 
-async def test_fresh_ranges_at_tail_remainders_at_head(redis_pool: RedisPool, tag: str) -> None:
-    await redis_pool.push(tag, [R("1-10"), R("11-20")], head=False)
-    await redis_pool.push(tag, [R("31-40")], head=False)
-    result = await redis_pool.push(tag, [R("5-10"), R("15-20")], head=True)
-    assert result.depth == 5
-    assert [r.to_text() for r in await redis_pool.ranges(tag)] == [
-        "5-10",
-        "15-20",
-        "1-10",
-        "11-20",
-        "31-40",
-    ]
-    assert (await redis_pool.pop(tag)).range == R("5-10")
-    assert await redis_pool.depth(tag) == 4
-    assert tag in await redis_pool.tags()
-
-
-async def test_pop_of_empty_list(redis_pool: RedisPool, tag: str) -> None:
-    result = await redis_pool.pop(tag)
-    assert result.range is None and result.dropped == []
+# Push order, pops and depth are tested on both pools in tests/test_sqlite_pool.py.
 
 
 async def test_list_is_readable_with_plain_redis_commands(
