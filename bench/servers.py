@@ -1,0 +1,164 @@
+"""Processes the benchmark starts and stops: a private redis-server, and HTTP servers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 35.0) -> None:
+    """SIGTERM the process we started (uvicorn's parent stops its own workers);
+    SIGKILL its process group only if it overstays."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what it started
+            proc.wait(5)
+
+
+@dataclass
+class RedisServer:
+    directory: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
+        command += ["--logfile", str(self.directory / "redis.log")]
+        self.proc = subprocess.Popen(command, start_new_session=True)
+        _wait_for_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+@dataclass
+class HttpServer:
+    """One contender: a command that serves HTTP on ``port`` until SIGTERM."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    port: int
+    ready_path: str
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> HttpServer:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command,
+                env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
+                cwd=ROOT,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start; see {self.log}")
+            with contextlib.suppress(OSError):
+                if http_get(self.base + self.ready_path, timeout=2)[0] == 200:
+                    return self
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready after {timeout}s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+    def rss_kib(self) -> dict[int, int]:
+        """Resident memory of each process serving requests (uvicorn's workers, or
+        the server itself when it runs one worker in-process)."""
+        assert self.proc is not None
+        workers = [p for p in _children(self.proc.pid) if "spawn_main" in _cmdline(p)]
+        return {pid: _rss_kib(pid) for pid in (workers or [self.proc.pid])}
+
+
+def uvicorn_command(factory: str, port: int, workers: int) -> list[str]:
+    """A bench.apps factory under uvicorn with the settings `idpool serve` uses."""
+    return [
+        sys.executable, "-m", "uvicorn", factory, "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+        "--no-access-log", "--log-level", "warning", "--lifespan", "on",
+        "--timeout-graceful-shutdown", "30",
+    ]  # fmt: skip
+
+
+def idpool_command(port: int, workers: int, access_log: bool = False) -> list[str]:
+    """The production command, as a user runs it."""
+    command = [sys.executable, "-m", "service.cli", "--log-level", "warning", "serve"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    return command + (["--access-log"] if access_log else [])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
