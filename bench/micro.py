@@ -5,11 +5,24 @@ from __future__ import annotations
 import asyncio
 import time
 import timeit
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pool.ledger import Ledger
 from pool.ranges import IdRange
+from pool.redis_pool import RedisPool
+from pool.settings import Settings
+from service.app import create_app
 from service.buffer import SegmentBuffer
 from service.stats import LatencyHistogram
+
+from .apps import ceiling
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _best_ns_per_call(statement: str, names: dict[str, Any], calls: int, repeat: int) -> float:
@@ -69,6 +82,73 @@ def histogram_observe(calls: int = 1_000_000, repeat: int = 5) -> dict[str, floa
     names: dict[str, Any] = {"obs": hist.observe, "clock": time.perf_counter, "r": range(calls)}
     ns = _best_ns_per_call("for _ in r: s = clock(); obs(clock() - s)", names, calls, repeat)
     return {"clock_and_observe_ns": ns}
+
+
+def handler_overhead(
+    settings: Settings, tag: str, calls: int = 20_000, repeat: int = 15
+) -> dict[str, float]:
+    """idpool's ``GET /id/{tag}`` handler against the ceiling's, called in-process
+    with the same Request (built per call, as Starlette does) and no HTTP: what
+    idpool adds per request on top of the framework. The handler must finish
+    without awaiting (an ID in memory); the range must hold calls * repeat IDs."""
+
+    def endpoint(app: Any) -> Endpoint:
+        route = app.routes[0]
+        assert isinstance(route, Route)
+        return route.endpoint
+
+    def best_ns(handler: Endpoint) -> float:
+        scope: dict[str, Any] = {"type": "http", "method": "GET", "path": f"/id/{tag}"}
+        scope.update(headers=[], path_params={"tag": tag})
+        started = time.perf_counter()
+        for _ in range(calls):
+            coro = handler(Request(scope)).__await__()
+            try:
+                next(coro)
+            except StopIteration:
+                continue
+            raise RuntimeError("the handler waited: no ID in memory")
+        return (time.perf_counter() - started) / calls * 1e9
+
+    async def run() -> dict[str, float]:
+        app = create_app(settings.with_changes(preload=False))
+        idpool_one, ceiling_one = endpoint(app), endpoint(ceiling())
+        async with app.router.lifespan_context(app):
+            await idpool_one(Request({"type": "http", "path_params": {"tag": tag}}))  # fill
+            idpool_ns, ceiling_ns = [], []
+            for _ in range(repeat):  # interleaved, so both see the same machine
+                idpool_ns.append(best_ns(idpool_one))
+                ceiling_ns.append(best_ns(ceiling_one))
+                await asyncio.sleep(0.01)  # let the prefetch and the stores' timers run
+        return {"idpool_ns": min(idpool_ns), "ceiling_ns": min(ceiling_ns)}
+
+    return asyncio.run(run())
+
+
+def store_costs(settings: Settings, tag: str, calls: int = 300) -> dict[str, float]:
+    """One connection, one call at a time: a ledger claim (the MySQL transaction)
+    and a pool pop (the Lua script), in microseconds. The claimed ranges go through
+    a scratch list and are then dropped (waste in the benchmark's own database)."""
+
+    async def run() -> dict[str, float]:
+        ledger = await Ledger.connect(settings)
+        pool = RedisPool.from_settings(settings)
+        scratch = f"{tag}_costs"
+        try:
+            started = time.perf_counter()
+            claimed = [await ledger.claim(tag) for _ in range(calls)]
+            claim_us = (time.perf_counter() - started) / calls * 1e6
+            await pool.push(scratch, claimed, head=False)
+            started = time.perf_counter()
+            for _ in range(calls):
+                await pool.pop(scratch)
+            pop_us = (time.perf_counter() - started) / calls * 1e6
+        finally:
+            await pool.close()
+            await ledger.close()
+        return {"claim_us": claim_us, "pop_us": pop_us}
+
+    return asyncio.run(run())
 
 
 def run_all(quick: bool) -> dict[str, dict[str, float]]:

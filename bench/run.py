@@ -31,6 +31,7 @@ import pymysql
 import redis
 
 from pool.keys import Keys
+from pool.settings import Settings
 
 from . import micro
 from .load import Load, Result, run_wrk, wrk_path
@@ -511,7 +512,7 @@ def parse(argv: Sequence[str] | None) -> Plan:
         step=a.step,
         stall_delay=a.stall_delay,
         stall_step=a.stall_step,
-        stall_range_seconds=1.5 * a.stall_delay,
+        stall_range_seconds=2.5 * a.stall_delay,
         stall_pool_depth=200,
         soak_seconds=(20 if q else 600) if a.soak_seconds is None else a.soak_seconds,
         out=a.out,
@@ -536,6 +537,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         micro_ns = micro.run_all(plan.quick)
         print(f"== micro: {json.dumps(micro_ns)}", flush=True)
         bench.setup()
+        micro_ns["handler"] = micro.handler_overhead(Settings.from_env(bench.env), "bench")
+        micro_ns["stores"] = micro.store_costs(Settings.from_env(bench.env), "bench")
+        print(f"== micro handler, stores: {micro_ns['handler']} {micro_ns['stores']}", flush=True)
         main_rows: dict[int, dict[str, dict[str, Any]]] = {}
         for w in plan.workers:
             bench.main_phase(w)
@@ -612,11 +616,16 @@ def render(
             f"  {r['contender']}: {r['switches_per_s']:.1f} range switches/s" for r in stall_rows
         ]
     s, sw, h = micro_ns["steady"], micro_ns["switching"], micro_ns["histogram"]
+    hd, st = micro_ns["handler"], micro_ns["stores"]
     lines += [
         "",
         f"micro: buf.take() {s['take_ns']:.0f} ns within a range (loop included; empty loop "
         f"{s['empty_loop_ns']:.0f} ns), {sw['take_ns']:.0f} ns across ranges of {sw['step']:.0f}; "
         f"latency clock + histogram {h['clock_and_observe_ns']:.0f} ns per request",
+        f"micro: GET /id handler called in-process: idpool {hd['idpool_ns']:.0f} ns, ceiling "
+        f"{hd['ceiling_ns']:.0f} ns (Request and Response built in both; no HTTP)",
+        f"stores, one call at a time: ledger claim {st['claim_us']:.0f} us, pool pop "
+        f"{st['pop_us']:.0f} us",
     ]
     if soak is not None:
         lines.append(
