@@ -134,10 +134,12 @@ class SegmentBuffer:
         return remainder
 
     def _switch(self) -> bool:
-        if self.next is None:
+        new = self.next
+        if new is None:
             return False
-        self._install(self.next)
+        # Clear `next` first: _install arms the prefetch only when no next range is held.
         self.next = None
+        self._install(new)
         return True
 
     def _install(self, new: IdRange) -> None:

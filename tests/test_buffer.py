@@ -70,6 +70,18 @@ async def test_requests_never_wait_while_the_next_range_is_ready() -> None:
     assert taken == list(range(17, 41))
 
 
+async def test_every_range_prefetches_its_successor() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.5)
+    assert await buf.take_waiting() == 1
+    taken = []
+    for _ in range(49):
+        taken.append(buf.take())
+        await asyncio.sleep(0)  # a prefetch started by this take can land
+    assert taken == list(range(2, 51))  # no None: never had to wait on the store
+    assert supply.calls == 6
+
+
 async def test_prefetch_at_one_is_a_single_buffer_refilled_when_empty() -> None:
     supply = FakeSupply(step=10)
     buf = SegmentBuffer("t", supply, prefetch_at=1.0)
