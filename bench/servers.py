@@ -108,12 +108,20 @@ class HttpServer:
         if self.proc is not None:
             stop(self.proc)
 
-    def rss_kib(self) -> dict[int, int]:
-        """Resident memory of each process serving requests (uvicorn's workers, or
-        the server itself when it runs one worker in-process)."""
+    def cpu_ticks(self) -> dict[int, int]:
+        """CPU time (user + system, in clock ticks) of each process serving requests."""
+        return {pid: _cpu_ticks(pid) for pid in self.workers()}
+
+    def workers(self) -> list[int]:
+        """uvicorn's worker processes, or the server itself when it runs one worker
+        in-process."""
         assert self.proc is not None
         workers = [p for p in _children(self.proc.pid) if "spawn_main" in _cmdline(p)]
-        return {pid: _rss_kib(pid) for pid in (workers or [self.proc.pid])}
+        return workers or [self.proc.pid]
+
+    def rss_kib(self) -> dict[int, int]:
+        """Resident memory of each process serving requests."""
+        return {pid: _rss_kib(pid) for pid in self.workers()}
 
 
 def uvicorn_command(factory: str, port: int, workers: int) -> list[str]:
@@ -146,6 +154,14 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
 
 
 def _rss_kib(pid: int) -> int:
