@@ -32,14 +32,13 @@ import redis
 
 from pool.keys import Keys
 from pool.settings import Settings
+from tests.servers import RedisServer, free_port  # the tests' private redis-server
 
 from . import micro
 from .load import Load, Result, run_wrk, wrk_path
 from .servers import (
     ROOT,
     HttpServer,
-    RedisServer,
-    free_port,
     http_get,
     idpool_command,
     uvicorn_command,
@@ -49,6 +48,7 @@ DATABASE = "idpool_bench"  # created and dropped by the benchmark; nothing else 
 MYSQL_SERVER = "mysql://root@127.0.0.1:3306"
 REDIS_PREFIX = "idpool_bench"
 BATCH = 1000
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # units of /proc/<pid>/stat CPU times
 MAX_REDO = 2  # runs done again when one uvicorn worker got nearly all connections
 
 
@@ -70,10 +70,13 @@ class Plan:
     redis_url: str | None
 
     def estimate_seconds(self) -> int:
-        per_round = len(MAIN) * (self.seconds + 1)
-        main = len(self.workers) * (len(SERVERS) * (self.warmup + 4) + self.reps * per_round)
-        stall = len(STALL) * (self.warmup + 8 + self.reps * (self.seconds + 4))
-        return 30 + main + stall + (self.soak_seconds + 20 if self.soak_seconds else 0)
+        """Rough wall time (servers start in ~2 s; a stall-test run also reads
+        /metrics through the slowed stores)."""
+        per_run = self.seconds + 0.5
+        main = 2 * len(SERVERS) + self.warmup * len(MAIN) + self.reps * len(MAIN) * per_run
+        stall = len(STALL) * (3 + self.warmup) + self.reps * len(STALL) * (self.seconds + 3)
+        soak = self.soak_seconds + 10 if self.soak_seconds else 0
+        return round(20 + len(self.workers) * main + stall + 10 + soak)
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,10 @@ class Bench:
             if workers == 1 or busiest <= 1 / workers + 0.25:
                 break
         run = Run(phase, workers, c.key, rnd, load_avg, result)
-        run.extra.update(busiest_worker_cpu_share=busiest, redone=redone)
+        # server CPU per request: less sensitive than req/s to how much of the
+        # machine the server got while others (wrk, other processes) ran
+        cpu_us = sum(cpu) / CLOCK_TICKS * 1e6 / max(1, result.requests)
+        run.extra.update(busiest_worker_cpu_share=busiest, redone=redone, cpu_us_per_req=cpu_us)
         return run
 
     def wait_for_pool(self, tag: str, timeout: float = 120.0) -> None:
@@ -327,7 +333,7 @@ def summarize(runs: list[Run], phase: str, workers: int, baseline: str) -> list[
     """Medians per contender over rounds; ratios are taken round by round against
     the baseline run of the same round, then their median."""
     mine = [r for r in runs if r.phase == phase and r.workers == workers]
-    base = {r.round: r.result for r in mine if r.contender == baseline}
+    base = {r.round: r for r in mine if r.contender == baseline}
     rows = []
     for name in dict.fromkeys(r.contender for r in mine):
         results = [r for r in mine if r.contender == name]
@@ -345,18 +351,35 @@ def summarize(runs: list[Run], phase: str, workers: int, baseline: str) -> list[
                 "requests": sum(r.result.requests for r in results),
                 "ratio_req": _median(
                     [
-                        r.result.req_per_s / base[r.round].req_per_s
+                        r.result.req_per_s / base[r.round].result.req_per_s
                         for r in results
                         if r.round in base
                     ]
                 ),
                 "ratio_p99": _median(
-                    [r.result.p99_ms / base[r.round].p99_ms for r in results if r.round in base]
+                    [
+                        r.result.p99_ms / base[r.round].result.p99_ms
+                        for r in results
+                        if r.round in base
+                    ]
                 ),
                 "ratio_p999": _median(
-                    [r.result.p999_ms / base[r.round].p999_ms for r in results if r.round in base]
+                    [
+                        r.result.p999_ms / base[r.round].result.p999_ms
+                        for r in results
+                        if r.round in base
+                    ]
                 ),
                 "switches_per_s": _median([r.extra.get("switches_per_s", 0.0) for r in results]),
+                "cpu_us_per_req": _median([r.extra.get("cpu_us_per_req", 0.0) for r in results]),
+                "ratio_cpu": _median(
+                    [
+                        r.extra.get("cpu_us_per_req", 0.0)
+                        / base[r.round].extra.get("cpu_us_per_req", 1.0)
+                        for r in results
+                        if r.round in base
+                    ]
+                ),
                 "runs_redone": sum(int(r.extra.get("redone", 0)) for r in results),
                 "busiest_worker_share": _median(
                     [r.extra.get("busiest_worker_cpu_share", 1.0) for r in results]
@@ -369,14 +392,15 @@ def summarize(runs: list[Run], phase: str, workers: int, baseline: str) -> list[
 def table(rows: list[dict[str, Any]], ratio_label: str) -> str:
     head = (
         f"{'contender':<28}{'req/s':>10}{'IDs/s':>14}{'p50 ms':>8}{'p99 ms':>8}{'p999 ms':>9}"
-        f"{'errors':>8}{ratio_label:>11}{'p99 x':>7}{'busiest':>9}"
+        f"{'errors':>8}{ratio_label:>11}{'p99 x':>7}{'CPU us/req':>11}{'CPU x':>7}{'busiest':>9}"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"{r['contender']:<28}{r['req_per_s']:>10,.0f}{r['ids_per_s']:>14,.0f}"
             f"{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['p999_ms']:>9.2f}{r['errors']:>8}"
-            f"{r['ratio_req']:>11.3f}{r['ratio_p99']:>7.2f}{r['busiest_worker_share']:>9.0%}"
+            f"{r['ratio_req']:>11.3f}{r['ratio_p99']:>7.2f}{r['cpu_us_per_req']:>11.1f}"
+            f"{r['ratio_cpu']:>7.2f}{r['busiest_worker_share']:>9.0%}"
         )
     return "\n".join(lines)
 
@@ -411,7 +435,8 @@ def check_targets(
         target(f"{w}w: idpool errors == 0", str(errors), errors == 0)
         ids = batch["ids_per_s"]
         target(f"{w}w: batch of {BATCH} >= 10M IDs/s", f"{ids / 1e6:.1f}M", ids >= 10e6)
-        log = rows["idpool /id, access log"]["req_per_s"] / one["req_per_s"]
+        target(f"{w}w: /id server CPU per request (info)", f"{one['ratio_cpu']:.2f}x ceiling", True)
+        log = rows["idpool /id, access log"]["ratio_req"] / one["ratio_req"]  # both vs ceiling
         target(f"{w}w: access log cost (info)", f"{(1 - log) * 100:.0f}% fewer req/s", True)
     if stall:
         fast = stall["double buffer, fast stores"]["p999_ms"]
@@ -502,9 +527,9 @@ def _drop_redis_keys(url: str) -> None:
 
 def parse(argv: Sequence[str] | None) -> Plan:
     p = argparse.ArgumentParser(prog="ops/bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 3 s, 20 s soak")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 2 s, 15 s soak")
     p.add_argument("--reps", type=int, help="rounds per contender (default 5, quick 1)")
-    p.add_argument("--seconds", type=int, help="seconds per measured run (default 10, quick 3)")
+    p.add_argument("--seconds", type=int, help="seconds per measured run (default 10, quick 2)")
     p.add_argument("--warmup", type=int, help="seconds of warm-up per contender (default 3)")
     p.add_argument("--workers", default="1,2", help="uvicorn worker counts (default 1,2)")
     p.add_argument("--connections", type=int, default=64, help="wrk connections (default 64)")
@@ -513,7 +538,7 @@ def parse(argv: Sequence[str] | None) -> Plan:
     p.add_argument("--stall-delay", type=float, default=0.2, help="seconds added per store call")
     p.add_argument("--stall-step", type=int, help="step of the stall test (default: see docs)")
     p.add_argument(
-        "--soak-seconds", type=int, help="memory soak length (default 600, quick 20; 0 skips)"
+        "--soak-seconds", type=int, help="memory soak length (default 600, quick 15; 0 skips)"
     )
     p.add_argument("--out", type=Path, default=Path("bench-results.json"), help="JSON results file")
     p.add_argument(
@@ -525,7 +550,7 @@ def parse(argv: Sequence[str] | None) -> Plan:
     return Plan(
         quick=q,
         reps=a.reps or (1 if q else 5),
-        seconds=a.seconds or (3 if q else 10),
+        seconds=a.seconds or (2 if q else 10),
         warmup=a.warmup or (1 if q else 3),
         workers=tuple(int(w) for w in a.workers.split(",")),
         load=Load(threads=a.threads, connections=a.connections),
@@ -534,7 +559,7 @@ def parse(argv: Sequence[str] | None) -> Plan:
         stall_step=a.stall_step,
         stall_range_seconds=2.5 * a.stall_delay,
         stall_pool_depth=200,
-        soak_seconds=(20 if q else 600) if a.soak_seconds is None else a.soak_seconds,
+        soak_seconds=(15 if q else 600) if a.soak_seconds is None else a.soak_seconds,
         out=a.out,
         redis_url=a.redis_url,
     )  # fmt: skip
@@ -549,7 +574,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     started = time.time()
-    private = None if plan.redis_url else RedisServer(workdir / "redis").start()
+    private = None
+    if not plan.redis_url:
+        private = RedisServer(workdir / "redis", "--save", "", "--appendonly", "no").start()
     bench = Bench(plan, workdir)
     bench.redis_url = plan.redis_url or (private.url if private else "")
     try:

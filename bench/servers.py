@@ -1,26 +1,19 @@
-"""Processes the benchmark starts and stops: a private redis-server, and HTTP servers."""
+"""The HTTP servers the benchmark starts and stops."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
@@ -42,30 +35,6 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 35.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what it started
             proc.wait(5)
-
-
-@dataclass
-class RedisServer:
-    directory: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
-        command += ["--logfile", str(self.directory / "redis.log")]
-        self.proc = subprocess.Popen(command, start_new_session=True)
-        _wait_for_port(self.port)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop(self.proc)
 
 
 @dataclass
@@ -169,12 +138,3 @@ def _rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def _wait_for_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
