@@ -104,8 +104,10 @@ def uvicorn_command(factory: str, port: int, workers: int) -> list[str]:
 
 
 def idpool_command(port: int, workers: int, access_log: bool = False) -> list[str]:
-    """The production command, as a user runs it."""
-    command = [sys.executable, "-m", "service.cli", "--log-level", "warning", "serve"]
+    """The production command, as a user runs it. Access lines are logged at
+    INFO, so a node with its access log on runs at that level."""
+    level = "info" if access_log else "warning"
+    command = [sys.executable, "-m", "service.cli", "--log-level", level, "serve"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     return command + (["--access-log"] if access_log else [])
 
