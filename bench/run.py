@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -567,6 +568,8 @@ def parse(argv: Sequence[str] | None) -> Plan:
 
 def main(argv: Sequence[str] | None = None) -> int:
     plan = parse(argv)
+    # SIGTERM unwinds like Ctrl-C, so every server started is stopped on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     command = "ops/bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     workdir = Path(tempfile.mkdtemp(prefix="idpool-bench-"))
     print(

@@ -63,13 +63,22 @@ class HttpServer:
                 stderr=log,
                 start_new_session=True,
             )
+        try:
+            self._wait_ready(timeout)
+        except BaseException:  # not ready, or interrupted: stop what we started
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited at start; see {self.log}")
             with contextlib.suppress(OSError):
                 if http_get(self.base + self.ready_path, timeout=2)[0] == 200:
-                    return self
+                    return
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not ready after {timeout}s; see {self.log}")
 
