@@ -41,7 +41,8 @@ class Settings:
     create_database: bool = True
     # IDPOOL_DEFAULT_STEP: range size for tags added without --step
     default_step: int = 1000
-    # IDPOOL_PREFETCH_AT: fraction of the current range used before the next is fetched
+    # IDPOOL_PREFETCH_AT: fraction of the current range used before the next is fetched;
+    # 1 turns the prefetch off (a single buffer, refilled when empty: requests then wait)
     prefetch_at: float = 0.1
     # IDPOOL_MAX_COUNT: largest count accepted by GET /ids/{tag}
     max_count: int = 10_000
@@ -86,7 +87,7 @@ class Settings:
     def validated(self) -> Settings:
         checks = [
             (self.default_step >= 1, "IDPOOL_DEFAULT_STEP must be at least 1"),
-            (0.0 <= self.prefetch_at < 1.0, "IDPOOL_PREFETCH_AT must be in [0, 1)"),
+            (0.0 <= self.prefetch_at <= 1.0, "IDPOOL_PREFETCH_AT must be in [0, 1]"),
             (self.max_count >= 1, "IDPOOL_MAX_COUNT must be at least 1"),
             (self.pool_depth >= 0, "IDPOOL_POOL_DEPTH must be 0 or more"),
             (self.pool_seconds >= 0, "IDPOOL_POOL_SECONDS must be 0 or more"),

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -37,6 +37,10 @@ from .buffer import Draining
 from .node import Node, RangeSource
 
 logger = logging.getLogger("idpool.app")
+
+# Opens the ledger and the pool at startup; open_stores in production, slowed
+# or otherwise wrapped stores in the benchmark (ops/bench).
+StoreOpener = Callable[[Settings], Awaitable[tuple[LedgerStore, PoolStore]]]
 
 
 @dataclass
@@ -103,7 +107,7 @@ def _parse_count(request: Request, limit: int) -> int | Response:
     return int(raw)
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> Starlette:
     settings = settings or Settings.from_env()
     state: dict[str, Running] = {}
     clock = time.perf_counter
@@ -171,7 +175,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        ledger, pool = await open_stores(settings)
+        ledger, pool = await stores(settings)
         claims = LedgerClaims(ledger, pool)
         preloader = Preloader(settings, ledger, pool, claims)
         source = RangeSource(claims, pool, on_low=preloader.refill_soon)

@@ -12,17 +12,16 @@ an ``await`` between them is atomic: two requests can never take the same ID.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 
 from pool.errors import IdPoolError
-from pool.ranges import IdRange
+from pool.ranges import MAX_ID, IdRange
 
 Fetch = Callable[[str], Awaitable[IdRange]]
 # (tag, IDs in the range, seconds it was served for): a range was used up
 Finished = Callable[[str, int, float], None]
-_NEVER = math.inf
+_NEVER = MAX_ID + 1  # a trigger no ID reaches (an int: int-to-float compares cost more)
 RETRY_BACKOFF = 0.2  # seconds between background fetches after a failed one
 
 
@@ -44,7 +43,7 @@ class SegmentBuffer:
         self.next: IdRange | None = None
         self._cur = 0  # next ID to hand out from `current`
         self._end = 0  # end of `current`
-        self._trigger: float = _NEVER  # take this ID and the prefetch starts
+        self._trigger = _NEVER  # take this ID and the prefetch starts
         self._task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
         self.last_error: BaseException | None = None
@@ -135,10 +134,12 @@ class SegmentBuffer:
         return remainder
 
     def _switch(self) -> bool:
-        if self.next is None:
+        new = self.next
+        if new is None:
             return False
-        self._install(self.next)
+        # Clear `next` first: _install arms the prefetch only when no next range is held.
         self.next = None
+        self._install(new)
         return True
 
     def _install(self, new: IdRange) -> None:

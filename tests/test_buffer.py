@@ -70,6 +70,31 @@ async def test_requests_never_wait_while_the_next_range_is_ready() -> None:
     assert taken == list(range(17, 41))
 
 
+async def test_every_range_prefetches_its_successor() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.5)
+    assert await buf.take_waiting() == 1
+    taken = []
+    for _ in range(49):
+        taken.append(buf.take())
+        await asyncio.sleep(0)  # a prefetch started by this take can land
+    assert taken == list(range(2, 51))  # no None: never had to wait on the store
+    assert supply.calls == 6
+
+
+async def test_prefetch_at_one_is_a_single_buffer_refilled_when_empty() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=1.0)
+    ids = [await buf.take_waiting() for _ in range(10)]
+    await asyncio.sleep(0.01)
+    assert supply.calls == 1 and not buf.fetching and buf.next is None
+    assert buf.take() is None  # empty: the next request waits on the store
+    assert buf.take_many(5) == []
+    assert await buf.take_waiting() == 11
+    assert supply.calls == 2
+    assert ids == list(range(1, 11))
+
+
 async def test_take_many_spans_ranges_in_order() -> None:
     supply = FakeSupply(step=7)
     buf = SegmentBuffer("t", supply, prefetch_at=0.1)

@@ -27,6 +27,10 @@ def test_environment_overrides_with_prefix() -> None:
     assert (s.pool_depth, s.preload, s.prefetch_at) == (7, False, 0.25)
 
 
+def test_prefetch_at_one_turns_the_prefetch_off() -> None:
+    assert Settings.from_env({"IDPOOL_PREFETCH_AT": "1"}).prefetch_at == 1.0
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
