@@ -529,7 +529,9 @@ def _drop_redis_keys(url: str) -> None:
 
 
 def parse(argv: Sequence[str] | None) -> Plan:
-    p = argparse.ArgumentParser(prog="ops/bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="ops/bench", description=__doc__.split("\n\n")[0].replace("\n", " ")
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 2 s, 15 s soak")
     p.add_argument("--reps", type=int, help="rounds per contender (default 5, quick 1)")
     p.add_argument("--seconds", type=int, help="seconds per measured run (default 10, quick 2)")
