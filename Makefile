@@ -23,7 +23,7 @@ browser:
 
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
 test: install browser
-	$(VENV)/bin/ruff check pool service tests
+	$(VENV)/bin/ruff check pool service tests ops
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 

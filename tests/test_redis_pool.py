@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from ops.servers import RedisServer, free_port
 from pool.errors import StoreUnavailable
 from pool.keys import Keys
 from pool.ranges import IdRange
 from pool.redis_pool import RedisPool, make_client
 from pool.settings import Settings
-
-from .servers import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -1,15 +1,22 @@
-"""Real servers for tests: a private redis-server that can be killed and restarted,
-and a TCP proxy that can cut a store off from a node without stopping the store."""
+"""Real processes on loopback, for the tests and the fault-injection suite.
+
+A private redis-server and a private mariadbd that can be killed, paused and
+restarted; `idpool serve` and `idpool preload` processes logging to files; and a
+TCP proxy that can cut a store off from a node without stopping the store.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -67,10 +74,92 @@ class RedisServer:
             self.proc = None
 
     def stop(self) -> None:
+        """SIGTERM: redis-server writes its AOF/RDB and exits."""
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(10)
             self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs; connections stay open but nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+
+class MariaServer:
+    """A mariadbd of its own (own datadir, port and socket): stoppable, unlike the shared one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str) -> str:
+        return f"mysql://root@127.0.0.1:{self.port}/{database}"
+
+    def start(self, timeout: float = 60.0) -> MariaServer:
+        data = self.dir / "data"
+        if not data.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            # --no-defaults: the machine's my.cnf names the shared server's user and paths
+            subprocess.run(
+                [
+                    "mariadb-install-db",
+                    "--no-defaults",
+                    "--user=root",
+                    f"--datadir={data}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        self.proc = subprocess.Popen(
+            [
+                "mariadbd",
+                "--no-defaults",
+                "--user=root",
+                f"--datadir={data}",
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self.dir / 'mysqld.sock'}",
+                f"--pid-file={self.dir / 'mysqld.pid'}",
+                f"--log-error={self.dir / 'mysqld.err'}",
+                "--innodb-buffer-pool-size=32M",
+                "--innodb-log-file-size=16M",
+                "--skip-log-bin",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, timeout)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM: a clean shutdown (InnoDB flushes, then the process exits)."""
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout)
+            self.proc = None
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
 
 class TcpProxy:
@@ -148,7 +237,11 @@ def env_with(**values: str) -> dict[str, str]:
 
 
 class NodeProcess:
-    """One `idpool serve` process on its own port, logging to a file."""
+    """One `idpool serve` process on its own port, logging to a file.
+
+    Each start writes a log file of its own (``logs``), so the ranges one run
+    held can be read back after it was killed.
+    """
 
     def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
         self.env = env
@@ -161,24 +254,21 @@ class NodeProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> NodeProcess:
-        import sys
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
 
+    def start(self, wait: bool = True) -> NodeProcess:
         path = self.log_path.with_suffix(f".{len(self.logs)}.log")
         self.logs.append(path)
         with open(path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                self.command(), env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
         return self
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        import urllib.request
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -190,6 +280,11 @@ class NodeProcess:
             except OSError:
                 time.sleep(0.05)
         raise TimeoutError(f"node on port {self.port} not ready; see {self.logs[-1]}")
+
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting (see `stop`)."""
+        assert self.proc is not None
+        self.proc.terminate()
 
     def stop(self, timeout: float = 30.0) -> bool:
         """SIGTERM and wait: the node returns its remainders before it exits.
@@ -211,8 +306,25 @@ class NodeProcess:
 
     def held_ranges(self, log_index: int) -> list[tuple[int, int]]:
         """Ranges one run of this node took or claimed, as [start, end), from its log."""
-        import re
-
         pattern = re.compile(r"event=range_(?:taken|claimed) tag=\S+ range=(\d+)-(\d+)")
         text = self.logs[log_index].read_text(errors="replace")
         return [(int(m.group(1)), int(m.group(2)) + 1) for m in pattern.finditer(text)]
+
+
+class PreloaderProcess(NodeProcess):
+    """A standalone `idpool preload` process; ready once it logs that it started."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "service.cli", "preload"]
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"preloader exited with {self.proc.returncode}: see {self.logs[-1]}"
+                )
+            if b"event=preloader_started" in self.logs[-1].read_bytes():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"preloader not started; see {self.logs[-1]}")
