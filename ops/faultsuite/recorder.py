@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 MAX_ATTEMPTS = 8  # per request, across nodes, before the request counts as failed
 RETRY_PAUSE = 0.05  # seconds between attempts
 REQUEST_TIMEOUT = 15.0  # longer than any store timeout a node waits out
+# uvicorn closes a keep-alive connection idle for 5 s; a request sent on it as it
+# closes fails with RemoteDisconnected. Like a pooling client, open a new one instead.
+IDLE_REUSE = 4.0
 
 
 class IdBitmap:
@@ -170,7 +173,7 @@ class Clients:
 
     def _run(self, n: int) -> None:
         rng = random.Random(self.seed * 1000 + n)
-        conns: dict[int, http.client.HTTPConnection] = {}
+        conns: dict[int, tuple[http.client.HTTPConnection, float]] = {}
         turn = n
         next_at = time.monotonic()
         while not self.stopping.is_set():
@@ -194,27 +197,33 @@ class Clients:
             pause = next_at - time.monotonic()
             if pause > 0:
                 self.stopping.wait(pause)
-        for conn in conns.values():
+        for conn, _ in conns.values():
             conn.close()
 
     def _attempt(
-        self, conns: dict[int, http.client.HTTPConnection], port: int, path: str, single: bool
+        self,
+        conns: dict[int, tuple[http.client.HTTPConnection, float]],
+        port: int,
+        path: str,
+        single: bool,
     ) -> tuple[str, list[int] | None, float]:
-        conn = conns.get(port)
-        if conn is None:
-            conn = conns[port] = http.client.HTTPConnection(
-                "127.0.0.1", port, timeout=REQUEST_TIMEOUT
-            )
         started = time.monotonic()
+        conn, last_used = conns.get(port, (None, 0.0))
+        if conn is not None and started - last_used > IDLE_REUSE:
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
         try:
             conn.request("GET", path)
             resp = conn.getresponse()
             body = resp.read()
         except (OSError, http.client.HTTPException) as e:
             conn.close()
-            del conns[port]
+            conns.pop(port, None)
             return type(e).__name__, None, time.monotonic() - started
         took = time.monotonic() - started
+        conns[port] = (conn, time.monotonic())
         if resp.status != 200:
             try:
                 code = str(json.loads(body).get("error", ""))

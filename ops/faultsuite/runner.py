@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +32,7 @@ CI_WARMUP = 1.5
 CI_HOLD = 3.0
 CI_RECOVER = 2.0
 CI_MIXED_FAULTS = 3
-SETUP_SECONDS = 8.0  # rough cost of starting and stopping one scenario's processes
+SETUP_SECONDS = 5.0  # rough cost of starting and stopping one scenario's processes
 
 
 @dataclass
@@ -46,21 +46,25 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
 
 
-def schedule(
+def faults_to_inject(
     long_form: bool, seconds: float, rng: random.Random, mixed: bool
-) -> list[tuple[float, float]]:
-    """(pause before the fault, hold) pairs filling ``seconds``."""
+) -> Iterator[tuple[float, float]]:
+    """(pause before the fault, hold) pairs: a fixed few in the short form; in the
+    long form, drawn from ``rng`` until the scenario's ``seconds`` are used up
+    (faults that restart a process take a while, so their number varies)."""
     if not long_form:
-        count = CI_MIXED_FAULTS if mixed else 1
-        return [(CI_WARMUP if i == 0 else 1.0, CI_HOLD) for i in range(count)]
-    plan: list[tuple[float, float]] = []
-    used = CI_WARMUP + CI_RECOVER
+        for i in range(CI_MIXED_FAULTS if mixed else 1):
+            yield (CI_WARMUP if i == 0 else 1.0, CI_HOLD)
+        return
+    deadline = time.monotonic() + seconds - CI_RECOVER
+    first = True
     while True:
         gap, hold = rng.uniform(2.0, 8.0), rng.uniform(1.0, 10.0)
-        if used + gap + hold + 2.0 > seconds and plan:
-            return plan
-        plan.append((gap, hold))
-        used += gap + hold + 2.0  # restarts take a second or two
+        if first:
+            gap, first = CI_WARMUP, False
+        elif time.monotonic() + gap + hold + 2.0 > deadline:
+            return
+        yield gap, hold
 
 
 def run_scenario(
@@ -97,7 +101,9 @@ def run_scenario(
         )
         clients.start()
         try:
-            plan = schedule(args.duration is not None, seconds, rng, scenario.name == "mixed")
+            plan = faults_to_inject(
+                args.duration is not None, seconds, rng, scenario.name == "mixed"
+            )
             for pause, hold in plan:
                 time.sleep(pause)
                 fault = rng.choice(scenario.faults)
