@@ -35,14 +35,45 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
-class RedisServer:
+class ServerProcess:
+    """A server of our own on a free port: killed, stopped, paused by its PID only."""
+
+    stop_timeout = 10.0
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        """SIGTERM and wait: a clean shutdown (Redis writes its AOF/RDB, InnoDB flushes)."""
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(self.stop_timeout)
+            self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs; connections stay open but nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+
+class RedisServer(ServerProcess):
     """A redis-server of the test's own, on its own port and directory."""
 
     def __init__(self, directory: Path, *args: str) -> None:
-        self.dir = directory
-        self.port = free_port()
+        super().__init__(directory)
         self.args = args
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -67,39 +98,18 @@ class RedisServer:
         wait_for_port(self.port)
         return self
 
-    def kill9(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            self.proc = None
 
-    def stop(self) -> None:
-        """SIGTERM: redis-server writes its AOF/RDB and exits."""
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-    def pause(self) -> None:
-        """SIGSTOP: the server hangs; connections stay open but nothing answers."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-
-class MariaServer:
+class MariaServer(ServerProcess):
     """A mariadbd of its own (own datadir, port and socket): stoppable, unlike the shared one."""
 
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+    stop_timeout = 60.0
 
     def url(self, database: str) -> str:
         return f"mysql://root@127.0.0.1:{self.port}/{database}"
+
+    def client(self, program: str = "mariadb") -> list[str]:
+        """Command line of a client (mariadb, mariadb-dump) connected to this server."""
+        return [program, "--no-defaults", "-h127.0.0.1", f"-P{self.port}", "-uroot"]
 
     def start(self, timeout: float = 60.0) -> MariaServer:
         data = self.dir / "data"
@@ -139,27 +149,6 @@ class MariaServer:
         )
         wait_for_port(self.port, timeout)
         return self
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM: a clean shutdown (InnoDB flushes, then the process exits)."""
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout)
-            self.proc = None
-
-    def kill9(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            self.proc = None
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
 
 
 class TcpProxy:

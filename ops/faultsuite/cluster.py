@@ -46,6 +46,15 @@ REDIS_MODES = {
 }
 
 
+_ACTIONS = {
+    "kill9": "kill -9",
+    "stop": "shut down (SIGTERM)",
+    "start": "started",
+    "pause": "SIGSTOP (hang)",
+    "resume": "SIGCONT",
+}
+
+
 @dataclass
 class Run:
     """One start of one process: its log, and whether it ended by kill -9."""
@@ -135,7 +144,7 @@ class Cluster:
         self.node_procs[index].start(wait=True)
         self.note(f"node{index} restarted and ready")
 
-    # -- Redis faults ---------------------------------------------------------
+    # -- store faults ---------------------------------------------------------
 
     def redis_client(self) -> Redis:
         return Redis(port=self.redis.port, socket_timeout=5)
@@ -155,62 +164,20 @@ class Cluster:
         self.redis.start()
         self.note(f"redis kill -9, restarted from the older RDB {snapshot.name}")
 
-    def redis_kill9(self) -> None:
-        self.redis.kill9()
-        self.note("redis kill -9")
-
-    def redis_start(self) -> None:
-        self.redis.start()
-        self.note("redis started")
-
-    def redis_stop(self) -> None:
-        self.redis.stop()
-        self.note("redis shut down (SIGTERM)")
-
-    def redis_pause(self) -> None:
-        self.redis.pause()
-        self.note("redis SIGSTOP (hang)")
-
-    def redis_resume(self) -> None:
-        self.redis.resume()
-        self.note("redis SIGCONT")
-
-    # -- MariaDB faults -------------------------------------------------------
-
-    def mysql_stop(self) -> None:
-        self.maria.stop()
-        self.note("mariadb shut down (SIGTERM)")
-
-    def mysql_start(self) -> None:
-        self.maria.start()
-        self.note("mariadb started")
-
-    def mysql_pause(self) -> None:
-        self.maria.pause()
-        self.note("mariadb SIGSTOP (hang)")
-
-    def mysql_resume(self) -> None:
-        self.maria.resume()
-        self.note("mariadb SIGCONT")
+    def store(self, name: str, action: str) -> None:
+        """``action`` (kill9, stop, start, pause, resume) on the scenario's Redis or
+        the run's MariaDB, noted on the timeline."""
+        server = self.redis if name == "redis" else self.maria
+        getattr(server, action)()
+        self.note(f"{name} {_ACTIONS[action]}")
 
     def mysql_dump(self) -> Path:
         """mariadb-dump of this tag's ledger row, as a backup to restore later."""
         path = self.directory / f"ledger-{len(self.events)}.sql"
+        dump = ["--no-create-info", "--replace", "--skip-comments", f"--where=tag='{self.tag}'"]
         with open(path, "wb") as out:
             subprocess.run(
-                [
-                    "mariadb-dump",
-                    "--no-defaults",
-                    "-h127.0.0.1",
-                    f"-P{self.maria.port}",
-                    "-uroot",
-                    "--no-create-info",
-                    "--replace",
-                    "--skip-comments",
-                    f"--where=tag='{self.tag}'",
-                    self.database,
-                    "idpool_tags",
-                ],
+                self.maria.client("mariadb-dump") + dump + [self.database, "idpool_tags"],
                 check=True,
                 stdout=out,
             )
@@ -221,20 +188,14 @@ class Cluster:
         """Load the old dump: the tag's max_id goes back in time."""
         before = self.ledger_max_id()
         with open(dump, "rb") as src:
-            subprocess.run(
-                ["mariadb", "--no-defaults", "-h127.0.0.1", f"-P{self.maria.port}", "-uroot"]
-                + [self.database],
-                check=True,
-                stdin=src,
-            )
+            subprocess.run(self.maria.client() + [self.database], check=True, stdin=src)
         self.note(f"ledger restored from {dump.name}: max_id {before} -> {self.ledger_max_id()}")
 
     def ledger_row(self) -> tuple[int, int]:
         """(start_id, max_id) of the tag, read with the mariadb client."""
+        query = f"SELECT start_id, max_id FROM idpool_tags WHERE tag = '{self.tag}'"
         out = subprocess.run(
-            ["mariadb", "--no-defaults", "-h127.0.0.1", f"-P{self.maria.port}", "-uroot", "-N"]
-            + ["-e", f"SELECT start_id, max_id FROM idpool_tags WHERE tag = '{self.tag}'"]
-            + [self.database],
+            self.maria.client() + ["-N", "-e", query, self.database],
             check=True,
             capture_output=True,
             text=True,

@@ -47,9 +47,9 @@ def node_sigterm(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    cluster.redis_kill9()
+    cluster.store("redis", "kill9")
     time.sleep(min(hold, 1.0))
-    cluster.redis_start()
+    cluster.store("redis", "start")
 
 
 def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
@@ -59,31 +59,31 @@ def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def redis_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    cluster.redis_pause()
+    cluster.store("redis", "pause")
     try:
         time.sleep(hold)
     finally:
-        cluster.redis_resume()
+        cluster.store("redis", "resume")
 
 
 def redis_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    cluster.redis_stop()
+    cluster.store("redis", "stop")
     time.sleep(hold)
-    cluster.redis_start()
+    cluster.store("redis", "start")
 
 
 def mysql_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    cluster.mysql_stop()
+    cluster.store("mariadb", "stop")
     time.sleep(hold)
-    cluster.mysql_start()
+    cluster.store("mariadb", "start")
 
 
 def mysql_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    cluster.mysql_pause()
+    cluster.store("mariadb", "pause")
     try:
         time.sleep(hold)
     finally:
-        cluster.mysql_resume()
+        cluster.store("mariadb", "resume")
 
 
 def mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
