@@ -10,10 +10,12 @@ processes' logs say about it:
 2. ``event=stale_ledger``: a range MySQL handed out below the high-water mark;
 3. ranges a node run that was killed with ``kill -9`` had taken (its buffers);
 4. ranges a killed run's preloader had claimed but not pushed;
-5. ranges pushed to Redis (by a preloader, or returned by a stopping node) that
+5. ranges a node run that stopped gracefully had taken, whose IDs no client
+   received: a ``/ids`` batch that ran dry part-way and failed loses the IDs it
+   had taken (safe: waste, never reuse), as does a response the client never read;
+6. ranges pushed to Redis (by a preloader, or returned by a stopping node) that
    vanished from Redis: the restarted server came back with older data, or a pop
    whose answer was lost took them;
-6. ranges a run that stopped gracefully held and neither handed out nor returned;
 7. the rest: not attributed (e.g. a ledger claim whose answer was lost).
 """
 
@@ -194,13 +196,14 @@ def account(
         [i for run, g in logs if run.killed for i in split(g.claimed, pushed_anywhere)[1]],
     )
     charge(
+        "taken by a node that stopped gracefully, not received by any client "
+        "(a batch that failed part-way, a response lost)",
+        [i for run, g in logs if not run.killed for i in g.taken],
+    )
+    charge(
         "pushed to Redis, then gone from it (Redis came back with older data, "
         "or a pop whose answer was lost)",
         [i for _, g in logs for i in [*g.pushed, *g.returned]],
-    )
-    charge(
-        "held by a run that stopped gracefully, neither handed out nor returned",
-        [i for run, g in logs if not run.killed for i in g.taken],
     )
     return Accounting(
         start_id=start_id,

@@ -86,6 +86,14 @@ def mysql_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
         cluster.store("mariadb", "resume")
 
 
+def both_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("redis", "stop")
+    cluster.store("mariadb", "stop")
+    time.sleep(hold)
+    cluster.store("mariadb", "start")
+    cluster.store("redis", "start")
+
+
 def mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
     dumped = cluster.ledger_max_id()
     dump = cluster.mysql_dump()
@@ -116,6 +124,9 @@ class Scenario:
     tolerated: frozenset[str] = frozenset()  # failed-attempt kinds a client may retry past
     expect_events: tuple[str, ...] = ()  # log events the fault must provoke
     env: tuple[tuple[str, str], ...] = ()  # node settings of this scenario
+    # Requests may fail on every node (both stores down); they must fail with a 503
+    # whose message names every store in ``names_down``, and succeed again after.
+    names_down: tuple[str, ...] = ()
 
 
 SCENARIOS = (
@@ -180,6 +191,14 @@ SCENARIOS = (
             ("IDPOOL_POOL_DEPTH", "5"),
             ("IDPOOL_MAX_POOL_DEPTH", "20"),
         ),
+    ),
+    Scenario(
+        "both-down",
+        "Redis and MariaDB shut down for HOLD seconds (nodes serve their buffers), then started",
+        (both_down,),
+        tolerated=frozenset({"503 unavailable"}),
+        expect_events=("request_failed",),
+        names_down=("mysql", "redis"),
     ),
     Scenario(
         "mixed",

@@ -118,6 +118,8 @@ class Tally:
     max_latency: float = 0.0  # longest single attempt, seconds
     max_latency_at: float = 0.0  # when it ended, seconds from `origin`
     max_request_latency: float = 0.0  # longest request including its retries
+    messages: dict[str, str] = field(default_factory=dict)  # status -> first error message
+    requests_since_failure: int = 0  # requests served after the last failed attempt
     # attempts per latency bucket: upper bound in seconds -> count
     histogram: Counter[float] = field(default_factory=Counter)
 
@@ -226,16 +228,21 @@ class Clients:
         conns[port] = (conn, time.monotonic())
         if resp.status != 200:
             try:
-                code = str(json.loads(body).get("error", ""))
+                error = json.loads(body)
+                code, message = str(error.get("error", "")), str(error.get("message", ""))
             except ValueError:
-                code = ""
-            return f"{resp.status} {code}".strip(), None, took
+                code, message = "", body[:200].decode(errors="replace")
+            status = f"{resp.status} {code}".strip()
+            with self.lock:
+                self.tally.messages.setdefault(status, message)
+            return status, None, took
         return "200", ([int(body)] if single else json.loads(body)["ids"]), took
 
     def bitmap_add(self, ids: list[int], request_latency: float) -> None:
         with self.lock:
             self.bitmap.add(ids)
             self.tally.requests += 1
+            self.tally.requests_since_failure += 1
             self.tally.max_request_latency = max(self.tally.max_request_latency, request_latency)
 
     def _observe(self, took: float) -> None:
@@ -249,3 +256,4 @@ class Clients:
     def _fail(self, status: str) -> None:
         with self.lock:
             self.tally.failed_attempts[status] += 1
+            self.tally.requests_since_failure = 0

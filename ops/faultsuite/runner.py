@@ -153,8 +153,17 @@ def judge(outcome: Outcome) -> list[str]:
         failures.append(f"{acc.pool_overlaps_issued} IDs handed out are still in the Redis list")
     if acc.beyond_ledger:
         failures.append(f"{acc.beyond_ledger} IDs handed out at or above the ledger's max_id")
-    if tally.failed_requests:
+    if tally.failed_requests and not scenario.names_down:
         failures.append(f"{tally.failed_requests} requests failed on every node they tried")
+    for status, message in tally.messages.items():
+        missing = [store for store in scenario.names_down if store not in message]
+        if status.startswith("503 unavailable") and missing:
+            failures.append(f"503 message does not name {missing}: {message!r}")
+    if tally.failed_attempts and tally.requests_since_failure < 100:
+        failures.append(
+            f"only {tally.requests_since_failure} requests served after the last failure: "
+            "not recovered"
+        )
     bad = {k: n for k, n in tally.failed_attempts.items() if k not in scenario.tolerated}
     if bad:
         failures.append(f"failed attempts not expected in this scenario: {dict(bad)}")
@@ -196,7 +205,9 @@ def render(outcome: Outcome, hold_note: str) -> str:
     failed = ", ".join(f"{k}: {n}" for k, n in sorted(tally.failed_attempts.items())) or "none"
     lines += [
         f"   failed attempts (retried on another node): {failed}; "
-        f"requests failed on every node: {tally.failed_requests}",
+        f"requests failed on every node: {tally.failed_requests}; "
+        f"served after the last failure: {tally.requests_since_failure:,}",
+        *(f"   first {k} message: {m[:160]!r}" for k, m in sorted(tally.messages.items())),
         f"   longest stall: {tally.max_latency:.3f} s (one attempt, at "
         f"t={tally.max_latency_at:.1f}); longest request with retries: "
         f"{tally.max_request_latency:.3f} s",
