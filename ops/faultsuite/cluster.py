@@ -81,6 +81,7 @@ class Cluster:
     killed_logs: set[Path] = field(init=False, default_factory=set)
     events: list[tuple[float, str]] = field(init=False, default_factory=list)
     problems: list[str] = field(init=False, default_factory=list)
+    dumped: dict[Path, int] = field(init=False, default_factory=dict)  # dump -> its max_id
     started_at: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
@@ -181,7 +182,8 @@ class Cluster:
                 check=True,
                 stdout=out,
             )
-        self.note(f"ledger row dumped ({path.name}, max_id={self.ledger_max_id()})")
+        self.dumped[path] = self.ledger_max_id()
+        self.note(f"ledger row dumped ({path.name}, max_id={self.dumped[path]})")
         return path
 
     def mysql_restore(self, dump: Path) -> None:
@@ -189,7 +191,10 @@ class Cluster:
         before = self.ledger_max_id()
         with open(dump, "rb") as src:
             subprocess.run(self.maria.client() + [self.database], check=True, stdin=src)
-        self.note(f"ledger restored from {dump.name}: max_id {before} -> {self.ledger_max_id()}")
+        self.note(
+            f"ledger restored from {dump.name} (max_id {before} -> {self.dumped[dump]}); "
+            f"max_id read just after: {self.ledger_max_id()}"
+        )
 
     def ledger_row(self) -> tuple[int, int]:
         """(start_id, max_id) of the tag, read with the mariadb client."""

@@ -280,7 +280,8 @@ def run(
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {len(scenarios)} scenarios, "
             f"{args.nodes} nodes + 1 standalone preloader each, {args.clients} client threads "
             f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), step {STEP}, "
-            f"seed {args.seed}; logs in {workdir}",
+            f"seed {args.seed}; logs in {workdir}"
+            + ("" if args.workdir else " (removed at the end if every scenario passed)"),
         ]
     )
     parts = [header]
