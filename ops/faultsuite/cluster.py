@@ -172,6 +172,14 @@ class Cluster:
         getattr(server, action)()
         self.note(f"{name} {_ACTIONS[action]}")
 
+    def ensure_stores_up(self) -> None:
+        """After a fault went wrong: both stores running again, so the scenario can end."""
+        for name, server in (("redis", self.redis), ("mariadb", self.maria)):
+            if server.proc is None:
+                self.store(name, "start")
+            else:
+                server.resume()
+
     def mysql_dump(self) -> Path:
         """mariadb-dump of this tag's ledger row, as a backup to restore later."""
         path = self.directory / f"ledger-{len(self.events)}.sql"

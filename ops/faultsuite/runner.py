@@ -108,7 +108,12 @@ def run_scenario(
                 time.sleep(pause)
                 fault = rng.choice(scenario.faults)
                 cluster.note(f"fault {fault.__name__} (hold {hold:.1f}s)")
-                fault(cluster, rng, hold)
+                try:
+                    fault(cluster, rng, hold)
+                except Exception as e:  # e.g. a node that would not restart: report it
+                    cluster.problems.append(f"{fault.__name__} failed: {type(e).__name__}: {e}")
+                    cluster.ensure_stores_up()
+                    break
             time.sleep(CI_RECOVER)
         finally:
             clients.stop()
