@@ -1,0 +1,1 @@
+"""Operations tooling: process helpers shared with the tests, and the fault suite."""

@@ -1,6 +1,7 @@
-"""`idpool serve` processes on this machine, and what the tests, the demo and the
-rolling restart need around them: free ports, waiting for a port or for
-`/readyz`, and reading a node's `event=node_stopped` line from its log.
+"""`idpool serve` and `idpool preload` processes on this machine, and what the
+tests, the fault suite, the benchmark and the rolling restart need around them:
+free ports, waiting for a port or for `/readyz`, and reading a node's
+`event=node_stopped` line from its log. Store servers are in ``ops/servers.py``.
 """
 
 from __future__ import annotations
@@ -77,7 +78,11 @@ def env_with(**values: str) -> dict[str, str]:
 
 
 class NodeProcess:
-    """One `idpool serve` process on its own port, logging to a file."""
+    """One `idpool serve` process on its own port, logging to a file.
+
+    Each start writes a log file of its own (``logs``), so the ranges one run
+    held can be read back after it was killed.
+    """
 
     def __init__(
         self,
@@ -100,31 +105,37 @@ class NodeProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, ready_timeout: float = 20.0) -> NodeProcess:
+    def command(self) -> list[str]:
+        serve = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
+        return [*serve, *self.args]
+
+    def start(self, wait: bool = True, ready_timeout: float = 20.0) -> NodeProcess:
         path = self.log_path.with_suffix(f".{len(self.logs)}.log")
         self.logs.append(path)
-        command = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
         with open(path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*command, *self.args],
-                env=self.env,
-                cwd=self.cwd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                self.command(), env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT
             )
-        self.wait_ready(ready_timeout)
+        if wait:
+            self.wait_ready(ready_timeout)
         return self
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        def exited() -> str | None:
-            if self.proc is not None and self.proc.poll() is not None:
-                return f"node exited with {self.proc.returncode}: see {self.logs[-1]}"
-            return None
+    def exited(self) -> str | None:
+        """Why waiting for this process is pointless (it exited), if it is."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.command()[3]} exited with {self.proc.returncode}: see {self.logs[-1]}"
+        return None
 
+    def wait_ready(self, timeout: float = 20.0) -> None:
         try:
-            wait_ready(self.base_url, timeout, exited)
+            wait_ready(self.base_url, timeout, self.exited)
         except TimeoutError:
             raise TimeoutError(f"node on port {self.port} not ready; see {self.logs[-1]}") from None
+
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting (see `stop`)."""
+        assert self.proc is not None
+        self.proc.terminate()
 
     def stop(self, timeout: float = 30.0) -> bool:
         """SIGTERM and wait: the node returns its remainders before it exits.
@@ -149,3 +160,20 @@ class NodeProcess:
         pattern = re.compile(r"event=range_(?:taken|claimed) tag=\S+ range=(\d+)-(\d+)")
         text = self.logs[log_index].read_text(errors="replace")
         return [(int(m.group(1)), int(m.group(2)) + 1) for m in pattern.finditer(text)]
+
+
+class PreloaderProcess(NodeProcess):
+    """A standalone `idpool preload` process; ready once it logs that it started."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "service.cli", "preload", *self.args]
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (why := self.exited()) is not None:
+                raise RuntimeError(why)
+            if b"event=preloader_started" in self.logs[-1].read_bytes():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"preloader not started; see {self.logs[-1]}")

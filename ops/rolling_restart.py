@@ -100,7 +100,7 @@ class LocalTarget:
         return Stopped(seconds, *counts)
 
     def start(self, timeout: float) -> None:
-        self.node.start(timeout)
+        self.node.start(ready_timeout=timeout)
 
 
 class RemoteTarget:

@@ -9,6 +9,8 @@ that starts below it. It then raises ``max_id`` past the mark and claims again.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import StaleLedger, StartBelowIssued, StoreUnavailable
@@ -17,6 +19,10 @@ from .ranges import IdRange
 from .stores import LedgerStore, PoolStore
 
 _MAX_STALE_RETRIES = 3
+# After a Redis error, claims leave the shared mark alone this long, exactly as if
+# reading or raising it had failed: a hung Redis then costs a fetch one timeout,
+# not one for the pop, one for reading the mark and one for raising it.
+REDIS_SKIP_SECONDS = 1.0
 
 
 @dataclass
@@ -29,10 +35,24 @@ class Claim:
 
 
 class LedgerClaims:
-    def __init__(self, ledger: LedgerStore, redis_pool: PoolStore | None) -> None:
+    def __init__(
+        self,
+        ledger: LedgerStore,
+        redis_pool: PoolStore | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ledger = ledger
         self.redis_pool = redis_pool
         self._high_water: dict[str, int] = {}  # tag -> highest range end seen here
+        self._clock = clock
+        self._skip_redis_until = 0.0
+
+    def redis_failed(self) -> None:
+        """Redis just failed (here, or a node's pop): skip the shared mark for a while."""
+        self._skip_redis_until = self._clock() + REDIS_SKIP_SECONDS
+
+    def _redis_usable(self) -> bool:
+        return self.redis_pool is not None and self._clock() >= self._skip_redis_until
 
     def observe(self, tag: str, seen: IdRange) -> None:
         """Record a range seen from anywhere (pool or ledger): the ledger is past its end."""
@@ -67,20 +87,21 @@ class LedgerClaims:
         )
 
     async def _shared_high_water(self, tag: str) -> int:
-        if self.redis_pool is None:
-            return 0
+        if self.redis_pool is None or not self._redis_usable():
+            return 0  # Redis down: the in-memory mark still guards this process
         try:
             return await self.redis_pool.high_water(tag)
         except StoreUnavailable:
-            return 0  # Redis down: the in-memory mark still guards this process
+            self.redis_failed()
+            return 0
 
     async def _raise_shared(self, tag: str, end: int) -> None:
-        if self.redis_pool is None:
-            return
+        if self.redis_pool is None or not self._redis_usable():
+            return  # a lower shared mark only weakens the check; it never causes a repeat
         try:
             await self.redis_pool.raise_high_water(tag, end)
         except StoreUnavailable:
-            pass  # a lower shared mark only weakens the check; it never causes a repeat
+            self.redis_failed()
 
 
 async def create_tag(

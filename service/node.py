@@ -129,6 +129,7 @@ class RangeSource:
             # The pop may have happened: whatever it took is lost, never reused.
             self._skip_redis_until = time.monotonic() + REDIS_SKIP_SECONDS
             self._redis_error = e
+            self.claims.redis_failed()  # the claim that follows skips Redis too
             self._failed(e)
             logger.warning("event=pool_pop_failed tag=%s detail=%r", tag, e.detail)
             errors.append(e)

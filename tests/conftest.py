@@ -11,11 +11,10 @@ import pymysql
 import pytest
 import redis
 
+from ops.servers import RedisServer
 from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
-
-from .servers import RedisServer
 
 # The machine's MariaDB and Redis. Each test run has a database of its own (a
 # preloader fills every tag of its database, so runs must not share one), and

@@ -6,13 +6,13 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
+from ops.servers import TcpProxy
 from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
 
 from .conftest import TEST_DATABASE
-from .servers import TcpProxy
 
 
 async def _add(settings: Settings, tag: str, step: int = 100, start: int = 1) -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from pool.claims import LedgerClaims, move_start
-from pool.errors import StaleLedger, StartBelowIssued
+from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
+from pool.errors import StaleLedger, StartBelowIssued, StoreUnavailable
 from pool.ledger import TABLE, Ledger
 from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
@@ -117,3 +117,44 @@ async def test_start_is_refused_below_the_mark_a_rewound_ledger_forgot(
     rewind_ledger(tag, 101)
     with pytest.raises(StartBelowIssued, match="to 301 or above"):
         await move_start(ledger, redis_pool, tag, 150)
+
+
+class HungRedis:
+    """A PoolStore whose high-water calls fail like a hung Redis, counting each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def high_water(self, tag: str) -> int:
+        self.calls.append("high_water")
+        raise StoreUnavailable("redis", "TimeoutError: Timeout reading")
+
+    async def raise_high_water(self, tag: str, value: int) -> int:
+        self.calls.append("raise_high_water")
+        raise StoreUnavailable("redis", "TimeoutError: Timeout reading")
+
+
+async def test_hung_redis_costs_a_claim_one_timeout_not_two(ledger: Ledger, tag: str) -> None:
+    # ops/faults redis-hang: each fetch waited for the pop, the mark's read and its
+    # raise to time out in turn (3 x IDPOOL_STORE_TIMEOUT) while clients stalled.
+    await ledger.add_tag(tag, step=10, start=1)
+    now = [100.0]
+    redis = HungRedis()
+    claims = LedgerClaims(ledger, redis, clock=lambda: now[0])  # type: ignore[arg-type]
+    first = await claims.claim(tag)
+    assert redis.calls == ["high_water"]  # the raise is skipped once the read failed
+    second = await claims.claim(tag)
+    assert redis.calls == ["high_water"]  # within the skip window Redis is left alone
+    assert second.range.start == first.range.end  # and the in-memory mark still guards
+    now[0] += REDIS_SKIP_SECONDS
+    await claims.claim(tag)
+    assert redis.calls == ["high_water", "high_water"]  # then Redis is tried again
+
+
+async def test_a_failed_pop_makes_the_next_claim_skip_redis(ledger: Ledger, tag: str) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    redis = HungRedis()
+    claims = LedgerClaims(ledger, redis)  # type: ignore[arg-type]
+    claims.redis_failed()  # what RangeSource does when a pop fails
+    await claims.claim(tag)
+    assert redis.calls == []

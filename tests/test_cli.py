@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ops.processes import env_with, free_port
 from pool.settings import Settings
-
-from .servers import env_with, free_port
 
 
 def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -76,7 +75,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
     import signal
     import urllib.request
 
-    from .servers import wait_for_port
+    from ops.processes import wait_for_port
 
     assert idpool(settings, "tag", "add", tag, "--step", "1000").returncode == 0
     port = free_port()

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ops.processes import NodeProcess, env_with
 from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
-
-from .servers import NodeProcess, env_with
 
 TOTAL = 100_000
 pytestmark = pytest.mark.slow

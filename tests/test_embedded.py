@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from ops.processes import NodeProcess, env_with, free_port
 from pool.errors import StoreUnavailable
 from pool.settings import Settings
 from pool.sqlite_ledger import SqliteLedger
 from pool.sqlite_pool import SqlitePool
 from service.app import create_app
-
-from .servers import NodeProcess, env_with, free_port
 
 TAG = "orders"
 

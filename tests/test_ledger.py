@@ -175,7 +175,7 @@ async def test_missing_database_without_permission_to_create(settings: Settings)
 
 
 async def test_unreachable_mysql_names_the_variable(settings: Settings) -> None:
-    from .servers import free_port
+    from ops.processes import free_port
 
     url = f"mysql://root@127.0.0.1:{free_port()}/idpool"
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL") as info:

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
+from ops.servers import TcpProxy
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
 
 from .conftest import TEST_DATABASE
-from .servers import TcpProxy
 from .test_app import add_tag, pool_ranges
 
 

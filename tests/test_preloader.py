@@ -88,8 +88,9 @@ async def test_scheduled_ticks_fill_every_tag_and_close_waits(
 
 
 async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPool) -> None:
+    from ops.servers import TcpProxy
+
     from .conftest import TEST_DATABASE
-    from .servers import TcpProxy
 
     proxy = TcpProxy(3306)
     url = f"mysql://root@127.0.0.1:{proxy.port}/{TEST_DATABASE}"

@@ -13,13 +13,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from ops.processes import free_port
+from ops.servers import RedisServer
 from pool.errors import StoreUnavailable
 from pool.keys import Keys
 from pool.ranges import IdRange
 from pool.redis_pool import RedisPool, make_client
 from pool.settings import Settings
-
-from .servers import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from ops.processes import env_with
 from ops.rolling_restart import account
 from pool.ranges import IdRange
 from pool.settings import Settings
-
-from .servers import env_with
 
 TOOL = Path(__file__).resolve().parent.parent / "ops" / "rolling-restart"
 

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from ops.processes import NodeProcess, env_with
 from pool.settings import Settings
 from service.app import create_app
 
-from .servers import NodeProcess, env_with
 from .test_app import add_tag
 
 

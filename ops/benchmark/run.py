@@ -31,9 +31,10 @@ from typing import Any
 import pymysql
 import redis
 
+from ops.processes import free_port
+from ops.servers import RedisServer
 from pool.keys import Keys
 from pool.settings import Settings
-from tests.servers import RedisServer, free_port  # the tests' private redis-server
 
 from . import micro
 from .load import Load, Result, run_wrk, wrk_path

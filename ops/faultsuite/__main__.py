@@ -1,0 +1,3 @@
+from ops.faultsuite.runner import main
+
+raise SystemExit(main())

@@ -1,0 +1,260 @@
+"""One scenario's processes: its own redis-server, three or more `idpool serve`
+nodes and a standalone `idpool preload`, against the run's private MariaDB.
+
+Every process start is a run with a log file of its own; a run that ended by
+``kill -9`` is remembered, so the accounting can charge what it held as waste.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis import Redis
+
+from ops.processes import NodeProcess, PreloaderProcess, env_with
+from ops.servers import MariaServer, RedisServer
+
+STEP = 1000
+
+# Node settings: a fixed step (the dynamic step would grow ranges to a million
+# IDs and make each Redis restart waste millions), a pool sized to outlast a
+# MySQL outage of the lengths the suite injects (30 s of consumption, at least
+# 30 ranges), and a rate window short enough to size it within seconds. The cap
+# on the depth keeps the preloader's start-up overestimate in check (the rate
+# over its first two samples counts the nodes filling their buffers: see
+# ops/README.md); at the suite's ~7,000 IDs/s the target is ~210 ranges.
+NODE_ENV = {
+    "IDPOOL_STEP_SECONDS": "0",
+    "IDPOOL_POOL_DEPTH": "30",
+    "IDPOOL_POOL_SECONDS": "30",
+    "IDPOOL_MAX_POOL_DEPTH": "300",
+    "IDPOOL_RATE_WINDOW": "10",
+    "IDPOOL_PRELOAD_INTERVAL": "0.5",
+    "IDPOOL_CREATE_DATABASE": "1",
+}
+
+REDIS_MODES = {
+    # AOF fsynced every second: a kill -9 loses up to the last second of writes.
+    "aof": ("--appendonly", "yes", "--appendfsync", "everysec", "--save", ""),
+    # RDB only, snapshots taken by the fault itself (SAVE), so a restart can
+    # load an old one on purpose.
+    "rdb": ("--appendonly", "no", "--save", ""),
+}
+
+
+_ACTIONS = {
+    "kill9": "kill -9",
+    "stop": "shut down (SIGTERM)",
+    "start": "started",
+    "pause": "SIGSTOP (hang)",
+    "resume": "SIGCONT",
+}
+
+
+@dataclass
+class Run:
+    """One start of one process: its log, and whether it ended by kill -9."""
+
+    name: str
+    log: Path
+    killed: bool = False
+
+
+@dataclass
+class Cluster:
+    directory: Path
+    maria: MariaServer
+    tag: str
+    redis_mode: str = "aof"
+    nodes: int = 3
+    # A database per scenario: a preloader fills every tag of its database, and
+    # must not refill the tags of scenarios that are over.
+    database: str = "idpool_faults"
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    redis: RedisServer = field(init=False)
+    node_procs: list[NodeProcess] = field(init=False, default_factory=list)
+    preloader: PreloaderProcess = field(init=False)
+    killed_logs: set[Path] = field(init=False, default_factory=set)
+    events: list[tuple[float, str]] = field(init=False, default_factory=list)
+    problems: list[str] = field(init=False, default_factory=list)
+    dumped: dict[Path, int] = field(init=False, default_factory=dict)  # dump -> its max_id
+    started_at: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(self.directory / "redis", *REDIS_MODES[self.redis_mode])
+
+    @property
+    def env(self) -> dict[str, str]:
+        return env_with(
+            IDPOOL_MYSQL_URL=self.maria.url(self.database),
+            IDPOOL_REDIS_URL=self.redis.url,
+            **{**NODE_ENV, **self.env_overrides},
+        )
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.node_procs]
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        self.redis.start()
+        subprocess.run(
+            [sys.executable, "-m", "service.cli", "tag", "add", self.tag, "--step", str(STEP)],
+            env=self.env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        self.node_procs = [
+            NodeProcess(self.env, self.directory / f"node{i}") for i in range(self.nodes)
+        ]
+        self.preloader = PreloaderProcess(self.env, self.directory / "preloader")
+        for proc in [*self.node_procs, self.preloader]:
+            proc.start(wait=False)
+        for proc in [*self.node_procs, self.preloader]:
+            proc.wait_ready(60)
+        self.note("cluster up")
+
+    def note(self, what: str) -> None:
+        self.events.append((time.monotonic() - self.started_at, what))
+
+    def runs(self) -> list[Run]:
+        procs: list[NodeProcess] = [*self.node_procs, self.preloader]
+        return [
+            Run(path.name, path, path in self.killed_logs) for proc in procs for path in proc.logs
+        ]
+
+    # -- node faults ---------------------------------------------------------
+
+    def kill9_node(self, index: int) -> None:
+        node = self.node_procs[index]
+        self.killed_logs.add(node.logs[-1])
+        node.kill9()
+        self.note(f"node{index} kill -9")
+
+    def sigterm_node(self, index: int) -> bool:
+        clean = self.node_procs[index].stop()
+        self.note(f"node{index} SIGTERM, exited {'cleanly' if clean else 'NOT cleanly'}")
+        return clean
+
+    def start_node(self, index: int) -> None:
+        self.node_procs[index].start(wait=True)
+        self.note(f"node{index} restarted and ready")
+
+    # -- store faults ---------------------------------------------------------
+
+    def redis_client(self) -> Redis:
+        return Redis(port=self.redis.port, socket_timeout=5)
+
+    def redis_snapshot(self) -> Path:
+        """SAVE now and keep a copy of the dump, to restore later."""
+        self.redis_client().save()
+        copy = self.directory / f"dump-{len(self.events)}.rdb"
+        shutil.copy(self.redis.dir / "dump.rdb", copy)
+        self.note(f"redis RDB snapshot saved ({copy.name})")
+        return copy
+
+    def redis_restart_from(self, snapshot: Path) -> None:
+        """kill -9 Redis and start it on the old snapshot."""
+        self.redis.kill9()
+        shutil.copy(snapshot, self.redis.dir / "dump.rdb")
+        self.redis.start()
+        self.note(f"redis kill -9, restarted from the older RDB {snapshot.name}")
+
+    def store(self, name: str, action: str) -> None:
+        """``action`` (kill9, stop, start, pause, resume) on the scenario's Redis or
+        the run's MariaDB, noted on the timeline."""
+        server = self.redis if name == "redis" else self.maria
+        getattr(server, action)()
+        self.note(f"{name} {_ACTIONS[action]}")
+
+    def ensure_stores_up(self) -> None:
+        """After a fault went wrong: both stores running again, so the scenario can end."""
+        for name, server in (("redis", self.redis), ("mariadb", self.maria)):
+            if server.proc is None:
+                self.store(name, "start")
+            else:
+                server.resume()
+
+    def mysql_dump(self) -> Path:
+        """mariadb-dump of this tag's ledger row, as a backup to restore later."""
+        path = self.directory / f"ledger-{len(self.events)}.sql"
+        dump = ["--no-create-info", "--replace", "--skip-comments", f"--where=tag='{self.tag}'"]
+        with open(path, "wb") as out:
+            subprocess.run(
+                self.maria.client("mariadb-dump") + dump + [self.database, "idpool_tags"],
+                check=True,
+                stdout=out,
+            )
+        self.dumped[path] = self.ledger_max_id()
+        self.note(f"ledger row dumped ({path.name}, max_id={self.dumped[path]})")
+        return path
+
+    def mysql_restore(self, dump: Path) -> None:
+        """Load the old dump: the tag's max_id goes back in time."""
+        before = self.ledger_max_id()
+        with open(dump, "rb") as src:
+            subprocess.run(self.maria.client() + [self.database], check=True, stdin=src)
+        self.note(
+            f"ledger restored from {dump.name} (max_id {before} -> {self.dumped[dump]}); "
+            f"max_id read just after: {self.ledger_max_id()}"
+        )
+
+    def ledger_row(self) -> tuple[int, int]:
+        """(start_id, max_id) of the tag, read with the mariadb client."""
+        query = f"SELECT start_id, max_id FROM idpool_tags WHERE tag = '{self.tag}'"
+        out = subprocess.run(
+            self.maria.client() + ["-N", "-e", query, self.database],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        return int(out[0]), int(out[1])
+
+    def ledger_max_id(self) -> int:
+        return self.ledger_row()[1]
+
+    # -- the end --------------------------------------------------------------
+
+    def stop(self) -> list[str]:
+        """Stop every node and the preloader gracefully (SIGTERM, all at once), then
+        Redis. Returns what did not go as it should."""
+        problems = []
+        procs: list[NodeProcess] = [p for p in [*self.node_procs, self.preloader] if p.proc]
+        for proc in procs:
+            if proc.proc is not None and proc.proc.poll() is not None:
+                code = proc.proc.returncode
+                problems.append(f"{proc.logs[-1].name} had exited by itself: {code}")
+        for proc in procs:
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            assert proc.proc is not None
+            try:
+                code = proc.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.proc.kill()
+                code = proc.proc.wait()
+                problems.append(f"{proc.logs[-1].name} did not stop in 60 s; killed")
+            if code not in (0, -15):
+                problems.append(f"{proc.logs[-1].name} exited with {code}")
+            proc.proc = None
+        self.note("nodes and preloader stopped (SIGTERM)")
+        return problems
+
+    def close(self) -> None:
+        """Kill whatever is still running (after a failure), and stop Redis."""
+        for proc in [*self.node_procs, getattr(self, "preloader", None)]:
+            if proc is not None and proc.proc is not None:
+                if proc.proc.poll() is None:
+                    proc.proc.kill()
+                proc.proc.wait()
+                proc.proc = None
+        if self.redis.proc is not None:
+            self.redis.resume()  # a paused server ignores SIGTERM until it runs again
+            self.redis.stop()

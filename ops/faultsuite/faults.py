@@ -1,0 +1,218 @@
+"""The faults the suite injects, and the scenarios built from them.
+
+A fault is injected and undone in one call (``hold`` seconds of outage in
+between), so faults never overlap: a node restarted while a store is down would
+refuse to start, which is documented behaviour, not the hazard under test.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .cluster import Cluster
+
+Fault = Callable[[Cluster, random.Random, float], None]
+
+# Failed attempts a client may see while a node goes away; it retries on another
+# node. Anything else (a 503 naming a store, a timeout, a 500) is a failure.
+NODE_GONE = frozenset(
+    {
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "RemoteDisconnected",
+        "BrokenPipeError",
+        "IncompleteRead",
+        "BadStatusLine",
+    }
+)
+DRAINING = frozenset({"503 draining"})
+
+
+def node_kill9(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    index = rng.randrange(len(cluster.node_procs))
+    cluster.kill9_node(index)
+    time.sleep(min(hold, 1.0))
+    cluster.start_node(index)
+
+
+def node_sigterm(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    index = rng.randrange(len(cluster.node_procs))
+    if not cluster.sigterm_node(index):
+        cluster.problems.append(f"node{index} did not exit cleanly on SIGTERM")
+    time.sleep(min(hold, 1.0))
+    cluster.start_node(index)
+
+
+def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("redis", "kill9")
+    time.sleep(min(hold, 1.0))
+    cluster.store("redis", "start")
+
+
+def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    snapshot = cluster.redis_snapshot()
+    time.sleep(hold)  # traffic goes on: nodes pop ranges the snapshot still lists
+    cluster.redis_restart_from(snapshot)
+
+
+def redis_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("redis", "pause")
+    try:
+        time.sleep(hold)
+    finally:
+        cluster.store("redis", "resume")
+
+
+def redis_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("redis", "stop")
+    time.sleep(hold)
+    cluster.store("redis", "start")
+
+
+def mysql_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("mariadb", "stop")
+    time.sleep(hold)
+    cluster.store("mariadb", "start")
+
+
+def mysql_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("mariadb", "pause")
+    try:
+        time.sleep(hold)
+    finally:
+        cluster.store("mariadb", "resume")
+
+
+def both_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    cluster.store("redis", "stop")
+    cluster.store("mariadb", "stop")
+    time.sleep(hold)
+    cluster.store("mariadb", "start")
+    cluster.store("redis", "start")
+
+
+def mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    dumped = cluster.ledger_max_id()
+    dump = cluster.mysql_dump()
+    time.sleep(hold)  # nodes and preloaders claim past the dumped max_id
+    # A rewind only bites if claims were made after the dump, and only shows if
+    # claims are made after the restore: wait for both (bounded).
+    wait_for(lambda: cluster.ledger_max_id() > dumped, 20.0)
+    cluster.mysql_restore(dump)
+    if wait_for(lambda: cluster.ledger_max_id() != dumped, 20.0):
+        cluster.note(f"ledger claimed again: max_id now {cluster.ledger_max_id()}")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    faults: tuple[Fault, ...]  # one is drawn at random for each injection
+    redis_mode: str = "aof"
+    tolerated: frozenset[str] = frozenset()  # failed-attempt kinds a client may retry past
+    expect_events: tuple[str, ...] = ()  # log events the fault must provoke
+    env: tuple[tuple[str, str], ...] = ()  # node settings of this scenario
+    # Requests may fail on every node (both stores down); they must fail with a 503
+    # whose message names every store in ``names_down``, and succeed again after.
+    names_down: tuple[str, ...] = ()
+
+
+SCENARIOS = (
+    Scenario(
+        "node-kill9",
+        "kill -9 of a random node, restarted a second later",
+        (node_kill9,),
+        tolerated=NODE_GONE,
+    ),
+    Scenario(
+        "node-sigterm",
+        "SIGTERM of a random node (graceful: remainders go back), then restart",
+        (node_sigterm,),
+        tolerated=NODE_GONE | DRAINING,
+    ),
+    Scenario(
+        "redis-kill9-aof",
+        "kill -9 of Redis (AOF everysec: the last second of pops is lost), restart",
+        (redis_kill9_aof,),
+        expect_events=("range_abandoned",),
+    ),
+    Scenario(
+        "redis-old-rdb",
+        "Redis (RDB) snapshot saved, traffic goes on, then kill -9 and restart from it",
+        (redis_old_rdb,),
+        redis_mode="rdb",
+        expect_events=("range_abandoned",),
+    ),
+    # expect_events below: proof that the nodes or the preloader saw the outage
+    Scenario(
+        "redis-hang",
+        "Redis SIGSTOP for HOLD seconds, then SIGCONT",
+        (redis_hang,),
+        expect_events=("pool_pop_failed",),
+    ),
+    Scenario(
+        "redis-down",
+        "Redis shut down for HOLD seconds, then started",
+        (redis_down,),
+        expect_events=("pool_pop_failed",),
+    ),
+    Scenario(
+        "mysql-down",
+        "MariaDB shut down for HOLD seconds, then started",
+        (mysql_down,),
+        expect_events=("preload_skipped",),
+    ),
+    Scenario(
+        "mysql-hang",
+        "MariaDB SIGSTOP for HOLD seconds, then SIGCONT",
+        (mysql_hang,),
+        expect_events=("preload_skipped",),
+    ),
+    Scenario(
+        "mysql-rewind",
+        "ledger row dumped, traffic goes on, then the old dump is restored (max_id goes back)",
+        (mysql_rewind,),
+        expect_events=("stale_ledger",),
+        # a small pool, so the preloader claims from the rewound ledger within seconds
+        env=(
+            ("IDPOOL_POOL_SECONDS", "2"),
+            ("IDPOOL_POOL_DEPTH", "5"),
+            ("IDPOOL_MAX_POOL_DEPTH", "20"),
+        ),
+    ),
+    Scenario(
+        "both-down",
+        "Redis and MariaDB shut down for HOLD seconds (nodes serve their buffers), then started",
+        (both_down,),
+        tolerated=frozenset({"503 unavailable"}),
+        expect_events=("request_failed",),
+        names_down=("mysql", "redis"),
+    ),
+    Scenario(
+        "mixed",
+        "random faults of every kind above, one at a time",
+        (
+            node_kill9,
+            node_sigterm,
+            redis_kill9_aof,
+            redis_hang,
+            redis_down,
+            mysql_down,
+            mysql_hang,
+            mysql_rewind,
+        ),
+        tolerated=NODE_GONE | DRAINING,
+    ),
+)
