@@ -30,9 +30,19 @@ EXIT_UNAVAILABLE = 3
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
-def logging_config(level: str) -> dict[str, Any]:
+def logging_config(level: str, access_log: bool = False) -> dict[str, Any]:
     """dictConfig for this process and every uvicorn worker (workers are spawned
-    processes: they configure logging from this, not from the parent's state)."""
+    processes: they configure logging from this, not from the parent's state).
+
+    uvicorn writes access lines at INFO: with ``--access-log`` they are kept
+    whatever ``--log-level`` says, rather than silently dropped at ``warning``.
+    """
+    loggers: dict[str, Any] = {
+        # one line per job run is noise; idpool logs what each tick did
+        "apscheduler": {"level": "ERROR"},
+    }
+    if access_log:
+        loggers["uvicorn.access"] = {"level": "INFO"}
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -47,8 +57,7 @@ def logging_config(level: str) -> dict[str, Any]:
             }
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
-        # one line per job run is noise; idpool logs what each tick did
-        "loggers": {"apscheduler": {"level": "ERROR"}},
+        "loggers": loggers,
     }
 
 
@@ -174,7 +183,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         access_log=args.access_log,
-        log_config=logging_config(args.log_level),
+        log_config=logging_config(args.log_level, args.access_log),
         lifespan="on",
         timeout_graceful_shutdown=30,
     )

@@ -105,3 +105,11 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
     assert text.count("event=node_started") == 2  # two workers, two nodes, both logging
     assert text.count("event=node_stopped") == 2
     assert "event=range_returned" in text
+
+
+def test_access_log_is_kept_at_any_log_level() -> None:
+    # uvicorn writes access lines at INFO; at --log-level warning they were dropped.
+    from service.cli import logging_config
+
+    assert logging_config("warning", True)["loggers"]["uvicorn.access"] == {"level": "INFO"}
+    assert "uvicorn.access" not in logging_config("warning")["loggers"]
