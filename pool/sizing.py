@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+MIN_SPAN = 5.0  # seconds: the shortest history a rate is read from
+
 
 class RateMeter:
     """IDs per second from samples of a growing counter, over a sliding window."""
@@ -30,13 +32,15 @@ class RateMeter:
 
         The counter moves a whole range at a time, so two samples a few ms apart
         around one range taken would read as a burst of millions of IDs/s and
-        size the pool for it; until a window of history exists, the count is
-        spread over the whole window instead (the minimum depth covers a start).
+        size the pool for it; the count is spread over at least MIN_SPAN seconds
+        (or the window, if shorter). Spreading it over the whole window instead
+        left the pool sized far too small for the first minute after a start,
+        when an outage could empty it (ops/faults mysql-down).
         """
         if len(self._samples) < 2:
             return 0.0
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
-        return (n1 - n0) / max(t1 - t0, self.window)
+        return (n1 - n0) / max(t1 - t0, min(self.window, MIN_SPAN))
 
     def history(self) -> list[tuple[float, int]]:
         return list(self._samples)

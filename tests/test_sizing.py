@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from pool.sizing import RateMeter, next_step, target_depth
+from pool.sizing import MIN_SPAN, RateMeter, next_step, target_depth
 
 
 def test_rate_over_a_sliding_window() -> None:
     meter = RateMeter(window=10)
     assert meter.add(0, 0) == 0.0
-    assert meter.add(1, 100) == 10.0  # under a window of history: spread over the window
+    assert meter.add(1, 100) == 100 / MIN_SPAN  # under MIN_SPAN of history: spread over it
     for t in range(2, 31):
         rate = meter.add(t, 100 * t)
     assert rate == 100.0
@@ -20,7 +20,8 @@ def test_rate_over_a_sliding_window() -> None:
 def test_a_range_taken_just_after_the_first_sample_is_no_burst() -> None:
     meter = RateMeter(window=60)
     meter.add(0, 0)
-    assert meter.add(0.005, 1000) == 1000 / 60  # not 200,000 IDs/s
+    assert meter.add(0.005, 1000) == 1000 / MIN_SPAN  # not 200,000 IDs/s
+    assert meter.add(10, 3000) == 3000 / 10  # past MIN_SPAN: the real rate, not 3000 / 60
 
 
 def test_counter_reset_starts_over() -> None:
