@@ -169,7 +169,8 @@ class Preloader:
         tag, step, s = row.tag, row.step, self.settings
         stats = await self.redis_pool.read_stats(tag)
         meter = self._meters.setdefault(tag, RateMeter(s.rate_window))
-        rate = meter.add(time.monotonic(), int(stats.get("taken", 0)))
+        # Rounded as published, so `rate` and `target_depth` in the hash agree exactly.
+        rate = round(meter.add(time.monotonic(), int(stats.get("taken", 0))), 3)
         if s.step_seconds > 0:
             seen = await self.redis_pool.take_lifetime(tag)
             if seen is not None:

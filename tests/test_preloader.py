@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 import pytest
@@ -115,7 +116,7 @@ async def test_depth_follows_the_consumption_rate(
     stats = await redis_pool.read_stats(tag)
     rate = float(stats["rate"])
     assert 1000 < rate < 2100
-    expected = -(-int(rate * 10) // 100)  # ceil(rate * 10 s / 100 per range)
+    expected = math.ceil(rate * 10 / 100)  # 10 s of supply in ranges of 100
     assert int(stats["target_depth"]) == expected
     assert await redis_pool.depth(tag) == expected
     assert len(report.pushed) == expected - 2
