@@ -19,9 +19,10 @@ from .ranges import IdRange
 from .stores import LedgerStore, PoolStore
 
 _MAX_STALE_RETRIES = 3
-# After a Redis error, claims leave the shared mark alone this long, exactly as if
-# reading or raising it had failed: a hung Redis then costs a fetch one timeout,
-# not one for the pop, one for reading the mark and one for raising it.
+# After a Redis error, claims leave the shared mark alone this long (and nodes go
+# straight to MySQL), exactly as if reading or raising it had failed: a hung Redis
+# then costs a fetch one timeout, not one for the pop, one for the mark's read
+# and one for its raise.
 REDIS_SKIP_SECONDS = 1.0
 
 
@@ -51,8 +52,8 @@ class LedgerClaims:
         """Redis just failed (here, or a node's pop): skip the shared mark for a while."""
         self._skip_redis_until = self._clock() + REDIS_SKIP_SECONDS
 
-    def _redis_usable(self) -> bool:
-        return self.redis_pool is not None and self._clock() >= self._skip_redis_until
+    def _redis_skipped(self) -> bool:
+        return self._clock() < self._skip_redis_until
 
     def observe(self, tag: str, seen: IdRange) -> None:
         """Record a range seen from anywhere (pool or ledger): the ledger is past its end."""
@@ -87,7 +88,7 @@ class LedgerClaims:
         )
 
     async def _shared_high_water(self, tag: str) -> int:
-        if self.redis_pool is None or not self._redis_usable():
+        if self.redis_pool is None or self._redis_skipped():
             return 0  # Redis down: the in-memory mark still guards this process
         try:
             return await self.redis_pool.high_water(tag)
@@ -96,7 +97,7 @@ class LedgerClaims:
             return 0
 
     async def _raise_shared(self, tag: str, end: int) -> None:
-        if self.redis_pool is None or not self._redis_usable():
+        if self.redis_pool is None or self._redis_skipped():
             return  # a lower shared mark only weakens the check; it never causes a repeat
         try:
             await self.redis_pool.raise_high_water(tag, end)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from pool.claims import LedgerClaims
+from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
 from pool.errors import IdPoolError, StoreUnavailable, UnknownTag
 from pool.preloader import log_dropped, log_refused
 from pool.ranges import IdRange
@@ -26,7 +26,6 @@ from .stats import SAMPLE_EVERY, NodeStats
 
 logger = logging.getLogger("idpool.node")
 
-REDIS_SKIP_SECONDS = 1.0  # after a Redis error, go straight to MySQL for this long
 _UNKNOWN_CACHE_LIMIT = 10_000
 
 
