@@ -155,9 +155,11 @@ class NodeProcess:
         self.proc.wait()
         self.proc = None
 
-    def held_ranges(self, log_index: int) -> list[tuple[int, int]]:
-        """Ranges one run of this node took or claimed, as [start, end), from its log."""
-        pattern = re.compile(r"event=range_(?:taken|claimed) tag=\S+ range=(\d+)-(\d+)")
+    def held_ranges(self, log_index: int, claimed: bool = True) -> list[tuple[int, int]]:
+        """Ranges one run of this node took (and, with ``claimed``, its preloader
+        claimed), as [start, end), from its log."""
+        events = "taken|claimed" if claimed else "taken"
+        pattern = re.compile(rf"event=range_(?:{events}) tag=\S+ range=(\d+)-(\d+)")
         text = self.logs[log_index].read_text(errors="replace")
         return [(int(m.group(1)), int(m.group(2)) + 1) for m in pattern.finditer(text)]
 

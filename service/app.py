@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from pool.claims import LedgerClaims
 from pool.errors import IdPoolError, UnknownTag
@@ -107,17 +108,63 @@ def _parse_count(request: Request, limit: int) -> int | Response:
     return int(raw)
 
 
-def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> Starlette:
+_clock = time.perf_counter
+_LEAF_PREFIX = "/api/segment/get/"
+_TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextResponse sends it
+
+
+class NodeApp(Starlette):
+    """Starlette, with the one request that matters most answered before routing.
+
+    ``GET /id/{tag}`` (or Leaf's path) for a tag whose buffer holds an ID is
+    answered here: one dict lookup, ``buf.take()`` and two ASGI messages. Starlette's
+    middleware, router, Request and Response cost more than everything else in
+    such a request (BENCHMARKS.md, "the fast path"). Every other request,
+    and every ``/id`` that must wait for a range, fail, or be validated (a tag with
+    no buffer), goes through the routes below, which answer it the same way.
+    """
+
+    node: Node | None = None  # set by the lifespan while the node serves
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        node = self.node
+        if node is not None and scope["type"] == "http" and scope["method"] == "GET":
+            started = _clock()
+            path: str = scope["path"]
+            if path.startswith("/id/"):
+                tag = path[4:]
+            elif path.startswith(_LEAF_PREFIX):
+                tag = path[len(_LEAF_PREFIX) :]
+            else:
+                tag = ""  # never a buffer's key
+            buf = node.buffers.get(tag)  # only tags that passed validation have one
+            if buf is not None:
+                # take() is synchronous: no await between reading and advancing the
+                # buffer, so concurrent requests cannot get the same ID (buffer.py).
+                value = buf.take()
+                if value is not None:
+                    body = str(value).encode()
+                    headers = [(b"content-length", str(len(body)).encode()), _TEXT_PLAIN]
+                    await send({"type": "http.response.start", "status": 200, "headers": headers})
+                    await send({"type": "http.response.body", "body": body})
+                    node.stats.latency["id"].observe(_clock() - started)
+                    return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> NodeApp:
     settings = settings or Settings.from_env()
     state: dict[str, Running] = {}
-    clock = time.perf_counter
+    clock = _clock
 
     async def one_id(request: Request) -> Response:
+        """What NodeApp's fast path does not answer: the first request for a tag,
+        a wait for a range, a bad or unknown tag, a node that is stopping."""
         started = clock()
         tag: str = request.path_params["tag"]
         node = state["run"].node
         buf = node.buffers.get(tag)
-        if buf is not None:  # hot path: a known tag with IDs in memory
+        if buf is not None:  # IDs in memory after all (a HEAD request, or a range just landed)
             value = buf.take()
             if value is not None:
                 node.stats.latency["id"].observe(clock() - started)
@@ -174,7 +221,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: NodeApp) -> AsyncIterator[None]:
         ledger, pool = await stores(settings)
         claims = LedgerClaims(ledger, pool)
         preloader = Preloader(settings, ledger, pool, claims)
@@ -183,6 +230,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             source, prefetch_at=settings.prefetch_at, unknown_tag_ttl=settings.unknown_tag_ttl
         )
         state["run"] = Running(node, ledger, pool, preloader)
+        app.node = node
         sampler = asyncio.ensure_future(node.run_sampler())
         try:
             if settings.preload:
@@ -205,6 +253,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
                 len(report.abandoned),
             )
         finally:
+            app.node = None
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
@@ -223,6 +272,6 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         Route("/metrics", metrics_text),
         *admin.routes(settings, lambda: state["run"]),
     ]
-    return Starlette(
+    return NodeApp(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
     )

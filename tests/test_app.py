@@ -5,12 +5,13 @@ from collections.abc import Iterator
 
 import pytest
 from starlette.testclient import TestClient
+from starlette.types import Receive, Scope, Send
 
 from ops.servers import TcpProxy
 from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
-from service.app import create_app
+from service.app import NodeApp, create_app
 
 from .conftest import TEST_DATABASE
 
@@ -48,6 +49,40 @@ def test_one_id_as_text_and_leaf_path(client: TestClient, settings: Settings, ta
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert r.text == "500"
     assert client.get(f"/api/segment/get/{tag}").text == "501"
+
+
+def test_fast_path_answers_as_the_routes_do(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=5, start=10)
+    routed = client.get(f"/id/{tag}")  # the first request makes the buffer: routed
+    assert routed.text == "10"
+    app = client.app
+    assert isinstance(app, NodeApp)
+    starlette_calls = []
+    starlette_stack = app.middleware_stack
+
+    async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+        starlette_calls.append(scope["path"])
+        assert starlette_stack is not None
+        await starlette_stack(scope, receive, send)
+
+    app.middleware_stack = counted
+    fast = [client.get(f"/id/{tag}"), client.get(f"/api/segment/get/{tag}")]
+    assert starlette_calls == []  # both answered before Starlette's routing
+    for r in fast:
+        assert r.status_code == 200
+        assert r.headers["content-type"] == routed.headers["content-type"]
+        assert r.headers["content-length"] == str(len(r.content))
+    # across range switches (step 5), still consecutive, whichever path answered
+    later = [int(client.get(f"/id/{tag}").text) for _ in range(20)]
+    assert [int(r.text) for r in fast] + later == list(range(11, 33))
+    # everything else still goes through the routes
+    assert client.get(f"/ids/{tag}", params={"count": 2}).json()["ids"] == [33, 34]
+    assert client.head(f"/id/{tag}").status_code == 200
+    assert client.get(f"/id/{tag}/", follow_redirects=False).status_code == 307
+    assert client.get("/id/NOT valid").status_code == 400
+    assert starlette_calls == [f"/ids/{tag}", f"/id/{tag}", f"/id/{tag}/", "/id/NOT valid"]
 
 
 def test_batch_spans_ranges_in_increasing_order(

@@ -164,11 +164,20 @@ def test_kill_9_wastes_only_what_the_killed_node_held(
         killed.append(nodes[2])
         nodes[2].start()  # same port, new process: restarts after a crash
 
-    ids, start, max_id, pooled, _, drawer = run_cluster(settings, tag, tmp_path, kill_one)
+    ids, start, max_id, pooled, nodes, drawer = run_cluster(settings, tag, tmp_path, kill_one)
     assert len(ids) >= TOTAL
     accounted = check_no_duplicates(ids, pooled)
     missing = set(range(start, max_id)) - accounted
     held = killed[0].held_ranges(0)  # the run that was killed
     assert held, "the killed node's log names no range"
-    outside = {i for i in missing if not any(s <= i < e for s, e in held)}
-    assert not outside, f"{len(outside)} IDs lost outside the killed node's ranges"
+    outside = sorted(i for i in missing if not any(s <= i < e for s, e in held))
+    # A node logs a range after its pop returns: a pop in flight when it was
+    # killed took a range that no log names. The killed node held that one too,
+    # and it has one fetch at most under way per tag; so allow one contiguous
+    # block no longer than a range, that no surviving node logged as taken.
+    survivors = [r for node in nodes[:2] for r in node.held_ranges(0, claimed=False)]
+    survivors += nodes[2].held_ranges(1, claimed=False)
+    widest = max(e - s for s, e in survivors)
+    assert not any(s <= i < e for i in outside for s, e in survivors), "a survivor's range lost"
+    in_flight = outside and outside[-1] - outside[0] + 1 == len(outside) <= widest
+    assert not outside or in_flight, f"{len(outside)} IDs lost outside the killed node's ranges"

@@ -4,11 +4,15 @@ Each answers ``GET /id/{tag}`` with one ID as text, like idpool, and reads its
 stores from the same ``IDPOOL_*`` variables (see pool/settings.py):
 
 - ``ceiling``: a counter in memory, no store: what Starlette on uvicorn can do.
+- ``bare_asgi``: the same counter as a plain ASGI callable, no framework: what
+  uvicorn alone can do (idpool's fast path skips Starlette, so it can pass the
+  ceiling; this row shows how far it could go).
 - ``redis_incr``: one Redis ``INCR`` per ID.
 - ``mysql_ticket``: one Flickr-style ticket per ID (``REPLACE INTO`` then
   ``SELECT LAST_INSERT_ID()`` on the same connection).
-- ``classic_leaf``: idpool's own double buffer refilled straight from the MySQL
-  ledger, with no Redis tier (Meituan Leaf-segment as published).
+- ``classic_leaf``: idpool's own node and fast path, its double buffer refilled
+  straight from the MySQL ledger, with no Redis tier (Meituan Leaf-segment as
+  published).
 - ``slowed_idpool``: idpool's app whose ledger and pool calls each wait
   ``BENCH_STORE_DELAY`` seconds first; the delay lives here, not in idpool.
 """
@@ -31,13 +35,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from pool.claims import LedgerClaims
 from pool.errors import IdPoolError
 from pool.ledger import Ledger
 from pool.settings import Settings
 from pool.stores import LedgerStore, PoolStore, open_stores
-from service.app import create_app
+from service.app import NodeApp, create_app
 from service.node import Node, RangeSource
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -62,6 +67,24 @@ def ceiling() -> Starlette:
         return PlainTextResponse(str(next(counter)))
 
     return Starlette(routes=[Route("/id/{tag}", one_id)])
+
+
+def bare_asgi() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    counter = itertools.count(1)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = str(next(counter)).encode()
+        length = str(len(body)).encode()
+        headers = [(b"content-length", length), (b"content-type", b"text/plain; charset=utf-8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
 
 
 def redis_incr() -> Starlette:
@@ -120,38 +143,33 @@ def mysql_ticket() -> Starlette:
     return Starlette(routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
 
 
-def classic_leaf() -> Starlette:
+def classic_leaf() -> NodeApp:
     settings = Settings.from_env()
     state: dict[str, Node] = {}
 
     async def one_id(request: Request) -> Response:
-        # the same hot path as service/app.py one_id, minus the latency histogram
+        # what NodeApp's fast path leaves to the route: no ID in memory
         tag: str = request.path_params["tag"]
-        node = state["node"]
-        buf = node.buffers.get(tag)
-        if buf is not None:
-            value = buf.take()
-            if value is not None:
-                return PlainTextResponse(str(value))
         try:
-            value = await node.next_id(tag)
+            value = await state["node"].next_id(tag)
         except IdPoolError as e:
             return _unavailable(e)
         return PlainTextResponse(str(value))
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: NodeApp) -> AsyncIterator[None]:
         ledger = await Ledger.connect(settings)
         source = RangeSource(LedgerClaims(ledger, None), None)  # no Redis tier at all
-        node = state["node"] = Node(
+        node = state["node"] = app.node = Node(
             source, prefetch_at=settings.prefetch_at, unknown_tag_ttl=settings.unknown_tag_ttl
         )
         yield
         with contextlib.suppress(IdPoolError):
             await node.shutdown()  # no pool to return to: remainders are waste, as in Leaf
+        app.node = None
         await ledger.close()
 
-    return Starlette(routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
+    return NodeApp(routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
 
 
 class Slowed:

@@ -94,6 +94,7 @@ APPS = "ops.benchmark.apps:"
 # server key -> (what it runs, readiness path); commands are built per port and worker count
 SERVERS: dict[str, tuple[Callable[[int, int], list[str]], str]] = {
     "ceiling": (lambda port, w: uvicorn_command(APPS + "ceiling", port, w), "/id/bench"),
+    "bare_asgi": (lambda port, w: uvicorn_command(APPS + "bare_asgi", port, w), "/id/bench"),
     "idpool": (lambda port, w: idpool_command(port, w), "/readyz"),
     "idpool_log": (lambda port, w: idpool_command(port, w, access_log=True), "/readyz"),
     "redis_incr": (lambda port, w: uvicorn_command(APPS + "redis_incr", port, w), "/id/x"),
@@ -106,6 +107,7 @@ SERVERS: dict[str, tuple[Callable[[int, int], list[str]], str]] = {
 
 MAIN = [
     Contender("ceiling", "ceiling", "/id/bench"),
+    Contender("bare ASGI (info)", "bare_asgi", "/id/bench"),
     Contender("idpool /id", "idpool", "/id/bench"),
     Contender("idpool /ids x1000", "idpool", f"/ids/bench?count={BATCH}", BATCH),
     Contender("idpool /id, access log", "idpool_log", "/id/bench"),
@@ -677,8 +679,8 @@ def render(
         f"micro: buf.take() {s['take_ns']:.0f} ns within a range (loop included; empty loop "
         f"{s['empty_loop_ns']:.0f} ns), {sw['take_ns']:.0f} ns across ranges of {sw['step']:.0f}; "
         f"latency clock + histogram {h['clock_and_observe_ns']:.0f} ns per request",
-        f"micro: GET /id handler called in-process: idpool {hd['idpool_ns']:.0f} ns, ceiling "
-        f"{hd['ceiling_ns']:.0f} ns (Request and Response built in both; no HTTP)",
+        f"micro: GET /id, the ASGI app called in-process: idpool {hd['idpool_ns']:.0f} ns, "
+        f"ceiling {hd['ceiling_ns']:.0f} ns, bare ASGI {hd['bare_ns']:.0f} ns (no HTTP)",
         f"stores, one call at a time: ledger claim {st['claim_us']:.0f} us, pool pop "
         f"{st['pop_us']:.0f} us round trip ({st['pop_redis_us']:.0f} us of Redis CPU)",
     ]
