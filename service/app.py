@@ -111,45 +111,69 @@ def _parse_count(request: Request, limit: int) -> int | Response:
 _clock = time.perf_counter
 _LEAF_PREFIX = "/api/segment/get/"
 _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextResponse sends it
+_JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 
 
 class NodeApp(Starlette):
-    """Starlette, with the one request that matters most answered before routing.
+    """Starlette, with the requests that matter most answered before routing.
 
-    ``GET /id/{tag}`` (or Leaf's path) for a tag whose buffer holds an ID is
-    answered here: one dict lookup, ``buf.take()`` and two ASGI messages. Starlette's
-    middleware, router, Request and Response cost more than everything else in
-    such a request (BENCHMARKS.md, "the fast path"). Every other request,
-    and every ``/id`` that must wait for a range, fail, or be validated (a tag with
-    no buffer), goes through the routes below, which answer it the same way.
+    ``GET /id/{tag}`` (or Leaf's path) for a tag whose buffer holds an ID, and
+    ``GET /ids/{tag}?count=N`` (that exact query) when the buffer holds N IDs,
+    are answered here: a dict lookup, ``take()`` or ``take_many()`` and two ASGI
+    messages. Starlette's middleware, router, Request and Response cost more
+    than everything else in such a request (BENCHMARKS.md, "the fast path").
+    Every other request, and every one that must wait for a range, fail, or be
+    validated (a tag with no buffer), goes through the routes in create_app,
+    which answer it the same way.
     """
 
     node: Node | None = None  # set by the lifespan while the node serves
+    max_count = 0  # the largest /ids count the fast path answers (settings.max_count)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
         if node is not None and scope["type"] == "http" and scope["method"] == "GET":
             started = _clock()
             path: str = scope["path"]
+            # take() and take_many() are synchronous: no await between reading and
+            # advancing a buffer, so concurrent requests cannot get the same ID.
             if path.startswith("/id/"):
-                tag = path[4:]
+                tag = path[4:]  # only valid tags (no "/") have a buffer: "/id/a/b" finds none
             elif path.startswith(_LEAF_PREFIX):
                 tag = path[len(_LEAF_PREFIX) :]
             else:
                 tag = ""  # never a buffer's key
-            buf = node.buffers.get(tag)  # only tags that passed validation have one
-            if buf is not None:
-                # take() is synchronous: no await between reading and advancing the
-                # buffer, so concurrent requests cannot get the same ID (buffer.py).
-                value = buf.take()
+            if tag:
+                buf = node.buffers.get(tag)
+                value = None if buf is None else buf.take()
                 if value is not None:
-                    body = str(value).encode()
-                    headers = [(b"content-length", str(len(body)).encode()), _TEXT_PLAIN]
-                    await send({"type": "http.response.start", "status": 200, "headers": headers})
-                    await send({"type": "http.response.body", "body": body})
+                    await _send(send, str(value).encode(), _TEXT_PLAIN)
                     node.stats.latency["id"].observe(_clock() - started)
                     return
+            elif path.startswith("/ids/"):
+                tag = path[5:]
+                buf = node.buffers.get(tag)
+                query: bytes = scope["query_string"]
+                digits = query[6:]  # after b"count="
+                if (
+                    buf is not None
+                    and query.startswith(b"count=")
+                    and digits.isdigit()
+                    and 0 < len(digits) <= 6
+                    and 1 <= (count := int(digits)) <= self.max_count
+                    and count <= buf.in_memory
+                ):
+                    body = orjson.dumps({"tag": tag, "ids": buf.take_many(count)})
+                    await _send(send, body, _JSON)
+                    node.stats.latency["ids"].observe(_clock() - started)
+                    return
         await super().__call__(scope, receive, send)
+
+
+async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> None:
+    headers = [(b"content-length", str(len(body)).encode()), content_type]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> NodeApp:
@@ -272,6 +296,6 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         Route("/metrics", metrics_text),
         *admin.routes(settings, lambda: state["run"]),
     ]
-    return NodeApp(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
-    )
+    app = NodeApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.max_count = settings.max_count
+    return app

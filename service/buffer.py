@@ -54,6 +54,11 @@ class SegmentBuffer:
         return self._end - self._cur
 
     @property
+    def in_memory(self) -> int:
+        """IDs this buffer can hand out without waiting: the current range's rest and `next`."""
+        return self._end - self._cur + (0 if self.next is None else len(self.next))
+
+    @property
     def used(self) -> int:
         return 0 if self.current is None else self._cur - self.current.start
 

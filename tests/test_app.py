@@ -77,12 +77,27 @@ def test_fast_path_answers_as_the_routes_do(
     # across range switches (step 5), still consecutive, whichever path answered
     later = [int(client.get(f"/id/{tag}").text) for _ in range(20)]
     assert [int(r.text) for r in fast] + later == list(range(11, 33))
-    # everything else still goes through the routes
-    assert client.get(f"/ids/{tag}", params={"count": 2}).json()["ids"] == [33, 34]
+    # /ids with exactly "count=N" and N IDs in memory (at most two ranges of 5)
+    fast_batch = client.get(f"/ids/{tag}?count=2")
+    assert fast_batch.json() == {"tag": tag, "ids": [33, 34]}
+    assert starlette_calls == []
+    # everything else still goes through the routes, and answers the same way
+    routed_batch = client.get(f"/ids/{tag}?count=2&pretty=1")
+    assert routed_batch.json()["ids"] == [35, 36]
+    assert routed_batch.headers["content-type"] == fast_batch.headers["content-type"]
+    assert client.get(f"/ids/{tag}?count=12").json()["ids"] == list(range(37, 49))
+    assert client.get(f"/ids/{tag}?count=0").status_code == 400
     assert client.head(f"/id/{tag}").status_code == 200
     assert client.get(f"/id/{tag}/", follow_redirects=False).status_code == 307
+    assert client.get(f"/id/x/{tag}").status_code == 404
     assert client.get("/id/NOT valid").status_code == 400
-    assert starlette_calls == [f"/ids/{tag}", f"/id/{tag}", f"/id/{tag}/", "/id/NOT valid"]
+    assert starlette_calls == [
+        *[f"/ids/{tag}"] * 3,
+        f"/id/{tag}",
+        f"/id/{tag}/",
+        f"/id/x/{tag}",
+        "/id/NOT valid",
+    ]
 
 
 def test_batch_spans_ranges_in_increasing_order(
