@@ -6,6 +6,9 @@ Errors are ``{"error": code, "message": what to fix}``: 400 bad tag or count,
 404 unknown tag, 503 when no range can be had or the node is stopping.
 Operators get ``/healthz``, ``/readyz``, ``/metrics``, ``/status`` (HTML),
 ``/status.json`` and, with ``IDPOOL_ADMIN_TOKEN`` set, ``/admin/...``.
+
+``NodeApp`` answers ``/id`` and ``/ids`` requests it can serve from memory
+before Starlette's routing (the fast path); the routes answer everything else.
 """
 
 from __future__ import annotations
