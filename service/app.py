@@ -115,6 +115,7 @@ _clock = time.perf_counter
 _LEAF_PREFIX = "/api/segment/get/"
 _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextResponse sends it
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
+Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 
 
 class NodeApp(Starlette):
@@ -135,42 +136,46 @@ class NodeApp(Starlette):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
-        if node is not None and scope["type"] == "http" and scope["method"] == "GET":
-            started = _clock()
-            path: str = scope["path"]
-            # take() and take_many() are synchronous: no await between reading and
-            # advancing a buffer, so concurrent requests cannot get the same ID.
-            if path.startswith("/id/"):
-                tag = path[4:]  # only valid tags (no "/") have a buffer: "/id/a/b" finds none
-            elif path.startswith(_LEAF_PREFIX):
-                tag = path[len(_LEAF_PREFIX) :]
-            else:
-                tag = ""  # never a buffer's key
-            if tag:
-                buf = node.buffers.get(tag)
-                value = None if buf is None else buf.take()
-                if value is not None:
-                    await _send(send, str(value).encode(), _TEXT_PLAIN)
-                    node.stats.latency["id"].observe(_clock() - started)
-                    return
-            elif path.startswith("/ids/"):
-                tag = path[5:]
-                buf = node.buffers.get(tag)
-                query: bytes = scope["query_string"]
-                digits = query[6:]  # after b"count="
-                if (
-                    buf is not None
-                    and query.startswith(b"count=")
-                    and digits.isdigit()
-                    and 0 < len(digits) <= 6
-                    and 1 <= (count := int(digits)) <= self.max_count
-                    and count <= buf.in_memory
-                ):
-                    body = orjson.dumps({"tag": tag, "ids": buf.take_many(count)})
-                    await _send(send, body, _JSON)
-                    node.stats.latency["ids"].observe(_clock() - started)
+        # Behind a root path Starlette routes on the path without it: leave those to it.
+        if node is not None and scope["type"] == "http" and not scope.get("root_path"):
+            if scope["method"] == "GET":
+                started = _clock()
+                answer = self._from_memory(node, scope["path"], scope["query_string"])
+                if answer is not None:
+                    route, body, content_type = answer
+                    node.stats.latency[route].observe(_clock() - started)  # as the routes do
+                    await _send(send, body, content_type)
                     return
         await super().__call__(scope, receive, send)
+
+    def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:
+        """(route, body, content type) for a GET the node can answer from its
+        buffers as the routes would, or None to leave the request to the routes.
+
+        take() and take_many() are synchronous: no await between reading and
+        advancing a buffer, so concurrent requests cannot get the same ID.
+        """
+        if path.startswith("/ids/"):
+            tag = path[5:]
+            buf = node.buffers.get(tag)  # only valid tags (no "/") have a buffer
+            digits = query[6:]  # after b"count="; any other query form goes to the route
+            if (
+                buf is None
+                or not query.startswith(b"count=")
+                or not (digits.isdigit() and len(digits) <= 6)
+                or not 1 <= (count := int(digits)) <= min(self.max_count, buf.in_memory)
+            ):
+                return None
+            return "ids", orjson.dumps({"tag": tag, "ids": buf.take_many(count)}), _JSON
+        if path.startswith("/id/"):
+            tag = path[4:]
+        elif path.startswith(_LEAF_PREFIX):
+            tag = path[len(_LEAF_PREFIX) :]
+        else:
+            return None
+        buf = node.buffers.get(tag)  # "/id/a/b" finds none
+        value = None if buf is None else buf.take()
+        return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
 
 async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> None:
@@ -185,8 +190,8 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
     clock = _clock
 
     async def one_id(request: Request) -> Response:
-        """What NodeApp's fast path does not answer: the first request for a tag,
-        a wait for a range, a bad or unknown tag, a node that is stopping."""
+        """What NodeApp's fast path leaves here: the first request for a tag, a
+        wait for a range, a bad or unknown tag, a stopping node with no IDs left."""
         started = clock()
         tag: str = request.path_params["tag"]
         node = state["run"].node

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 from starlette.testclient import TestClient
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ops.servers import TcpProxy
 from pool.ledger import Ledger
@@ -54,7 +54,9 @@ def test_one_id_as_text_and_leaf_path(client: TestClient, settings: Settings, ta
 def test_fast_path_answers_as_the_routes_do(
     client: TestClient, settings: Settings, tag: str
 ) -> None:
-    add_tag(settings, tag, step=5, start=10)
+    # One range of 1000 from 10: the IDs up to 36 stay under the prefetch
+    # trigger (110), so no fetch runs and every fast answer is certain.
+    add_tag(settings, tag, step=1000, start=10)
     routed = client.get(f"/id/{tag}")  # the first request makes the buffer: routed
     assert routed.text == "10"
     app = client.app
@@ -69,35 +71,51 @@ def test_fast_path_answers_as_the_routes_do(
 
     app.middleware_stack = counted
     fast = [client.get(f"/id/{tag}"), client.get(f"/api/segment/get/{tag}")]
-    assert starlette_calls == []  # both answered before Starlette's routing
-    for r in fast:
-        assert r.status_code == 200
-        assert r.headers["content-type"] == routed.headers["content-type"]
-        assert r.headers["content-length"] == str(len(r.content))
-    # across range switches (step 5), still consecutive, whichever path answered
-    later = [int(client.get(f"/id/{tag}").text) for _ in range(20)]
-    assert [int(r.text) for r in fast] + later == list(range(11, 33))
-    # /ids with exactly "count=N" and N IDs in memory (at most two ranges of 5)
-    fast_batch = client.get(f"/ids/{tag}?count=2")
+    fast += [client.get(f"/id/{tag}") for _ in range(20)]
+    fast_batch = client.get(f"/ids/{tag}?count=2")  # exactly "count=N", N in memory
+    assert starlette_calls == []  # all answered before Starlette's routing
+    assert [int(r.text) for r in fast] == list(range(11, 33))
+    assert all(r.headers == routed.headers for r in fast)  # same length: 2-digit IDs
     assert fast_batch.json() == {"tag": tag, "ids": [33, 34]}
-    assert starlette_calls == []
-    # everything else still goes through the routes, and answers the same way
+
+    # everything else goes through the routes, and answers the same way
     routed_batch = client.get(f"/ids/{tag}?count=2&pretty=1")
-    assert routed_batch.json()["ids"] == [35, 36]
-    assert routed_batch.headers["content-type"] == fast_batch.headers["content-type"]
-    assert client.get(f"/ids/{tag}?count=12").json()["ids"] == list(range(37, 49))
+    assert routed_batch.json() == {"tag": tag, "ids": [35, 36]}
+    assert routed_batch.headers == fast_batch.headers
+    more_than_in_memory = client.get(f"/ids/{tag}?count=1500").json()["ids"]
+    assert more_than_in_memory == list(range(37, 1537))  # waits for the next range
     assert client.get(f"/ids/{tag}?count=0").status_code == 400
-    assert client.head(f"/id/{tag}").status_code == 200
+    assert client.get(f"/ids/{tag}?count={settings.max_count + 1}").status_code == 400
     assert client.get(f"/id/{tag}/", follow_redirects=False).status_code == 307
     assert client.get(f"/id/x/{tag}").status_code == 404
     assert client.get("/id/NOT valid").status_code == 400
     assert starlette_calls == [
-        *[f"/ids/{tag}"] * 3,
-        f"/id/{tag}",
+        *[f"/ids/{tag}"] * 4,
         f"/id/{tag}/",
         f"/id/x/{tag}",
         "/id/NOT valid",
     ]
+
+    # Behind a root path "/api", Starlette routes on the path without it:
+    # /api/segment/get/{tag} is then /segment/get/{tag}, not Leaf's path, so
+    # the fast path must not answer it either.
+    async def status_of(path: str) -> int:
+        scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": "/api"}
+        scope.update(query_string=b"", headers=[], http_version="1.1", scheme="http")
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return int(sent[0]["status"])
+
+    assert client.portal is not None
+    assert client.portal.call(status_of, f"/api/segment/get/{tag}") == 404
+    assert client.portal.call(status_of, f"/api/id/{tag}") == 200  # routed: /id/{tag}
 
 
 def test_batch_spans_ranges_in_increasing_order(
