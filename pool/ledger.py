@@ -52,6 +52,13 @@ _CONNECTION_ERRORS = (
 _UNKNOWN_DATABASE = 1049
 
 
+def step_bounds(step: int, min_step: int | None, max_step: int | None) -> tuple[int, int]:
+    """A new tag's dynamic-step bounds: ``[step, max(step, DEFAULT_MAX_STEP)]`` unless given."""
+    lo = step if min_step is None else min_step
+    hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class TagRow:
     tag: str
@@ -175,8 +182,7 @@ class Ledger:
         and added again cannot hand out its old IDs a second time. The dynamic
         step stays within ``[min_step, max_step]`` (default: ``[step, DEFAULT_MAX_STEP]``).
         """
-        lo = step if min_step is None else min_step
-        hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
+        lo, hi = step_bounds(step, min_step, max_step)
 
         async def op(cur: Any) -> None:
             try:

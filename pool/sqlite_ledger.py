@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import StoreUnavailable, TagExists, UnknownTag
-from .ledger import DEFAULT_MAX_STEP, TagRow
+from .ledger import TagRow, step_bounds
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
@@ -96,8 +96,7 @@ class SqliteLedger:
         max_step: int | None = None,
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
-        lo = step if min_step is None else min_step
-        hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
+        lo, hi = step_bounds(step, min_step, max_step)
 
         def op(conn: sqlite3.Connection) -> TagRow:
             now = time.time()

@@ -137,15 +137,19 @@ class NodeApp(Starlette):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
         # Behind a root path Starlette routes on the path without it: leave those to it.
-        if node is not None and scope["type"] == "http" and not scope.get("root_path"):
-            if scope["method"] == "GET":
-                started = _clock()
-                answer = self._from_memory(node, scope["path"], scope["query_string"])
-                if answer is not None:
-                    route, body, content_type = answer
-                    node.stats.latency[route].observe(_clock() - started)  # as the routes do
-                    await _send(send, body, content_type)
-                    return
+        if (
+            node is not None
+            and scope["type"] == "http"
+            and scope["method"] == "GET"
+            and not scope.get("root_path")
+        ):
+            started = _clock()
+            answer = self._from_memory(node, scope["path"], scope["query_string"])
+            if answer is not None:
+                route, body, content_type = answer
+                node.stats.latency[route].observe(_clock() - started)  # as the routes do
+                await _send(send, body, content_type)
+                return
         await super().__call__(scope, receive, send)
 
     def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:
@@ -187,31 +191,25 @@ async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> N
 def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> NodeApp:
     settings = settings or Settings.from_env()
     state: dict[str, Running] = {}
-    clock = _clock
 
     async def one_id(request: Request) -> Response:
         """What NodeApp's fast path leaves here: the first request for a tag, a
-        wait for a range, a bad or unknown tag, a stopping node with no IDs left."""
-        started = clock()
+        wait for a range, a bad or unknown tag, a stopping node with no IDs left,
+        a HEAD or a root path (next_id then takes from memory without waiting)."""
+        started = _clock()
         tag: str = request.path_params["tag"]
         node = state["run"].node
-        buf = node.buffers.get(tag)
-        if buf is not None:  # IDs in memory after all (a HEAD request, or a range just landed)
-            value = buf.take()
-            if value is not None:
-                node.stats.latency["id"].observe(clock() - started)
-                return PlainTextResponse(str(value))
         if not is_valid_tag(tag):
             return _bad_tag(tag)
         try:
             value = await node.next_id(tag)
         except IdPoolError as e:
             return _failure(tag, e)
-        node.stats.latency["id"].observe(clock() - started)
+        node.stats.latency["id"].observe(_clock() - started)
         return PlainTextResponse(str(value))
 
     async def many_ids(request: Request) -> Response:
-        started = clock()
+        started = _clock()
         tag: str = request.path_params["tag"]
         if not is_valid_tag(tag):
             return _bad_tag(tag)
@@ -224,7 +222,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         except IdPoolError as e:
             return _failure(tag, e)
         body = orjson.dumps({"tag": tag, "ids": ids})
-        node.stats.latency["ids"].observe(clock() - started)
+        node.stats.latency["ids"].observe(_clock() - started)
         return Response(body, media_type="application/json")
 
     async def healthz(request: Request) -> Response:
