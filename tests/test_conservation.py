@@ -20,6 +20,8 @@ from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 
+from .crash_waste import assert_only_the_killed_run_wasted
+
 TOTAL = 100_000
 pytestmark = pytest.mark.slow
 
@@ -141,17 +143,6 @@ def check_no_duplicates(ids: list[int], pooled: list[tuple[int, int]]) -> set[in
     return issued | in_pool
 
 
-def _blocks(ids: set[int]) -> list[tuple[int, int]]:
-    """The IDs as contiguous [start, end) blocks, in order."""
-    blocks: list[tuple[int, int]] = []
-    for i in sorted(ids):
-        if blocks and blocks[-1][1] == i:
-            blocks[-1] = (blocks[-1][0], i + 1)
-        else:
-            blocks.append((i, i + 1))
-    return blocks
-
-
 def test_graceful_restart_loses_nothing(settings: Settings, tag: str, tmp_path: Path) -> None:
     def restart_one(nodes: list[NodeProcess]) -> None:
         assert nodes[1].stop()
@@ -179,24 +170,5 @@ def test_kill_9_wastes_only_what_the_killed_node_held(
     assert len(ids) >= TOTAL
     accounted = check_no_duplicates(ids, pooled)
     missing = set(range(start, max_id)) - accounted
-    held = killed[0].held_ranges(0)  # the run that was killed
-    assert held, "the killed node's log names no range"
     runs = [(node, i) for node in nodes for i in range(len(node.logs))]
-    survivors_took = [
-        r for node, i in runs if (node, i) != (killed[0], 0) for r in node.held_ranges(i, False)
-    ]
-    lost = [i for i in missing if any(s <= i < e for s, e in survivors_took)]
-    assert not lost, f"{len(lost)} IDs lost from ranges that surviving nodes took"
-    # The killed node held more than its log names: its log line for a range
-    # comes after the pop returns, and its preloader's after the claim is marked
-    # in Redis. So one pop in flight (a block no wider than a range, inside a
-    # range some preloader logged as claimed) and one claim in flight (a block
-    # no log names at all) may be lost with it; nothing else may.
-    logged = [r for node, i in runs for r in node.held_ranges(i)]
-    widest = max(e - s for node, i in runs for s, e in node.held_ranges(i, False))
-    outside = _blocks({i for i in missing if not any(s <= i < e for s, e in held)})
-    popped = [(s, e) for s, e in outside if any(a <= s and e <= b for a, b in logged)]
-    unlogged = [(s, e) for s, e in outside if not any(a < e and s < b for a, b in logged)]
-    assert len(popped) <= 1 and all(e - s <= widest for s, e in popped), f"lost: {popped}"
-    assert len(unlogged) <= 1, f"IDs no log names lost: {unlogged}"
-    assert len(popped) + len(unlogged) == len(outside), f"lost outside the node's: {outside}"
+    assert_only_the_killed_run_wasted(missing, runs, (killed[0], 0))

@@ -23,6 +23,8 @@ from pool.sqlite_ledger import SqliteLedger
 from pool.sqlite_pool import SqlitePool
 from service.app import create_app
 
+from .crash_waste import assert_only_the_killed_run_wasted
+
 TAG = "orders"
 
 
@@ -128,10 +130,8 @@ def test_restarts_gracefully_without_waste_and_after_kill9_without_duplicates(
     assert len(issued) == len(set(issued)), "an ID was handed out twice"
     assert not pooled & set(issued)
     missing = set(range(start, max_id)) - set(issued) - pooled
-    held = node.held_ranges(killed_run)
-    assert all(any(s <= i < e for s, e in held) for i in missing), (
-        "waste outside what the killed node held"
-    )
+    runs = [(node, i) for i in range(len(node.logs))]
+    assert_only_the_killed_run_wasted(missing, runs, (node, killed_run))
 
 
 def test_a_node_with_a_mysql_url_never_starts_on_sqlite(tmp_path: Path) -> None:
