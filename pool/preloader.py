@@ -15,6 +15,7 @@ the ranges are abandoned and logged as waste, never pushed a second time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -27,14 +28,17 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
-from .errors import IdPoolError, StoreUnavailable
+from .errors import IdPoolError, MarkNotRaised, StoreBusy, StoreUnavailable
 from .ledger import TagRow
 from .ranges import IdRange
+from .redis_pool import PushResult
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
 
 logger = logging.getLogger("idpool.preloader")
+
+_BUSY_RETRIES = 3  # a push that found every connection busy (never sent) is sent again
 
 
 @dataclass
@@ -86,22 +90,28 @@ class Preloader:
         self._scheduler.start()
 
     async def close(self) -> None:
-        """Stop the schedule and wait for a tick under way, so its claims get pushed."""
+        """Wait for a tick under way, so its claims get pushed, then stop the schedule.
+
+        In that order: a scheduler shut down mid-tick cancels the job, and
+        apscheduler logs every cancelled job as an error.
+        """
         self._closing = True
-        if self._scheduler is not None:
-            scheduler, self._scheduler = self._scheduler, None
-            scheduler.shutdown(wait=False)
         pending = [t for t in (self._tick_task, *self._urgent) if t is not None and not t.done()]
         if pending:
             await asyncio.wait(pending)
+        if self._scheduler is not None:
+            scheduler, self._scheduler = self._scheduler, None
+            await asyncio.sleep(0)  # let the job see its tick end before the executor stops
+            scheduler.shutdown(wait=False)
 
     async def _scheduled_tick(self) -> None:
         if self._closing or (self._tick_task is not None and not self._tick_task.done()):
             return
-        # The tick runs as its own task: if the scheduler cancels this job on
-        # shutdown, a claim already made still gets pushed (or logged as waste).
+        # The tick runs as its own task: if the scheduler cancels this job, a
+        # claim already made still gets pushed (or logged as waste).
         self._tick_task = asyncio.ensure_future(self.refill_all())
-        await asyncio.shield(self._tick_task)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._tick_task)
 
     async def refill_all(self) -> list[RefillReport]:
         try:
@@ -193,7 +203,19 @@ class Preloader:
         return step, target
 
     async def _claim_and_push(self, report: RefillReport, tag: str, need: int) -> None:
-        claim = await self.claims.claim(tag, need)
+        try:
+            claim = await self.claims.claim(tag, need)
+        except MarkNotRaised as e:
+            # Claimed but unfenced: never pushed (a rewound MySQL could repeat it).
+            report.abandoned = [e.wasted]
+            self.wasted[tag, "mark_not_raised"] += len(e.wasted)
+            logger.error(
+                "event=range_abandoned tag=%s range=%s reason=mark_not_raised detail=%r",
+                tag,
+                e.wasted.to_text(),
+                e.detail,
+            )
+            raise
         log_refused(logger, tag, claim.refused, claim.raised_to)
         for refused in claim.refused:
             self.wasted[tag, "stale_ledger"] += len(refused)
@@ -201,7 +223,16 @@ class Preloader:
         ranges = claim.range.split(len(claim.range) // need)
         logger.info("event=range_claimed tag=%s range=%s for=pool", tag, claim.range.to_text())
         try:
-            result = await self.redis_pool.push(tag, ranges, head=False)
+            result = await self._push(tag, ranges)
+        except StoreBusy:
+            report.abandoned = ranges
+            self.wasted[tag, "push_not_sent"] += len(claim.range)
+            logger.error(
+                "event=range_abandoned tag=%s range=%s reason=push_not_sent",
+                tag,
+                claim.range.to_text(),
+            )
+            return
         except StoreUnavailable as e:
             # Maybe pushed, maybe not: never push again; count the range as waste.
             report.abandoned = ranges
@@ -225,6 +256,15 @@ class Preloader:
             len(ranges),
             result.depth,
         )
+
+    async def _push(self, tag: str, ranges: list[IdRange]) -> PushResult:
+        """Push, sending again only what was never sent (every connection busy)."""
+        for _ in range(_BUSY_RETRIES - 1):
+            try:
+                return await self.redis_pool.push(tag, ranges, head=False)
+            except StoreBusy:
+                continue
+        return await self.redis_pool.push(tag, ranges, head=False)
 
     async def _release(self, tag: str) -> None:
         try:

@@ -15,6 +15,8 @@ outcome as unknown (a push is abandoned, a pop is counted as lost).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -23,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from .errors import StoreUnavailable
+from .errors import StoreBusy, StoreUnavailable
 from .keys import Keys
 from .ranges import IdRange
 from .settings import Settings
@@ -57,16 +59,33 @@ local function ensure_clean()
 end
 """
 
-# KEYS[3] = pool list, KEYS[4] = stats hash.
-# Returns {dropped, range or false, depth after the pop, target depth or false}.
+# KEYS[3] = pool list, KEYS[4] = stats hash; ARGV[3] = IDs wanted, ARGV[4] = most
+# ranges to take. Takes head ranges until they hold the IDs wanted (at least one
+# range): a batch larger than a range is one call, not one per range.
+# Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
     _PRELUDE
     + """
 local dropped = ensure_clean()
-local range = redis.call('LPOP', KEYS[3])
-return {dropped, range, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
+local want, most, got, taken = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, {}
+repeat
+  local range = redis.call('LPOP', KEYS[3])
+  if not range then break end
+  taken[#taken + 1] = range
+  -- doubles: exact below 2^53, and only decides when to stop, never what is served
+  local first, last = string.match(range, '(%d+)-(%d+)')
+  got = got + tonumber(last) - tonumber(first) + 1
+until got >= want or #taken >= most
+return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
 """
 )
+
+# The most ranges one pop may take (a batch of IDPOOL_MAX_COUNT IDs at step 1).
+MAX_POP_RANGES = 10_000
+# At most this many commands in flight per client, so redis-py's pool (sized to
+# match) is never found full: a full pool raises at once, and a command that was
+# never sent must not be taken for a Redis fault or an ambiguous write.
+MAX_CONNECTIONS = 32
 
 # KEYS[3] = pool list; ARGV[3] = tag, ARGV[4] = 'head' or 'tail', ARGV[5..] = ranges
 # in the order they should be served. Returns {dropped, new length}.
@@ -105,10 +124,24 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class PopResult(NamedTuple):
-    range: IdRange | None
+    ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
     dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
     depth: int = 0  # ranges left in the list after the pop
     target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
+
+    @property
+    def range(self) -> IdRange | None:
+        """The first range taken, or None when the list was empty."""
+        return self.ranges[0] if self.ranges else None
+
+
+class PoolSummary(NamedTuple):
+    """A list's state from O(1) reads: what /status and /metrics show per tag."""
+
+    depth: int
+    head: IdRange | None
+    ids: int  # the head range's IDs plus (depth - 1) full ranges of the published step
+    stats: dict[str, str]
 
 
 class PushResult(NamedTuple):
@@ -126,14 +159,14 @@ def make_client(settings: Settings) -> aioredis.Redis:
         retry_on_error=[],
         retry_on_timeout=False,
         decode_responses=True,
-        max_connections=32,
+        max_connections=MAX_CONNECTIONS,
     )
 
 
 class RedisPool:
     name = "redis"  # in /status, /metrics and 503 messages
 
-    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, slot_wait: float = 2.0) -> None:
         self.client = client
         self.keys = keys
         self._pop = client.register_script(_POP)
@@ -141,10 +174,12 @@ class RedisPool:
         self._raise_hwm = client.register_script(_RAISE_HWM)
         self._release = client.register_script(_RELEASE)
         self._closed = False
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._slot_wait = slot_wait  # how long a command waits for a free connection
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisPool:
-        return cls(make_client(settings), Keys(settings.redis_prefix))
+        return cls(make_client(settings), Keys(settings.redis_prefix), settings.store_timeout)
 
     async def close(self) -> None:
         if self._closed:
@@ -165,16 +200,18 @@ class RedisPool:
         keys = [self.keys.pools, self.keys.incarnation, self.keys.pool(tag)]
         return keys, [self.keys.clean_prefix, self.keys.pool("")]
 
-    async def pop(self, tag: str) -> PopResult:
-        """Take the head range of the tag's list, or None when the list is empty.
+    async def pop(self, tag: str, ids: int = 1) -> PopResult:
+        """Take head ranges holding at least ``ids`` IDs (at least one range), or
+        none when the list is empty.
 
         On an error the pop may have happened: whatever it took is lost, never
         handed out; the caller just fetches elsewhere.
         """
         keys, args = self._pool_args(tag)
         keys.append(self.keys.stats(tag))
-        dropped, text, depth, target = await self._call(self._pop, keys, args)
-        taken = None if text is None else IdRange.from_text(text)
+        args += [str(ids), str(MAX_POP_RANGES)]
+        dropped, texts, depth, target = await self._call(self._pop, keys, args)
+        taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, list(dropped), int(depth), int(target or 0))
 
     async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
@@ -193,6 +230,23 @@ class RedisPool:
     async def ranges(self, tag: str) -> list[IdRange]:
         texts = await self._plain(self.client.lrange(self.keys.pool(tag), 0, -1))
         return [IdRange.from_text(t) for t in texts]
+
+    async def summaries(self, tags: Sequence[str]) -> dict[str, PoolSummary]:
+        """Depth, head range and stats of each tag's list: three O(1) reads per
+        tag, in one round trip (never the whole list, however deep)."""
+        if not tags:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.llen(self.keys.pool(tag))
+                pipe.lindex(self.keys.pool(tag), 0)
+                pipe.hgetall(self.keys.stats(tag))
+            replies = await self._plain(pipe.execute())
+        found = {}
+        for i, tag in enumerate(tags):
+            depth, head_text, stats = replies[3 * i : 3 * i + 3]
+            found[tag] = summary(int(depth), head_text, dict(stats))
+        return found
 
     async def tags(self) -> list[str]:
         return sorted(await self._plain(self.client.smembers(self.keys.pools)))
@@ -242,9 +296,29 @@ class RedisPool:
 
     async def _plain(self, awaitable: Any) -> Any:
         try:
+            async with asyncio.timeout(self._slot_wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never started: nothing was sent
+            raise StoreBusy(
+                "redis",
+                f"all {MAX_CONNECTIONS} connections stayed busy for {self._slot_wait}s; "
+                "command not sent",
+            ) from None
+        try:
             return await awaitable
         except _ERRORS as e:
             raise StoreUnavailable("redis", _describe(e)) from e
+        finally:
+            self._slots.release()
+
+
+def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
+    head = None if head_text is None else IdRange.from_text(head_text)
+    step = int(stats.get("step", 0))
+    ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
+    return PoolSummary(depth, head, ids, stats)
 
 
 def _describe(e: BaseException) -> str:

@@ -67,8 +67,12 @@ class Settings:
     lease_seconds: float = 10.0
     # IDPOOL_STORE_TIMEOUT: seconds a single MySQL or Redis call may take
     store_timeout: float = 2.0
-    # IDPOOL_UNKNOWN_TAG_TTL: seconds an unknown tag is remembered as unknown
+    # IDPOOL_UNKNOWN_TAG_TTL: a request for a tag the node does not know makes it reload
+    # the ledger's tag list, at most once per this many seconds (however many names)
     unknown_tag_ttl: float = 1.0
+    # IDPOOL_IDLE_SECONDS: a tag not requested at a node for this long has its buffer
+    # returned to the pool and dropped there (0 keeps buffers until shutdown)
+    idle_seconds: float = 300.0
     # IDPOOL_ADMIN_TOKEN: bearer token for the admin API; empty turns the admin API off
     admin_token: str = field(default="", repr=False)
 
@@ -100,6 +104,8 @@ class Settings:
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
             (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
+            (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
+            (self.idle_seconds >= 0, "IDPOOL_IDLE_SECONDS must be 0 or more"),
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
         ]
         for ok, message in checks:

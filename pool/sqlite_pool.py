@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 
 from .ranges import IdRange
-from .redis_pool import PopResult, PushResult
+from .redis_pool import MAX_POP_RANGES, PoolSummary, PopResult, PushResult, summary
 from .settings import Settings
 from .sqlite_file import SqliteFile
 
@@ -62,19 +62,26 @@ class SqlitePool:
     async def check(self) -> None:
         await self.file.read(lambda conn: conn.execute("SELECT 1").fetchone())
 
-    async def pop(self, tag: str) -> PopResult:
-        """Take the head range of the tag's pool, or None when it is empty."""
+    async def pop(self, tag: str, ids: int = 1) -> PopResult:
+        """Take head ranges holding at least ``ids`` IDs (at least one range), or
+        none when the pool is empty."""
 
         def op(conn: sqlite3.Connection) -> PopResult:
-            # One write transaction: no other pop (any process) can take the same row.
-            head = conn.execute(
-                "SELECT seq, first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq LIMIT 1",
+            # One write transaction: no other pop (any process) can take the same rows.
+            rows = conn.execute(
+                "SELECT seq, first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq",
                 (tag,),
-            ).fetchone()
-            taken = None
-            if head is not None:
-                conn.execute("DELETE FROM idpool_pool WHERE tag = ? AND seq = ?", (tag, head[0]))
-                taken = IdRange(head[1], head[2] + 1)
+            )
+            taken: list[IdRange] = []
+            got = 0
+            for seq, first, last in rows:
+                if got >= ids or len(taken) >= MAX_POP_RANGES:
+                    break
+                taken.append(IdRange(first, last + 1))
+                got += last + 1 - first
+                last_seq = seq
+            if taken:
+                conn.execute("DELETE FROM idpool_pool WHERE tag = ? AND seq <= ?", (tag, last_seq))
             target = _stats(conn, tag).get("target_depth", "0")
             return PopResult(taken, [], _depth(conn, tag), int(target))
 
@@ -102,6 +109,20 @@ class SqlitePool:
 
     async def ranges(self, tag: str) -> list[IdRange]:
         return await self.file.read(lambda conn: _ranges(conn, tag))
+
+    async def summaries(self, tags: Sequence[str]) -> dict[str, PoolSummary]:
+        def op(conn: sqlite3.Connection) -> dict[str, PoolSummary]:
+            found = {}
+            for tag in tags:
+                head = conn.execute(
+                    "SELECT first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq LIMIT 1",
+                    (tag,),
+                ).fetchone()
+                text = None if head is None else f"{head[0]}-{head[1]}"
+                found[tag] = summary(_depth(conn, tag), text, _stats(conn, tag))
+            return found
+
+        return await self.file.read(op)
 
     async def tags(self) -> list[str]:
         def op(conn: sqlite3.Connection) -> list[str]:

@@ -12,6 +12,7 @@ from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import NodeApp, create_app
+from service.health import PROBE_EVERY
 
 from .conftest import TEST_DATABASE
 
@@ -33,6 +34,17 @@ def pool_ranges(settings: Settings, tag: str) -> list[str]:
             return [r.to_text() for r in await pool.ranges(tag)]
         finally:
             await pool.close()
+
+    return asyncio.run(go())
+
+
+def ledger_max_id(settings: Settings, tag: str) -> int:
+    async def go() -> int:
+        ledger = await Ledger.connect(settings)
+        try:
+            return (await ledger.get_tag(tag)).max_id
+        finally:
+            await ledger.close()
 
     return asyncio.run(go())
 
@@ -201,17 +213,29 @@ def proxied(settings: Settings) -> Iterator[tuple[Settings, TcpProxy, TcpProxy]]
     redis.cut()
 
 
-def test_redis_down_claims_from_mysql_without_failures(
+def test_redis_down_serves_the_buffers_and_never_claims_unfenced(
     proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
 ) -> None:
+    # A claim needs the high-water mark in Redis (issue 10, defect 1): while Redis
+    # is down a node serves what its buffers hold, then answers 503 naming Redis;
+    # it never serves a range MySQL could repeat after a rewind.
     s, _, redis = proxied
     add_tag(s, tag, step=10)
     with TestClient(create_app(s)) as c:
-        assert c.get(f"/id/{tag}").text == "1"
+        assert [c.get(f"/id/{tag}").text for _ in range(2)] == ["1", "2"]
+        asyncio.run(asyncio.sleep(0.3))  # let the prefetch (started at ID 2) land
+        claimed = ledger_max_id(s, tag)
         redis.cut()
-        responses = [c.get(f"/id/{tag}") for _ in range(60)]
-        assert [r.status_code for r in responses] == [200] * 60
-        assert [int(r.text) for r in responses] == list(range(2, 62))
+        responses = [c.get(f"/id/{tag}") for _ in range(25)]
+        served = [int(r.text) for r in responses if r.status_code == 200]
+        assert served == list(range(3, 21))  # both buffers, to the last ID
+        failed = [r for r in responses if r.status_code != 200]
+        assert {r.status_code for r in failed} == {503}
+        assert "redis" in failed[-1].json()["message"]
+        assert ledger_max_id(s, tag) == claimed  # nothing claimed without the mark
+        redis.restore()
+        asyncio.run(asyncio.sleep(1.1))  # the skip window after the last Redis error
+        assert int(c.get(f"/id/{tag}").text) > 20
 
 
 def test_mysql_down_serves_from_the_pool(
@@ -242,6 +266,7 @@ def test_both_down_is_503_naming_them_then_recovers(
         asyncio.run(asyncio.sleep(0.3))  # let the prefetch of the second range land
         mysql.cut()
         redis.cut()
+        asyncio.run(asyncio.sleep(PROBE_EVERY + 0.5))  # the health probe sees both go
         served = []
         for _ in range(20):
             r = c.get(f"/id/{tag}")

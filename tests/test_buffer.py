@@ -22,7 +22,8 @@ class FakeSupply:
         self.fail: BaseException | None = None
         self.gate: asyncio.Event | None = None
 
-    async def __call__(self, tag: str) -> IdRange:
+    async def __call__(self, tag: str, ids: int = 1) -> list[IdRange]:
+        """Whole ranges of `step` holding at least `ids` IDs, as a pool pop gives."""
         self.calls += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -30,9 +31,11 @@ class FakeSupply:
             await asyncio.sleep(self.delay)
         if self.fail is not None:
             raise self.fail
-        r = IdRange(self.next_start, self.next_start + self.step)
-        self.next_start = r.end
-        return r
+        ranges = []
+        while not ranges or sum(map(len, ranges)) < ids:
+            ranges.append(IdRange(self.next_start, self.next_start + self.step))
+            self.next_start = ranges[-1].end
+        return ranges
 
 
 async def test_switch_has_no_gap_and_no_repeat() -> None:
