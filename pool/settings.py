@@ -44,6 +44,10 @@ class Settings:
     # IDPOOL_PREFETCH_AT: fraction of the current range used before the next is fetched;
     # 1 turns the prefetch off (a single buffer, refilled when empty: requests then wait)
     prefetch_at: float = 0.1
+    # IDPOOL_RESERVE_SECONDS: each node keeps at least this many seconds of its own
+    # consumption per tag in memory. A new range needs Redis (for the high-water
+    # mark), so this is how long a node rides out Redis being down or failing over.
+    reserve_seconds: float = 30.0
     # IDPOOL_MAX_COUNT: largest count accepted by GET /ids/{tag}
     max_count: int = 10_000
     # IDPOOL_PRELOAD: run the preloader job inside each service process
@@ -106,6 +110,7 @@ class Settings:
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
             (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
             (self.idle_seconds >= 0, "IDPOOL_IDLE_SECONDS must be 0 or more"),
+            (self.reserve_seconds >= 0, "IDPOOL_RESERVE_SECONDS must be 0 or more"),
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
         ]
         for ok, message in checks:

@@ -281,6 +281,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             prefetch_at=settings.prefetch_at,
             tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl),
             idle_seconds=settings.idle_seconds,
+            reserve_seconds=settings.reserve_seconds,
         )
         snapshots = status.SnapshotCache(
             lambda: status.snapshot(node, ledger, pool, preloader.wasted)

@@ -26,6 +26,7 @@ Fetch = Callable[[str, int], Awaitable[list[IdRange]]]  # (tag, IDs wanted) -> r
 Finished = Callable[[str, int, float], None]
 _NEVER = MAX_ID + 1  # a trigger no ID reaches (an int: int-to-float compares cost more)
 RETRY_BACKOFF = 0.2  # seconds between background fetches after a failed one
+_MIN_RATE_SPAN = 0.05  # seconds: a rate is measured over at least this long
 
 
 class Draining(IdPoolError):
@@ -34,12 +35,24 @@ class Draining(IdPoolError):
 
 class SegmentBuffer:
     def __init__(
-        self, tag: str, fetch: Fetch, prefetch_at: float, on_finished: Finished | None = None
+        self,
+        tag: str,
+        fetch: Fetch,
+        prefetch_at: float,
+        on_finished: Finished | None = None,
+        reserve_seconds: float = 0.0,
     ) -> None:
         self.tag = tag
         self._fetch = fetch
         self._prefetch_at = prefetch_at
         self._on_finished = on_finished
+        # Hold at least this many seconds of this buffer's own consumption: a
+        # claim needs Redis, so while Redis is down or failing over, this is
+        # what the node serves from.
+        self.reserve_seconds = reserve_seconds
+        self.rate = 0.0  # IDs/s served here, measured over the last range used up
+        self._rate_since = time.monotonic()
+        self._rate_issued = 0
         self._issued_before = 0  # IDs handed out from ranges before `current`
         self._installed_at = 0.0
         self.current: IdRange | None = None
@@ -171,22 +184,42 @@ class SegmentBuffer:
             self._issued_before += self._cur - old.start
             if self._cur >= self._end and self._on_finished is not None:
                 self._on_finished(self.tag, len(old), now - self._installed_at)
+        if now - self._rate_since >= _MIN_RATE_SPAN:
+            self.rate = (self._issued_before - self._rate_issued) / (now - self._rate_since)
+            self._rate_since, self._rate_issued = now, self._issued_before
         self._installed_at = now
         self.current = new
         self._cur = new.start
         self._end = new.end
-        self._trigger = new.start + int(len(new) * self._prefetch_at)
-        if self.ready or self._task is not None:
+        self._arm()
+
+    def _reserve_ids(self) -> int:
+        return int(self.rate * self.reserve_seconds)
+
+    def _arm(self) -> None:
+        """Set the ID whose take starts the next fetch: Leaf's point in the
+        current range when nothing is ready, or where what is left in memory
+        falls under the reserve, whichever comes first."""
+        if self._task is not None or self.draining or self.current is None:
             self._trigger = _NEVER
+            return
+        trigger = _NEVER
+        if not self.ready:
+            trigger = self.current.start + int(len(self.current) * self._prefetch_at)
+        reserve = self._reserve_ids()
+        if reserve:
+            trigger = min(trigger, max(self._cur, self._end + self._ready_ids - reserve))
+        self._trigger = trigger
 
     def _prefetch(self) -> None:
-        if self.ready or self._task is not None or self.draining:
+        if self._task is not None or self.draining:
             self._trigger = _NEVER
             return
         if time.monotonic() < self._retry_at:
             return  # stays armed: the next take tries again after the backoff
         self._trigger = _NEVER
-        self._start_fetch(1)
+        # One fetch for what the reserve lacks (at least one range).
+        self._start_fetch(max(1, self._reserve_ids() - self.in_memory))
 
     def _start_fetch(self, ids: int) -> asyncio.Task[None]:
         task = asyncio.ensure_future(self._fetch_next(ids))
@@ -211,6 +244,8 @@ class SegmentBuffer:
         self._ready_ids += sum(map(len, fetched))
         if self._cur >= self._end:
             self._switch()  # nothing being served: use the first at once
+        else:
+            self._arm()
 
     async def _wait_for(self, ids: int) -> None:
         """Wait for a fetch to land: the one under way, or a new one for ``ids`` IDs."""

@@ -189,8 +189,10 @@ class Node:
         prefetch_at: float,
         tags: TagDirectory | None = None,
         idle_seconds: float = 0.0,
+        reserve_seconds: float = 0.0,
     ) -> None:
         self.source = source
+        self.reserve_seconds = reserve_seconds
         self.stats = source.stats
         self.health = source.health
         self.prefetch_at = prefetch_at
@@ -230,7 +232,11 @@ class Node:
             if self.draining:
                 raise Draining("node is shutting down")
             buf = SegmentBuffer(
-                tag, self.source.fetch, self.prefetch_at, self.source.report_finished
+                tag,
+                self.source.fetch,
+                self.prefetch_at,
+                self.source.report_finished,
+                self.reserve_seconds,
             )
             self.buffers[tag] = buf
         return buf

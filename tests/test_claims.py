@@ -6,8 +6,8 @@ import pytest
 from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
 from pool.errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreUnavailable
 from pool.ledger import TABLE, Ledger
-from pool.ranges import IdRange
 from pool.preloader import Preloader
+from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 
