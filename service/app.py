@@ -56,7 +56,7 @@ class Running:
     ledger: LedgerStore
     pool: PoolStore
     preloader: Preloader
-    snapshots: status.SnapshotCache
+    store_reads: status.StoreReadsCache
 
 
 def json_response(body: object, status_code: int = 200) -> Response:
@@ -258,7 +258,8 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         return PlainTextResponse("ready")
 
     async def take_snapshot() -> status.Snapshot:
-        return await state["run"].snapshots.get()
+        run = state["run"]
+        return status.assemble(run.node, await run.store_reads.get(), run.preloader.wasted)
 
     async def status_json(request: Request) -> Response:
         return json_response(await take_snapshot())
@@ -283,10 +284,10 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             idle_seconds=settings.idle_seconds,
             reserve_seconds=settings.reserve_seconds,
         )
-        snapshots = status.SnapshotCache(
-            lambda: status.snapshot(node, ledger, pool, preloader.wasted)
+        store_reads = status.StoreReadsCache(
+            lambda: status.read_stores(ledger, pool, sorted(node.buffers))
         )
-        state["run"] = Running(node, ledger, pool, preloader, snapshots)
+        state["run"] = Running(node, ledger, pool, preloader, store_reads)
         app.node = node
         background = [
             asyncio.ensure_future(node.run_housekeeping()),

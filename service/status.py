@@ -10,35 +10,67 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pool.errors import StoreUnavailable
+from pool.ledger import TagRow
 from pool.redis_pool import PoolSummary
-from pool.stores import LedgerStore, PoolStore, store_name
+from pool.stores import LedgerStore, PoolStore
 
 from .node import Node
 from .stats import rates
 
 Snapshot = dict[str, Any]
-SNAPSHOT_SECONDS = 1.0  # scrapes within this long of a snapshot share it
+STORE_READS_SECONDS = 1.0  # scrapes within this long share one round of store reads
 
 
-class SnapshotCache:
-    """One snapshot at a time, reused for SNAPSHOT_SECONDS: however many scrapers
-    call, the stores see at most one round of reads a second."""
+@dataclass
+class StoreView:
+    """What the stores said about some tags: ledger rows, list summaries, and
+    the errors met reading them."""
 
-    def __init__(self, take: Callable[[], Awaitable[Snapshot]]) -> None:
-        self._take = take
-        self._task: asyncio.Task[Snapshot] | None = None
-        self._taken_at = -SNAPSHOT_SECONDS
+    rows: dict[str, TagRow] = field(default_factory=dict)
+    pooled: dict[str, PoolSummary] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # store -> detail
 
-    async def get(self) -> Snapshot:
+
+async def read_stores(
+    ledger: LedgerStore, pool: PoolStore | None, names: Sequence[str]
+) -> StoreView:
+    """O(1) reads per tag: the rows of ``names`` and one pipelined round of list
+    summaries (never a whole list)."""
+    view = StoreView()
+    try:
+        view.rows = {row.tag: row for row in await ledger.list_tags(names)}
+    except StoreUnavailable as e:
+        view.errors[e.store] = e.detail
+    if pool is not None:
+        try:
+            view.pooled = await pool.summaries(names)
+        except StoreUnavailable as e:
+            view.errors[e.store] = e.detail
+    return view
+
+
+class StoreReadsCache:
+    """One round of store reads at a time, reused for STORE_READS_SECONDS: however
+    many scrapers call, the stores see at most one round a second. The node's
+    own state (buffers, counters) is read fresh by every scrape."""
+
+    def __init__(self, read: Callable[[], Awaitable[StoreView]]) -> None:
+        self._read = read
+        self._task: asyncio.Task[StoreView] | None = None
+        self._started_at = -STORE_READS_SECONDS
+
+    async def get(self) -> StoreView:
         task = self._task
-        if task is None or (task.done() and time.monotonic() - self._taken_at >= SNAPSHOT_SECONDS):
-            self._taken_at = time.monotonic()
-            task = self._task = asyncio.ensure_future(self._take())
-        # shield: a scraper that hangs up must not cancel the snapshot others wait on
+        stale = time.monotonic() - self._started_at >= STORE_READS_SECONDS
+        if task is None or (task.done() and stale):
+            self._started_at = time.monotonic()
+            task = self._task = asyncio.ensure_future(self._read())
+        # shield: a scraper that hangs up must not cancel the reads others wait on
         return await asyncio.shield(task)
 
 
@@ -49,31 +81,33 @@ async def snapshot(
     preloader_waste: Counter[tuple[str, str]] | None = None,
     tags: list[str] | None = None,
 ) -> Snapshot:
-    """The node and the tags it serves (or ``tags``), from O(1) reads per tag:
-    the store health comes from the background probes, not from this call."""
+    """The node and the tags it serves (or ``tags``), read fresh from the stores."""
     names = sorted(node.buffers) if tags is None else tags
-    stores: dict[str, dict[str, Any]] = {}
+    return assemble(node, await read_stores(ledger, pool, names), preloader_waste, names)
+
+
+def assemble(
+    node: Node,
+    view: StoreView,
+    preloader_waste: Counter[tuple[str, str]] | None = None,
+    tags: list[str] | None = None,
+) -> Snapshot:
+    """The snapshot from the node's own state now and what the stores said.
+    Store health comes from the background probes, not from this call."""
+    names = sorted(node.buffers) if tags is None else tags
     health = node.health
+    stores: dict[str, dict[str, Any]] = {}
     for store in filter(None, (health.ledger_name, health.pool_name)):
         stores[store] = {"up": health.is_up(store), "error": None}
-    rows: dict[str, Any] = {}
-    try:
-        rows = {row.tag: row for row in await ledger.list_tags(names)}
-    except StoreUnavailable as e:
-        stores[health.ledger_name] = {"up": False, "error": e.detail}
-    pooled: dict[str, PoolSummary] = {}
-    if pool is not None:
-        try:
-            pooled = await pool.summaries(names)
-        except StoreUnavailable as e:
-            stores[store_name(pool, "redis")] = {"up": False, "error": e.detail}
+    for store, detail in view.errors.items():
+        stores[store] = {"up": False, "error": detail}
     for store, (when, detail) in health.last_error.items():
         stores.setdefault(store, {"up": True, "error": None})["last_error"] = {
             "at": when,
             "detail": detail,
         }
     waste = Counter[tuple[str, str]]() if preloader_waste is None else preloader_waste
-    tag_entries = [_tag(node, tag, rows.get(tag), pooled.get(tag), waste) for tag in names]
+    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag), waste) for tag in names]
     return {
         "node": {
             "pid": os.getpid(),
@@ -84,7 +118,7 @@ async def snapshot(
             "store_errors": dict(node.stats.store_errors),
         },
         "stores": stores,
-        "tags": tag_entries,
+        "tags": entries,
     }
 
 
@@ -127,6 +161,8 @@ def _tag(
             "remaining": buf.remaining,
             "next": None if buf.next is None else buf.next.to_text(),
             "next_ready": buf.next is not None,
+            "ready": [r.to_text() for r in buf.ready],  # served after current, in order
+            "in_memory": buf.in_memory,
             "fetching": buf.fetching,
         }
     if pooled is not None:
