@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
@@ -59,9 +59,11 @@ local function ensure_clean()
 end
 """
 
-# KEYS[3] = pool list, KEYS[4] = stats hash; ARGV[3] = IDs wanted, ARGV[4] = most
-# ranges to take. Takes head ranges until they hold the IDs wanted (at least one
-# range): a batch larger than a range is one call, not one per range.
+# KEYS[3] = pool list, KEYS[4] = stats hash, KEYS[5] = moved set; ARGV[3] = IDs
+# wanted, ARGV[4] = most ranges to take, ARGV[5] = tag. Takes head ranges until
+# they hold the IDs wanted (at least one range): a batch larger than a range is
+# one call, not one per range. The tag goes into the moved set, so the active
+# preloader looks at it on its next tick.
 # Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
     _PRELUDE
@@ -76,6 +78,7 @@ repeat
   local first, last = string.match(range, '(%d+)-(%d+)')
   got = got + tonumber(last) - tonumber(first) + 1
 until got >= want or #taken >= most
+redis.call('SADD', KEYS[5], ARGV[5])
 return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
 """
 )
@@ -114,10 +117,27 @@ redis.call('SET', KEYS[1], new)
 return new
 """
 
-# KEYS[1] = lease; ARGV[1] = owner. Delete only our own lease.
-_RELEASE = """
+# KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
+_LEAD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS[1] = preloader lease; ARGV[1] = owner. Delete only our own lease.
+_RESIGN = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# KEYS[1] = moved set. Read and empty it in one step: a tag added meanwhile is
+# either read now or left for the next tick, never lost.
+_TAKE_MOVED = """
+local tags = redis.call('SMEMBERS', KEYS[1])
+redis.call('DEL', KEYS[1])
+return tags
 """
 
 _ERRORS = (RedisError, OSError, TimeoutError)
@@ -172,7 +192,9 @@ class RedisPool:
         self._pop = client.register_script(_POP)
         self._push = client.register_script(_PUSH)
         self._raise_hwm = client.register_script(_RAISE_HWM)
-        self._release = client.register_script(_RELEASE)
+        self._lead = client.register_script(_LEAD)
+        self._resign = client.register_script(_RESIGN)
+        self._take_moved = client.register_script(_TAKE_MOVED)
         self._closed = False
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._slot_wait = slot_wait  # how long a command waits for a free connection
@@ -208,8 +230,8 @@ class RedisPool:
         handed out; the caller just fetches elsewhere.
         """
         keys, args = self._pool_args(tag)
-        keys.append(self.keys.stats(tag))
-        args += [str(ids), str(MAX_POP_RANGES)]
+        keys += [self.keys.stats(tag), self.keys.moved]
+        args += [str(ids), str(MAX_POP_RANGES), tag]
         dropped, texts, depth, target = await self._call(self._pop, keys, args)
         taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, list(dropped), int(depth), int(target or 0))
@@ -258,9 +280,30 @@ class RedisPool:
     async def raise_high_water(self, tag: str, value: int) -> int:
         return int(await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)]))
 
-    async def count_taken(self, tag: str, ids: int) -> None:
-        """Add to the tag's count of IDs taken by nodes (the consumption signal)."""
-        await self._plain(self.client.hincrby(self.keys.stats(tag), "taken", ids))
+    async def report_issued(self, counts: Mapping[str, int]) -> None:
+        """Add IDs a node handed out to each tag's ``issued`` count (the consumption
+        signal), and mark the tags moved: one round trip for all of them."""
+        if not counts:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag, ids in counts.items():
+                pipe.hincrby(self.keys.stats(tag), "issued", ids)
+            pipe.sadd(self.keys.moved, *counts)
+            await self._plain(pipe.execute())
+
+    async def take_moved(self) -> list[str]:
+        """The tags that moved since the last call (read and emptied at once)."""
+        return sorted(await self._call(self._take_moved, [self.keys.moved], []))
+
+    async def depths(self, tags: Sequence[str]) -> dict[str, int]:
+        """Each list's depth: one LLEN per tag, in one round trip."""
+        if not tags:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.llen(self.keys.pool(tag))
+            replies = await self._plain(pipe.execute())
+        return {tag: int(n) for tag, n in zip(tags, replies, strict=True)}
 
     async def report_lifetime(self, tag: str, ids: int, seconds: float) -> None:
         """A node finished a range of ``ids`` IDs that it served for ``seconds``."""
@@ -271,8 +314,17 @@ class RedisPool:
         return dict(await self._plain(self.client.hgetall(self.keys.stats(tag))))
 
     async def write_stats(self, tag: str, fields: dict[str, str]) -> None:
-        mapping: dict[Any, Any] = dict(fields)
-        await self._plain(self.client.hset(self.keys.stats(tag), mapping=mapping))
+        await self.write_stats_many({tag: fields})
+
+    async def write_stats_many(self, figures: Mapping[str, dict[str, str]]) -> None:
+        """HSET each tag's figures, all in one round trip."""
+        if not figures:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag, fields in figures.items():
+                mapping: dict[Any, Any] = dict(fields)
+                pipe.hset(self.keys.stats(tag), mapping=mapping)
+            await self._plain(pipe.execute())
 
     async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
         """Read and clear the last reported range lifetime: one observation, one decision."""
@@ -284,12 +336,14 @@ class RedisPool:
             return None
         return int(ids), float(seconds)
 
-    async def acquire_lease(self, tag: str, owner: str, seconds: float) -> bool:
-        ms = max(1, int(seconds * 1000))
-        return bool(await self._plain(self.client.set(self.keys.lease(tag), owner, nx=True, px=ms)))
+    async def lead(self, owner: str, seconds: float) -> bool:
+        """Become (or stay) the one active preloader for ``seconds``; False when
+        another holds the lease."""
+        ms = str(max(1, int(seconds * 1000)))
+        return bool(await self._call(self._lead, [self.keys.preloader], [owner, ms]))
 
-    async def release_lease(self, tag: str, owner: str) -> None:
-        await self._call(self._release, [self.keys.lease(tag)], [owner])
+    async def resign(self, owner: str) -> None:
+        await self._call(self._resign, [self.keys.preloader], [owner])
 
     async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
         return await self._plain(script(keys=keys, args=args))

@@ -67,8 +67,16 @@ class Settings:
     rate_window: float = 60.0
     # IDPOOL_PRELOAD_INTERVAL: seconds between preloader ticks
     preload_interval: float = 1.0
-    # IDPOOL_LEASE_SECONDS: how long one preloader holds a tag's refill lease
+    # IDPOOL_LEASE_SECONDS: how long the active preloader's lease lasts unless renewed
+    # (each tick renews it); a standby takes over this long after the holder died
     lease_seconds: float = 10.0
+    # IDPOOL_SWEEP_SECONDS: how often the active preloader reads every list's depth
+    # (one pipelined round) and fills those under IDPOOL_POOL_DEPTH; between sweeps
+    # it visits only the tags that moved
+    sweep_seconds: float = 60.0
+    # IDPOOL_REPORT_SECONDS: how often a node reports the IDs it handed out per tag
+    # (the consumption the pool is sized by)
+    report_seconds: float = 2.0
     # IDPOOL_STORE_TIMEOUT: seconds a single MySQL or Redis call may take
     store_timeout: float = 2.0
     # IDPOOL_UNKNOWN_TAG_TTL: a request for a tag the node does not know makes it reload
@@ -107,6 +115,8 @@ class Settings:
             (self.rate_window > 0, "IDPOOL_RATE_WINDOW must be positive"),
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
             (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
+            (self.sweep_seconds > 0, "IDPOOL_SWEEP_SECONDS must be positive"),
+            (self.report_seconds > 0, "IDPOOL_REPORT_SECONDS must be positive"),
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
             (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
             (self.idle_seconds >= 0, "IDPOOL_IDLE_SECONDS must be 0 or more"),

@@ -283,6 +283,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl),
             idle_seconds=settings.idle_seconds,
             reserve_seconds=settings.reserve_seconds,
+            report_seconds=settings.report_seconds,
         )
         store_reads = status.StoreReadsCache(
             lambda: status.read_stores(ledger, pool, sorted(node.buffers))

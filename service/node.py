@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,6 @@ class RangeSource:
             self.stats.waste(tag, "stale_ledger", len(refused))
         self.stats.tags[tag].ranges_from_ledger += 1
         logger.info("event=range_taken tag=%s range=%s source=ledger", tag, claim.range.to_text())
-        self._count_taken(tag, len(claim.range))
         return [*taken, claim.range]
 
     def report_finished(self, tag: str, ids: int, seconds: float) -> None:
@@ -118,10 +118,6 @@ class RangeSource:
     async def close(self) -> None:
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
-
-    def _count_taken(self, tag: str, ids: int) -> None:
-        if self.redis_pool is not None and time.monotonic() >= self._skip_redis_until:
-            self.spawn(self.redis_pool.count_taken(tag, ids))
 
     def _with_probed(self, errors: list[StoreUnavailable]) -> list[StoreUnavailable]:
         """The errors met, plus stores the health probe found down: a claim that
@@ -171,7 +167,6 @@ class RangeSource:
             self.claims.observe(tag, taken)
             self.stats.tags[tag].ranges_from_pool += 1
             logger.info("event=range_taken tag=%s range=%s source=pool", tag, taken.to_text())
-            self._count_taken(tag, len(taken))
         return result.ranges
 
 
@@ -190,6 +185,7 @@ class Node:
         tags: TagDirectory | None = None,
         idle_seconds: float = 0.0,
         reserve_seconds: float = 0.0,
+        report_seconds: float = 2.0,
     ) -> None:
         self.source = source
         self.reserve_seconds = reserve_seconds
@@ -201,7 +197,10 @@ class Node:
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}
         self.draining = False
+        self.report_seconds = report_seconds
         self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
+        self._reported: dict[str, int] = {}  # tag -> its buffer's `issued` as last reported
+        self._unreported: Counter[str] = Counter()  # IDs handed out by buffers since dropped
         self._shutdown_report: ShutdownReport | None = None
 
     def not_ready(self) -> str | None:
@@ -286,6 +285,7 @@ class Node:
         """
         del self.buffers[tag]
         self._activity.pop(tag, None)
+        self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         remainder = buf.drain_now()
         # Counters stay (one small entry per real tag); the chart's history goes.
         self.stats.tags[tag].history.clear()
@@ -293,10 +293,42 @@ class Node:
         if remainder:
             self.source.spawn(self._return(tag, remainder, ShutdownReport()))
 
+    async def report(self) -> None:
+        """Tell the preloader how many IDs this node handed out per tag since the
+        last report: the consumption the pool is sized by. One round trip."""
+        pool = self.source.redis_pool
+        if pool is None:
+            return
+        dropped = dict(self._unreported)  # from buffers released as idle
+        seen = {t: (b, b.issued, self._reported.get(t, 0)) for t, b in self.buffers.items()}
+        counts = Counter(dropped)
+        for tag, (_, issued, base) in seen.items():
+            counts[tag] += issued - base
+        counts = Counter({tag: n for tag, n in counts.items() if n > 0})
+        if not counts:
+            return
+        try:
+            await pool.report_issued(counts)
+        except StoreUnavailable:
+            return  # sent again next time (if it landed after all, a rate reads high a while)
+        # Buffers may have been released meanwhile: take off exactly what was sent.
+        self._unreported.subtract(dropped)
+        for tag, (buf, issued, base) in seen.items():
+            if self.buffers.get(tag) is buf:
+                self._reported[tag] = issued
+            else:  # released: its count moved to _unreported, this part of it was sent
+                self._unreported[tag] -= issued - base
+        self._unreported = Counter({t: n for t, n in self._unreported.items() if n > 0})
+
     async def run_housekeeping(self) -> None:
+        sampled = 0.0
         while True:
-            self.sample()
-            await asyncio.sleep(SAMPLE_EVERY)
+            now = time.monotonic()
+            if now - sampled >= SAMPLE_EVERY:
+                self.sample()
+                sampled = now
+            await self.report()
+            await asyncio.sleep(self.report_seconds)
 
     async def shutdown(self) -> ShutdownReport:
         """Stop serving, then push every unused remainder back to the pool, once.
@@ -311,6 +343,7 @@ class Node:
             remainder = await buf.drain()
             if remainder:
                 await self._return(tag, remainder, report)
+        await self.report()
         await self.source.close()
         return report
 

@@ -52,15 +52,6 @@ async def test_high_water_mark_only_rises_even_past_2_pow_53(
     assert await redis_pool.high_water(tag) == big
 
 
-async def test_lease_has_one_owner(redis_pool: RedisPool, tag: str) -> None:
-    assert await redis_pool.acquire_lease(tag, "a", 5)
-    assert not await redis_pool.acquire_lease(tag, "b", 5)
-    await redis_pool.release_lease(tag, "b")  # not b's: stays
-    assert not await redis_pool.acquire_lease(tag, "b", 5)
-    await redis_pool.release_lease(tag, "a")
-    assert await redis_pool.acquire_lease(tag, "b", 5)
-
-
 def test_client_never_retries_a_command(settings: Settings) -> None:
     # A retried RPUSH whose first try landed would put a range in the list twice.
     client = make_client(settings)
