@@ -342,7 +342,6 @@ class Preloader:
         return await self.redis_pool.push(tag, ranges, head=False)
 
 
-
 def _chunks(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 

@@ -76,7 +76,8 @@ async def test_consumption_and_lifetime_figures(pool: PoolStore, tag: str) -> No
     await pool.report_issued({tag: 250})
     await pool.report_lifetime(tag, 1000, 12.5)
     stats = await pool.read_stats(tag)
-    assert (stats["issued"], stats["lifetime_ids"], stats["lifetime_s"]) == ("350", "1000", "12.500")
+    figures = (stats["issued"], stats["lifetime_ids"], stats["lifetime_s"])
+    assert figures == ("350", "1000", "12.500")
     assert await pool.take_lifetime(tag) == (1000, 12.5)
     assert await pool.take_lifetime(tag) is None  # one observation, one decision
     assert (await pool.read_stats(tag))["issued"] == "350"
