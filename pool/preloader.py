@@ -31,6 +31,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -48,6 +49,8 @@ logger = logging.getLogger("idpool.preloader")
 _BUSY_RETRIES = 3  # a push that found every connection busy (never sent) is sent again
 _VISIT_CHUNK = 500  # tags read and written per round trip
 _DECAY_VISIT_EVERY = 5.0  # seconds between visits of a tag that stopped moving
+_REFILLS_AT_ONCE = 4  # as many as the ledger has connections
+T = TypeVar("T")
 
 
 @dataclass
@@ -158,11 +161,15 @@ class Preloader:
                 logger.warning("event=preload_skipped reason=%r", e.detail)
                 break
             figures: dict[str, dict[str, str]] = {}
-            for tag in chunk:
-                row = self._rows.get(tag)
-                if row is None or self._closing:
-                    continue
-                reports.append(await self.refill_tag(row, states[tag], figures))
+            rows = [self._rows[tag] for tag in chunk if tag in self._rows]
+            # A few tags at a time (the ledger's connection pool is small): a sweep
+            # that finds thousands of lists short fills them in seconds.
+            for group in _chunks(rows, _REFILLS_AT_ONCE):
+                if self._closing:
+                    break
+                reports += await asyncio.gather(
+                    *(self.refill_tag(row, states[row.tag], figures) for row in group)
+                )
             with contextlib.suppress(StoreUnavailable):  # figures only: the next tick writes again
                 await self.redis_pool.write_stats_many(figures)
         return reports
@@ -342,7 +349,7 @@ class Preloader:
         return await self.redis_pool.push(tag, ranges, head=False)
 
 
-def _chunks(items: list[str], size: int) -> list[list[str]]:
+def _chunks(items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 

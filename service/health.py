@@ -8,6 +8,7 @@ state that only a request could clear would keep it out for good.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 
@@ -15,6 +16,8 @@ from pool.errors import StoreBusy, StoreUnavailable
 from pool.stores import LedgerStore, PoolStore, store_name
 
 PROBE_EVERY = 1.0  # seconds between probes of each store
+
+logger = logging.getLogger("idpool.health")
 
 
 class StoreHealth:
@@ -30,10 +33,14 @@ class StoreHealth:
     def failed(self, e: StoreUnavailable) -> None:
         if isinstance(e, StoreBusy):
             return  # every connection in use: the store answers, this process is busy
+        if self.up.get(e.store, True):
+            logger.warning("event=store_down store=%s detail=%r", e.store, e.detail)
         self.up[e.store] = False
         self.last_error[e.store] = (time.time(), e.detail)
 
     def answered(self, store: str) -> None:
+        if self.up.get(store) is False:
+            logger.info("event=store_up store=%s", store)
         self.up[store] = True
 
     def is_up(self, store: str | None) -> bool:

@@ -354,14 +354,14 @@ class CountingLedger:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.listed = 0
-        self.claims = 0
+        self.claims: list[int] = []  # steps claimed, per claim
 
     async def list_tags(self, names: object = None) -> object:
         self.listed += names is None
         return await self.ledger.list_tags(names)  # type: ignore[arg-type]
 
     async def claim(self, tag: str, ranges: int = 1) -> object:
-        self.claims += 1
+        self.claims.append(ranges)
         return await self.ledger.claim(tag, ranges)
 
     def __getattr__(self, name: str) -> object:
@@ -396,7 +396,7 @@ def test_a_flood_of_made_up_tags_costs_nothing_per_name(settings: Settings, tag:
         assert counted[0].listed - listed_before <= seconds / 1.0 + 1
         node = app.node
         assert node is not None and set(node.buffers) == {tag} and set(node.stats.tags) == {tag}
-        assert counted[0].claims == 1  # the real tag's only; no pop or claim per name
+        assert len(counted[0].claims) == 1  # the real tag's only; no pop or claim per name
         assert c.get(f"/id/{tag}").text == "2"
 
 
@@ -425,5 +425,5 @@ def test_a_batch_larger_than_a_range_is_one_claim(settings: Settings, tag: str) 
     with TestClient(create_app(settings, stores=counted_stores(counted))) as c:
         ids = c.get(f"/ids/{tag}?count=10000").json()["ids"]
         assert ids == list(range(1, 10001))
-        assert counted[0].claims == 1
+        assert counted[0].claims[0] == 1000  # one claim of 1,000 steps (later: the reserve's)
         assert c.get(f"/id/{tag}").text == "10001"

@@ -231,29 +231,30 @@ SCENARIOS = (
         expect_events=("range_abandoned",),
     ),
     # expect_events below: proof that the nodes or the preloader saw the outage
+    # (store_down: a node's background health probe found the store gone)
     Scenario(
         "redis-hang",
         "Redis SIGSTOP for HOLD seconds, then SIGCONT",
         (redis_hang,),
-        expect_events=("pool_pop_failed",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "redis-down",
         "Redis shut down for HOLD seconds, then started",
         (redis_down,),
-        expect_events=("pool_pop_failed",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "mysql-down",
         "MariaDB shut down for HOLD seconds, then started",
         (mysql_down,),
-        expect_events=("preload_skipped",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "mysql-hang",
         "MariaDB SIGSTOP for HOLD seconds, then SIGCONT",
         (mysql_hang,),
-        expect_events=("preload_skipped",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "mysql-rewind",
@@ -283,7 +284,7 @@ SCENARIOS = (
         "unknown-tag-flood",
         "MariaDB shut down for HOLD seconds while clients flood every node with made-up tags",
         (unknown_tag_flood_mysql_down,),
-        expect_events=("preload_skipped",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "both-down",
