@@ -78,3 +78,11 @@ class MarkNotRaised(StoreUnavailable):
 
 class TagExhausted(IdPoolError):
     """The tag has no IDs left below its upper bound; other tags are unaffected."""
+
+
+class TagDisabled(IdPoolError):
+    """An operator disabled the tag: no claim, no pop, no ID until it is enabled.
+
+    Its ledger row and high-water mark are kept, so enabling it again serves
+    IDs above everything it ever issued.
+    """

@@ -17,14 +17,16 @@ from typing import Any, TypeVar
 import aiomysql
 import pymysql
 
-from .errors import StoreUnavailable, TagExhausted, TagExists, UnknownTag
+from .errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
 DEFAULT_MAX_STEP = 1_000_000
-_COLUMNS = "tag, max_id, step, start_id, description, updated_at, min_step, max_step"
+_COLUMNS = (
+    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled"
+)
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -34,12 +36,28 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     min_step    INT          NOT NULL COMMENT 'dynamic step never goes below',
     max_step    INT          NOT NULL COMMENT 'dynamic step never goes above',
     start_id    BIGINT       NOT NULL COMMENT 'first ID the tag hands out',
+    end_id      BIGINT       NOT NULL DEFAULT 9223372036854775807
+                             COMMENT 'first ID never handed out: the tag bound (--max) + 1',
+    disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
     description VARCHAR(255) NOT NULL DEFAULT '',
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
                              ON UPDATE CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 """
+
+# Tables made before a column existed get it here, in place (ensure_schema).
+# ADD COLUMN IF NOT EXISTS: two nodes starting at once both run it harmlessly.
+_MIGRATIONS = [
+    (
+        "end_id",
+        "BIGINT NOT NULL DEFAULT 9223372036854775807 "
+        "COMMENT 'first ID never handed out: the tag bound (--max) + 1'",
+    ),
+    ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
+]
+_SYNTAX_ERROR = 1064  # MySQL (not MariaDB) has no ADD COLUMN IF NOT EXISTS
+_DUPLICATE_COLUMN = 1060
 
 # pymysql raises these when the server is gone or the socket broke.
 _CONNECTION_ERRORS = (
@@ -59,6 +77,12 @@ def step_bounds(step: int, min_step: int | None, max_step: int | None) -> tuple[
     return lo, hi
 
 
+def check_bound(start: int, end_id: int) -> None:
+    """A tag's bound must leave it at least its first ID."""
+    if not start < end_id <= MAX_ID:
+        raise ValueError(f"max must be from start ({start}) to {MAX_ID - 1}")
+
+
 @dataclass(frozen=True)
 class TagRow:
     tag: str
@@ -69,6 +93,25 @@ class TagRow:
     updated_at: datetime
     min_step: int
     max_step: int
+    end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
+    disabled: bool = False
+
+    @property
+    def max(self) -> int | None:
+        """The highest ID the tag may hand out (``--max``), or None when unbounded."""
+        return None if self.end_id >= MAX_ID else self.end_id - 1
+
+    @property
+    def left(self) -> int:
+        """IDs not yet claimed below the bound."""
+        return max(0, self.end_id - self.max_id)
+
+
+def _tag_row(values: Sequence[Any]) -> TagRow:
+    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off = values
+    return TagRow(
+        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off)
+    )
 
 
 class Ledger:
@@ -117,35 +160,35 @@ class Ledger:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "table already exists" is the normal case
                 await cur.execute(SCHEMA)
+                for column, definition in _MIGRATIONS:
+                    await _add_column(cur, column, definition)
 
         await self._run(op)
 
     async def claim(self, tag: str, ranges: int = 1) -> IdRange:
         """Claim ``ranges * step`` fresh IDs for ``tag`` in one transaction.
 
-        Raises UnknownTag, or StoreUnavailable when the outcome is unknown (the
-        caller then treats whatever may have been claimed as wasted).
+        The last range of a bounded tag is cut short at its bound. Raises
+        UnknownTag, TagDisabled, TagExhausted (nothing left below the bound), or
+        StoreUnavailable when the outcome is unknown (the caller then treats
+        whatever may have been claimed as wasted).
         """
 
         async def op(cur: Any) -> IdRange:
-            # The UPDATE takes the row lock; the SELECT in the same transaction
-            # reads our own increment, so two claims can never overlap.
-            # The guard is written max_id <= MAX_ID - step*n: the sum max_id + step*n
-            # would overflow BIGINT near the top and fail as an error, not a no.
-            updated = await cur.execute(
-                f"UPDATE {TABLE} SET max_id = max_id + step * %s "
-                "WHERE tag = %s AND max_id <= %s - step * %s",
-                (ranges, tag, MAX_ID, ranges),
+            # FOR UPDATE takes the row lock until COMMIT: no other claim can read
+            # max_id between our read and our write, so two claims never overlap.
+            await cur.execute(
+                f"SELECT max_id, step, end_id, disabled FROM {TABLE} WHERE tag = %s FOR UPDATE",
+                (tag,),
             )
-            await cur.execute(f"SELECT max_id, step FROM {TABLE} WHERE tag = %s", (tag,))
             row = await cur.fetchone()
-            await cur.connection.commit()
             if row is None:
                 raise UnknownTag(tag)
-            if updated != 1:
-                raise TagExhausted(f"tag {tag!r} has run out of 64-bit IDs")
-            max_id, step = int(row[0]), int(row[1])
-            return IdRange(max_id - step * ranges, max_id)
+            start, step, end_id, disabled = (int(v) for v in row)
+            fresh = cut(tag, start, step * ranges, end_id, bool(disabled))
+            await cur.execute(f"UPDATE {TABLE} SET max_id = %s WHERE tag = %s", (fresh.end, tag))
+            await cur.connection.commit()
+            return fresh
 
         return await self._run(op, transaction=True)
 
@@ -175,22 +218,25 @@ class Ledger:
         floor: int = 0,
         min_step: int | None = None,
         max_step: int | None = None,
+        end_id: int = MAX_ID,
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)``.
 
         ``floor`` is the high-water mark known outside MySQL: a tag deleted by hand
         and added again cannot hand out its old IDs a second time. The dynamic
         step stays within ``[min_step, max_step]`` (default: ``[step, DEFAULT_MAX_STEP]``).
+        No ID at or above ``end_id`` is ever claimed (ValueError unless above start).
         """
         lo, hi = step_bounds(step, min_step, max_step)
+        check_bound(start, end_id)
 
         async def op(cur: Any) -> None:
             try:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
-                    "(tag, max_id, step, start_id, description, min_step, max_step) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    (tag, max(start, floor), step, start, description, lo, hi),
+                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (tag, max(start, floor), step, start, description, lo, hi, end_id),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None
@@ -206,6 +252,19 @@ class Ledger:
                 f"UPDATE {TABLE} SET step = %s, min_step = %s, "
                 "max_step = GREATEST(max_step, %s) WHERE tag = %s",
                 (step, step, step, tag),
+            )
+            return result
+
+        await self._run(op)
+        return await self.get_tag(tag)
+
+    async def set_disabled(self, tag: str, disabled: bool) -> TagRow:
+        """Disable or enable a tag. Only the flag changes: max_id (the tag's
+        high-water mark in the ledger) is kept, so an enabled tag goes on above it."""
+
+        async def op(cur: Any) -> int:
+            result: int = await cur.execute(
+                f"UPDATE {TABLE} SET disabled = %s WHERE tag = %s", (int(disabled), tag)
             )
             return result
 
@@ -243,7 +302,7 @@ class Ledger:
         async def op(cur: Any) -> TagRow | None:
             await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s", (tag,))
             row = await cur.fetchone()
-            return None if row is None else TagRow(*row)
+            return None if row is None else _tag_row(row)
 
         found = await self._run(op)
         if found is None:
@@ -264,7 +323,7 @@ class Ledger:
                     f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag IN ({marks}) ORDER BY tag",
                     tuple(names),
                 )
-            return [TagRow(*row) for row in await cur.fetchall()]
+            return [_tag_row(row) for row in await cur.fetchall()]
 
         return await self._run(op)
 
@@ -294,7 +353,40 @@ class Ledger:
             raise StoreUnavailable("mysql", _describe(e)) from e
 
 
-_DomainErrors = UnknownTag | TagExists | TagExhausted | StoreUnavailable
+_DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable
+
+
+def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
+    """The range a claim of ``ids`` IDs from ``start`` gets: cut short at the
+    tag's bound, never past it. Shared by both ledgers so they agree."""
+    if disabled:
+        raise TagDisabled(f"tag {tag!r} is disabled; enable it with `idpool tag enable {tag}`")
+    if start >= end_id:
+        bound = "64-bit IDs" if end_id >= MAX_ID else f"IDs up to its max {end_id - 1}"
+        raise TagExhausted(f"tag {tag!r} has run out of {bound}")
+    # Written as start < end_id - ids so the sum cannot leave 64 bits.
+    return IdRange(start, start + ids if start < end_id - ids else end_id)
+
+
+async def _add_column(cur: Any, column: str, definition: str) -> None:
+    try:
+        await cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {column} {definition}")
+    except pymysql.err.MySQLError as e:
+        if e.args[0] != _SYNTAX_ERROR:
+            raise
+        # MySQL: look first; a node that added it meanwhile makes ours a duplicate.
+        await cur.execute(
+            "SELECT 1 FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = %s",
+            (TABLE, column),
+        )
+        if await cur.fetchone() is not None:
+            return
+        try:
+            await cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} {definition}")
+        except pymysql.err.MySQLError as dup:
+            if dup.args[0] != _DUPLICATE_COLUMN:
+                raise
 
 
 def _describe(e: BaseException) -> str:

@@ -232,6 +232,10 @@ class Preloader:
         not given)."""
         tag = row.tag
         report = RefillReport(tag)
+        if row.disabled or not row.left:
+            # Nothing to claim (the ledger refuses it anyway): no warning every tick.
+            report.skipped = "disabled" if row.disabled else "exhausted"
+            return report
         if tag in self._refilling:
             report.skipped = "being refilled"
             return report

@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS idpool_tags (
     min_step    INTEGER NOT NULL,
     max_step    INTEGER NOT NULL,
     start_id    INTEGER NOT NULL,
+    end_id      INTEGER NOT NULL DEFAULT 9223372036854775807,  -- the bound (--max) + 1
+    disabled    INTEGER NOT NULL DEFAULT 0,  -- 1: no claim until enabled
     description TEXT    NOT NULL DEFAULT '',
     created_at  REAL    NOT NULL,  -- unix time
     updated_at  REAL    NOT NULL
@@ -67,6 +69,27 @@ CREATE TABLE IF NOT EXISTS idpool_moved (
     tag TEXT NOT NULL PRIMARY KEY
 );
 """
+
+# Columns added since the first release: files made before get them in place.
+# SQLite has no ADD COLUMN IF NOT EXISTS; _migrate looks under the write lock.
+MIGRATIONS = [
+    ("end_id", "INTEGER NOT NULL DEFAULT 9223372036854775807"),
+    ("disabled", "INTEGER NOT NULL DEFAULT 0"),
+]
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    # BEGIN IMMEDIATE: two processes opening an old file at once cannot both add.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        have = {row[1] for row in conn.execute("PRAGMA table_info(idpool_tags)")}
+        for column, definition in MIGRATIONS:
+            if column not in have:
+                conn.execute(f"ALTER TABLE idpool_tags ADD COLUMN {column} {definition}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 class SqliteFile:
@@ -114,6 +137,7 @@ class SqliteFile:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL on every COMMIT
             conn.executescript(SCHEMA)
+            _migrate(conn)
         except BaseException:
             conn.close()
             raise

@@ -15,19 +15,23 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import TagExhausted, TagExists, UnknownTag
-from .ledger import TagRow, step_bounds
+from .errors import TagExists, UnknownTag
+from .ledger import TagRow, check_bound, cut, step_bounds
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
 
-_COLUMNS = "tag, max_id, step, start_id, description, updated_at, min_step, max_step"
+_COLUMNS = (
+    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled"
+)
 
 
 def _row(values: Any) -> TagRow:
-    tag, max_id, step, start_id, description, updated_at, min_step, max_step = values
+    tag, max_id, step, start_id, description, updated_at, min_step, max_step, end, off = values
     updated = datetime.fromtimestamp(updated_at, UTC)
-    return TagRow(tag, max_id, step, start_id, description, updated, min_step, max_step)
+    return TagRow(
+        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off)
+    )
 
 
 def _select(conn: sqlite3.Connection, tag: str) -> TagRow:
@@ -53,22 +57,21 @@ class SqliteLedger:
     async def claim(self, tag: str, ranges: int = 1) -> IdRange:
         """Claim ``ranges * step`` fresh IDs for ``tag`` in one transaction.
 
-        Raises UnknownTag, or StoreUnavailable when the outcome is unknown.
+        The last range of a bounded tag is cut short at its bound. Raises
+        UnknownTag, TagDisabled, TagExhausted, or StoreUnavailable when the
+        outcome is unknown.
         """
 
         def op(conn: sqlite3.Connection) -> IdRange:
             # BEGIN IMMEDIATE holds the file's write lock from the read to the
             # COMMIT, so two claims (from any process) can never overlap.
             row = _select(conn, tag)
-            # Written as max_id <= MAX_ID - step*n so the sum cannot leave 64 bits.
-            if row.max_id > MAX_ID - row.step * ranges:
-                raise TagExhausted(f"tag {tag!r} has run out of 64-bit IDs")
-            end = row.max_id + row.step * ranges
+            fresh = cut(tag, row.max_id, row.step * ranges, row.end_id, row.disabled)
             conn.execute(
                 "UPDATE idpool_tags SET max_id = ?, updated_at = ? WHERE tag = ?",
-                (end, time.time(), tag),
+                (fresh.end, time.time(), tag),
             )
-            return IdRange(row.max_id, end)
+            return fresh
 
         return await self.file.write(op)
 
@@ -95,18 +98,20 @@ class SqliteLedger:
         floor: int = 0,
         min_step: int | None = None,
         max_step: int | None = None,
+        end_id: int = MAX_ID,
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
         lo, hi = step_bounds(step, min_step, max_step)
+        check_bound(start, end_id)
 
         def op(conn: sqlite3.Connection) -> TagRow:
             now = time.time()
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (tag, max(start, floor), step, start, description, lo, hi, now, now),
+                    "min_step, max_step, end_id, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (tag, max(start, floor), step, start, description, lo, hi, end_id, now, now),
                 )
             except sqlite3.IntegrityError:
                 raise TagExists(tag) from None
@@ -122,6 +127,18 @@ class SqliteLedger:
                 "UPDATE idpool_tags SET step = ?, min_step = ?, max_step = MAX(max_step, ?), "
                 "updated_at = ? WHERE tag = ?",
                 (step, step, step, time.time(), tag),
+            )
+            return _select(conn, tag)
+
+        return await self.file.write(op)
+
+    async def set_disabled(self, tag: str, disabled: bool) -> TagRow:
+        """Disable or enable a tag; max_id is kept (see Ledger.set_disabled)."""
+
+        def op(conn: sqlite3.Connection) -> TagRow:
+            conn.execute(
+                "UPDATE idpool_tags SET disabled = ?, updated_at = ? WHERE tag = ?",
+                (int(disabled), time.time(), tag),
             )
             return _select(conn, tag)
 

@@ -37,7 +37,10 @@ class LedgerStore(Protocol):
         floor: int = 0,
         min_step: int | None = None,
         max_step: int | None = None,
+        end_id: int = ...,
     ) -> TagRow: ...
+
+    async def set_disabled(self, tag: str, disabled: bool) -> TagRow: ...
 
     async def set_step(self, tag: str, step: int) -> TagRow: ...
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pool.errors import StoreUnavailable, TagExhausted, TagExists, UnknownTag
+from pool.errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
 from pool.ledger import Ledger
 from pool.ranges import MAX_ID, IdRange
 from pool.settings import Settings
@@ -137,9 +137,62 @@ async def test_a_tag_never_claims_past_64_bits(ledger: LedgerStore, tag: str) ->
     await ledger.add_tag(tag, step=10, start=MAX_ID - 25)
     assert await ledger.claim(tag) == IdRange(MAX_ID - 25, MAX_ID - 15)
     assert await ledger.claim(tag) == IdRange(MAX_ID - 15, MAX_ID - 5)
+    assert await ledger.claim(tag) == IdRange(MAX_ID - 5, MAX_ID)  # cut short at 2^63 - 2
     with pytest.raises(TagExhausted, match="run out of 64-bit IDs"):
         await ledger.claim(tag)
-    assert (await ledger.get_tag(tag)).max_id == MAX_ID - 5
+    assert (await ledger.get_tag(tag)).max_id == MAX_ID
+
+
+JS_MAX = 2**53 - 1  # Number.MAX_SAFE_INTEGER
+
+
+async def test_a_bounded_tag_never_claims_past_its_max(ledger: LedgerStore, tag: str) -> None:
+    row = await ledger.add_tag(tag, step=10, start=JS_MAX - 24, end_id=JS_MAX + 1)
+    assert (row.max, row.left) == (JS_MAX, 25)
+    assert await ledger.claim(tag) == IdRange(JS_MAX - 24, JS_MAX - 14)
+    # the last claim is cut short at the bound, however many ranges were asked for
+    assert await ledger.claim(tag, 3) == IdRange(JS_MAX - 14, JS_MAX + 1)
+    for _ in range(2):
+        with pytest.raises(TagExhausted, match=f"IDs up to its max {JS_MAX}"):
+            await ledger.claim(tag)
+    row = await ledger.get_tag(tag)
+    assert (row.max_id, row.max, row.left) == (JS_MAX + 1, JS_MAX, 0)
+
+
+async def test_concurrent_claims_stop_exactly_at_the_bound(ledger: LedgerStore, tag: str) -> None:
+    await ledger.add_tag(tag, step=7, start=1, end_id=1001)
+
+    async def claim() -> IdRange | None:
+        try:
+            return await ledger.claim(tag)
+        except TagExhausted:
+            return None
+
+    got = [r for r in await asyncio.gather(*(claim() for _ in range(200))) if r is not None]
+    ids = sorted(i for r in got for i in range(r.start, r.end))
+    assert ids == list(range(1, 1001))  # every ID up to the max once, none above
+
+
+async def test_a_bound_must_leave_the_first_id(ledger: LedgerStore, tag: str) -> None:
+    with pytest.raises(ValueError, match="max must be"):
+        await ledger.add_tag(tag, step=10, start=100, end_id=100)
+    with pytest.raises(UnknownTag):
+        await ledger.get_tag(tag)
+
+
+async def test_a_disabled_tag_claims_nothing_and_keeps_its_mark(
+    ledger: LedgerStore, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.claim(tag)
+    row = await ledger.set_disabled(tag, True)
+    assert (row.disabled, row.max_id) == (True, 11)
+    with pytest.raises(TagDisabled, match="idpool tag enable"):
+        await ledger.claim(tag)
+    assert [r.disabled for r in await ledger.list_tags([tag])] == [True]
+    row = await ledger.set_disabled(tag, False)
+    assert (row.disabled, row.max_id) == (False, 11)
+    assert await ledger.claim(tag) == IdRange(11, 21)  # above everything issued
 
 
 async def test_rows_are_listed_in_tag_order(ledger: LedgerStore, tag: str) -> None:
@@ -181,3 +234,72 @@ async def test_unreachable_mysql_names_the_variable(settings: Settings) -> None:
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL") as info:
         await Ledger.connect(settings.with_changes(mysql_url=url))
     assert info.value.store == "mysql"
+
+
+_OLD_MYSQL_TABLE = """
+CREATE TABLE idpool_tags (
+    tag VARCHAR(64) NOT NULL PRIMARY KEY, max_id BIGINT NOT NULL, step INT NOT NULL,
+    min_step INT NOT NULL, max_step INT NOT NULL, start_id BIGINT NOT NULL,
+    description VARCHAR(255) NOT NULL DEFAULT '',
+    created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+    updated_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+)
+"""
+
+
+async def test_a_table_from_before_bounds_is_migrated_in_place(settings: Settings) -> None:
+    import pymysql
+
+    db = new_name("idpool_old_")
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+    cur = conn.cursor()
+    cur.execute(f"CREATE DATABASE `{db}`")
+    cur.execute(f"USE `{db}`")
+    cur.execute(_OLD_MYSQL_TABLE)
+    cur.execute("INSERT INTO idpool_tags VALUES ('old', 501, 100, 100, 1000, 1, 'x', NOW(), NOW())")
+    try:
+        for i in range(2):  # a second start finds the columns there
+            led = await Ledger.connect(settings.with_changes(mysql_url=f"{MYSQL_SERVER}/{db}"))
+            try:
+                row = await led.get_tag("old")
+                start = 501 + 100 * i
+                assert (row.max_id, row.max, row.disabled, row.description) == (
+                    start,
+                    None,
+                    False,
+                    "x",
+                )
+                assert await led.claim("old") == IdRange(start, start + 100)
+            finally:
+                await led.close()
+    finally:
+        cur.execute(f"DROP DATABASE `{db}`")
+        conn.close()
+
+
+async def test_a_sqlite_file_from_before_bounds_is_migrated_in_place(
+    sqlite_settings: Settings,
+) -> None:
+    import sqlite3
+
+    path = sqlite_settings.sqlite_path()
+    assert path is not None
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE idpool_tags (tag TEXT NOT NULL PRIMARY KEY, max_id INTEGER NOT NULL, "
+        "step INTEGER NOT NULL, min_step INTEGER NOT NULL, max_step INTEGER NOT NULL, "
+        "start_id INTEGER NOT NULL, description TEXT NOT NULL DEFAULT '', "
+        "created_at REAL NOT NULL, updated_at REAL NOT NULL)"
+    )
+    conn.execute("INSERT INTO idpool_tags VALUES ('old', 501, 100, 100, 1000, 1, 'x', 0, 0)")
+    conn.commit()
+    conn.close()
+    for i in range(2):
+        led = await open_ledger(sqlite_settings)
+        try:
+            row = await led.get_tag("old")
+            start = 501 + 100 * i
+            assert (row.max_id, row.max, row.disabled) == (start, None, False)
+            assert await led.claim("old") == IdRange(start, start + 100)
+        finally:
+            await led.close()
