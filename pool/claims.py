@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreBusy, StoreUnavailable
 from .ledger import TagRow
-from .ranges import IdRange
+from .ranges import MAX_ID, IdRange
 from .stores import LedgerStore, PoolStore
 
 _MAX_STALE_RETRIES = 3
@@ -136,8 +136,10 @@ async def create_tag(
     step: int,
     start: int,
     description: str = "",
+    end_id: int = MAX_ID,
 ) -> TagRow:
-    """Add a tag, starting above any ID ever issued under that name.
+    """Add a tag, starting above any ID ever issued under that name, and never
+    handing out ``end_id`` or above (ValueError unless ``start < end_id``).
 
     A tag deleted by hand and added again would otherwise start from ``start``
     and repeat its old IDs; the high-water mark in Redis remembers them.
@@ -149,7 +151,9 @@ async def create_tag(
             floor = await pool.high_water(tag)
         except StoreUnavailable:
             floor = 0  # Redis down: MySQL's own row (if any) still refuses a duplicate tag
-    return await ledger.add_tag(tag, step=step, start=start, description=description, floor=floor)
+    return await ledger.add_tag(
+        tag, step=step, start=start, description=description, floor=floor, end_id=end_id
+    )
 
 
 async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, start: int) -> TagRow:
@@ -173,3 +177,26 @@ async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, star
     # write only moves max_id up, and the start can never pull it back down.
     await ledger.raise_floor(tag, start)
     return await ledger.get_tag(tag)
+
+
+async def disable_tag(
+    ledger: LedgerStore, pool: PoolStore | None, tag: str
+) -> tuple[TagRow, list[IdRange]]:
+    """Stop ``tag``: no claim from now on, and its ready ranges taken out of the
+    pool (returned, for the caller to count as waste). Its row, ``max_id`` and
+    high-water mark stay, so enabling it again serves IDs above all it issued.
+
+    The flag is set first: a claim after it is refused, so no new range can
+    reach the list once it is drained. A range a preloader claimed just before
+    and pushes just after the drain stays there unissued, served after enable.
+    Raises UnknownTag, StoreUnavailable (the ledger: nothing changed; the pool:
+    disabled but not drained; calling again drains it).
+    """
+    row = await ledger.set_disabled(tag, True)
+    drained = [] if pool is None else await pool.drain(tag)
+    return row, drained
+
+
+async def enable_tag(ledger: LedgerStore, tag: str) -> TagRow:
+    """Serve ``tag`` again, from fresh ranges above its ``max_id``."""
+    return await ledger.set_disabled(tag, False)

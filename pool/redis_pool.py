@@ -273,6 +273,17 @@ class RedisPool:
     async def tags(self) -> list[str]:
         return sorted(await self._plain(self.client.smembers(self.keys.pools)))
 
+    async def drain(self, tag: str) -> list[IdRange]:
+        """Remove every ready range of ``tag`` and return them (a disabled tag's
+        list). On an error they may or may not be gone: the caller calls again."""
+        # MULTI: a pop or push between the read and the delete would otherwise be
+        # lost from the answer (a pushed range deleted unread) or counted twice.
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.lrange(self.keys.pool(tag), 0, -1)
+            pipe.delete(self.keys.pool(tag))
+            texts, _ = await self._plain(pipe.execute())
+        return [IdRange.from_text(t) for t in texts]
+
     async def high_water(self, tag: str) -> int:
         value = await self._plain(self.client.get(self.keys.hwm(tag)))
         return int(value) if value else 0

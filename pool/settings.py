@@ -82,6 +82,9 @@ class Settings:
     # IDPOOL_UNKNOWN_TAG_TTL: a request for a tag the node does not know makes it reload
     # the ledger's tag list, at most once per this many seconds (however many names)
     unknown_tag_ttl: float = 1.0
+    # IDPOOL_TAG_RELOAD_SECONDS: how often a node reads the ledger's tag list again;
+    # a tag disabled by an operator stops being served at every node within this
+    tag_reload_seconds: float = 5.0
     # IDPOOL_IDLE_SECONDS: a tag not requested at a node for this long has its buffer
     # returned to the pool and dropped there (0 keeps buffers until shutdown)
     idle_seconds: float = 300.0
@@ -120,6 +123,7 @@ class Settings:
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
             (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
             (self.idle_seconds >= 0, "IDPOOL_IDLE_SECONDS must be 0 or more"),
+            (self.tag_reload_seconds > 0, "IDPOOL_TAG_RELOAD_SECONDS must be positive"),
             (self.reserve_seconds >= 0, "IDPOOL_RESERVE_SECONDS must be 0 or more"),
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
         ]

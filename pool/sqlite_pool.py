@@ -134,6 +134,17 @@ class SqlitePool:
 
         return await self.file.read(op)
 
+    async def drain(self, tag: str) -> list[IdRange]:
+        """Remove every ready range of ``tag`` and return them (see RedisPool.drain)."""
+
+        def op(conn: sqlite3.Connection) -> list[IdRange]:
+            # One write transaction: no pop or push lands between the read and the delete.
+            found = _ranges(conn, tag)
+            conn.execute("DELETE FROM idpool_pool WHERE tag = ?", (tag,))
+            return found
+
+        return await self.file.write(op)
+
     async def high_water(self, tag: str) -> int:
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(

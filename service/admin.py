@@ -1,4 +1,5 @@
-"""The admin API: create tags, change a step or move a start forward, drain the node.
+"""The admin API: create tags, change a step, move a start forward, disable or
+enable a tag, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -8,6 +9,7 @@ never appears in a log line or an error body.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,17 +18,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pool.claims import create_tag, move_start
+from pool.claims import create_tag, disable_tag, enable_tag, move_start
 from pool.errors import IdPoolError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
 from pool.ledger import TagRow
-from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, IdRange, is_valid_tag
 from pool.settings import Settings
 
 if TYPE_CHECKING:
     from .app import Running
 
 
-_ADD_FIELDS = frozenset({"tag", "step", "start", "description"})
+_ADD_FIELDS = frozenset({"tag", "step", "start", "description", "max"})
+_CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
+logger = logging.getLogger("idpool.admin")
 
 
 def _json(body: object, status_code: int = 200) -> Response:
@@ -45,6 +49,9 @@ def _row(row: TagRow) -> dict[str, Any]:
         "min_step": row.min_step,
         "max_step": row.max_step,
         "start_id": row.start_id,
+        "max": row.max,
+        "ids_left": row.left,
+        "disabled": row.disabled,
         "description": row.description,
     }
 
@@ -64,6 +71,16 @@ def _int(body: dict[str, Any], name: str, default: int | None, top: int) -> int 
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
         return _error(400, f"bad_{name}", f"{name} must be an integer from 1 to {top}")
     return value
+
+
+def _count_drained(run: Running, tag: str, drained: list[IdRange]) -> None:
+    if drained:
+        run.node.stats.waste(tag, "tag_disabled", sum(map(len, drained)))
+        logger.warning(
+            "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+            tag,
+            ",".join(r.to_text() for r in drained),
+        )
 
 
 def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
@@ -117,12 +134,23 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
             return step
         if isinstance(start, Response):
             return start
+        top = _int(body, "max", MAX_ID - 1, MAX_ID - 1) if body.get("max") is not None else None
+        if isinstance(top, Response):
+            return top
+        if top is not None and top < start:
+            return _error(400, "bad_max", f"max must be at least start ({start})")
         if not isinstance(description, str) or len(description) > 255:
             return _error(400, "bad_description", "description must be a string of at most 255")
         run = running()
         try:
             row = await create_tag(
-                run.ledger, run.pool, tag, step=step, start=start, description=description
+                run.ledger,
+                run.pool,
+                tag,
+                step=step,
+                start=start,
+                description=description,
+                end_id=MAX_ID if top is None else top + 1,
             )
         except TagExists:
             return _error(409, "tag_exists", f"tag {tag!r} already exists; change it with PATCH")
@@ -139,10 +167,16 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         body = await _body(request)
         if isinstance(body, Response):
             return body
-        if not body or not set(body) <= {"step", "start"}:
+        if not body or not set(body) <= _CHANGE_FIELDS:
             return _error(
-                400, "bad_body", 'send {"step": N} and/or {"start": N}; nothing else can change'
+                400,
+                "bad_body",
+                'send {"step": N}, {"start": N} and/or {"disabled": true|false}; '
+                "nothing else can change",
             )
+        disabled = body.get("disabled")
+        if "disabled" in body and not isinstance(disabled, bool):
+            return _error(400, "bad_disabled", "disabled must be true or false")
         step = _int(body, "step", None, MAX_STEP) if "step" in body else None
         start = _int(body, "start", None, MAX_ID) if "start" in body else None
         if isinstance(step, Response):
@@ -156,6 +190,13 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
                 row = await move_start(run.ledger, run.pool, tag, start)
             if step is not None:
                 row = await run.ledger.set_step(tag, step)
+            if disabled is True:
+                row, drained = await disable_tag(run.ledger, run.pool, tag)
+                _count_drained(run, tag, drained)
+                await run.node.refresh_tags()  # this node stops at once; others within seconds
+            elif disabled is False:
+                row = await enable_tag(run.ledger, tag)
+                await run.node.refresh_tags()
         except UnknownTag:
             return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
         except StartBelowIssued as e:

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from pool.claims import LedgerClaims
-from pool.errors import IdPoolError, TagExhausted, UnknownTag
+from pool.errors import IdPoolError, TagDisabled, TagExhausted, UnknownTag
 from pool.preloader import Preloader
 from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
@@ -76,6 +76,8 @@ def _failure(tag: str, e: IdPoolError) -> Response:
         return error(503, "draining", "this node is shutting down; retry on another node")
     if isinstance(e, TagExhausted):
         return error(503, "tag_exhausted", f"{e}; other tags are served as usual")
+    if isinstance(e, TagDisabled):
+        return error(410, "tag_disabled", str(e))
     logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
     return error(503, "unavailable", str(e))
 
@@ -284,9 +286,10 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             idle_seconds=settings.idle_seconds,
             reserve_seconds=settings.reserve_seconds,
             report_seconds=settings.report_seconds,
+            tag_reload_seconds=settings.tag_reload_seconds,
         )
         store_reads = status.StoreReadsCache(
-            lambda: status.read_stores(ledger, pool, sorted(node.buffers))
+            lambda: status.read_stores(ledger, pool, node.shown_tags())
         )
         state["run"] = Running(node, ledger, pool, preloader, store_reads)
         app.node = node

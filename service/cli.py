@@ -1,4 +1,5 @@
-"""The ``idpool`` command: serve, preload, tag add/list/step/start, pool show.
+"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
+pool show.
 
 Logging is configured here and nowhere else.
 """
@@ -17,14 +18,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from pool.claims import LedgerClaims, create_tag, move_start
+from pool.claims import LedgerClaims, create_tag, disable_tag, enable_tag, move_start
 from pool.errors import ConfigError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
 from pool.preloader import Preloader
 from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, open_ledger, open_pool, open_stores
 from service.node import Node, RangeSource
-from service.status import snapshot
+from service.status import runway_seconds, snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -132,7 +133,22 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--step", type=_integer(MAX_STEP), default=None, help="IDs per range")
     add.add_argument("--start", type=_integer(MAX_ID), default=1, help="first ID (default 1)")
     add.add_argument("--description", default="")
-    tag.add_parser("list", parents=[embedded], help="list tags and their ledger position")
+    add.add_argument(
+        "--max",
+        type=_integer(MAX_ID - 1),
+        default=None,
+        help="highest ID the tag may hand out, e.g. 9007199254740991 to stay exact in "
+        "JavaScript (default: no bound below 2^63)",
+    )
+    tag.add_parser(
+        "list", parents=[embedded], help="list tags: ledger position, bound, runway, state"
+    )
+    for verb, what in (
+        ("disable", "stop serving a tag (410 tag_disabled); its ready ranges become waste"),
+        ("enable", "serve a disabled tag again, from fresh ranges"),
+    ):
+        toggle = tag.add_parser(verb, parents=[embedded], help=what)
+        toggle.add_argument("tag", type=_tag)
     step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
@@ -272,24 +288,102 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         if args.tag_command == "start":
             return await _tag_start(settings, ledger, args)
-        print(f"{'tag':<24} {'max_id':>20} {'step':>10} {'start':>12}  description")
-        for row in await ledger.list_tags():
-            print(
-                f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12}  "
-                f"{row.description}"
-            )
-        return 0
+        if args.tag_command in ("disable", "enable"):
+            return await _tag_toggle(settings, ledger, args)
+        return await _tag_list(settings, ledger)
     finally:
         await ledger.close()
 
 
+async def _tag_list(settings: Settings, ledger: LedgerStore) -> int:
+    rows = await ledger.list_tags()
+    # The runway needs the cluster's rate from the pool; without it, "-".
+    pool = await open_pool(settings, check=False)
+    try:
+        pooled = await pool.summaries([row.tag for row in rows])
+    except StoreUnavailable:
+        pooled = {}
+    finally:
+        await pool.close()
+    print(
+        f"{'tag':<24} {'max_id':>20} {'step':>10} {'start':>12} {'max':>20} "
+        f"{'runway':>10} {'state':>8}  description"
+    )
+    for row in rows:
+        found = pooled.get(row.tag)
+        rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
+        runway = runway_seconds(row, found.ids if found else 0, rate)
+        print(
+            f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12} "
+            f"{_show(row.max):>20} {_duration(runway):>10} "
+            f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
+        )
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    """A runway for people: 45s, 12m, 5.5h, 30d; "-" when there is none to speak of."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+async def _tag_toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    log = logging.getLogger("idpool.cli")
+    try:
+        if args.tag_command == "enable":
+            row = await enable_tag(ledger, args.tag)
+            print(f"{row.tag}: enabled; the next range claimed starts at {row.max_id}")
+            return 0
+        pool = await open_pool(settings, check=False)
+        try:
+            row, drained = await disable_tag(ledger, pool, args.tag)
+        except StoreUnavailable as e:
+            print(
+                f"idpool: {args.tag!r} is disabled, but its ready ranges could not be "
+                f"removed ({e}); run the command again",
+                file=sys.stderr,
+            )
+            return EXIT_UNAVAILABLE
+        finally:
+            await pool.close()
+    except UnknownTag:
+        print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    ids = sum(map(len, drained))
+    if drained:
+        log.warning(
+            "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+            row.tag,
+            ",".join(r.to_text() for r in drained),
+        )
+    print(
+        f"{row.tag}: disabled (410 tag_disabled at every node within "
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
+        f"max_id {row.max_id} is kept"
+    )
+    return 0
+
+
 async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
     step = args.step or settings.default_step
+    if args.max is not None and args.max < args.start:
+        print(f"idpool: --max {args.max} is below --start {args.start}", file=sys.stderr)
+        return EXIT_USAGE
     # No check: with Redis down a tag can still be added (without its high-water mark).
     pool = await open_pool(settings, check=False)
     try:
         row = await create_tag(
-            ledger, pool, args.tag, step=step, start=args.start, description=args.description
+            ledger,
+            pool,
+            args.tag,
+            step=step,
+            start=args.start,
+            description=args.description,
+            end_id=MAX_ID if args.max is None else args.max + 1,
         )
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
@@ -299,7 +393,8 @@ async def _tag_add(settings: Settings, ledger: LedgerStore, args: argparse.Names
     note = ""
     if row.max_id > args.start:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
-    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{note}")
+    bound = "" if row.max is None else f", max {row.max}"
+    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{note}")
     return 0
 
 

@@ -48,6 +48,11 @@ class _SnapshotCollector:
             "idpool_pool_supply_seconds", "Pool supply at the cluster's recent rate", labels=["tag"]
         )
         step = GaugeMetricFamily("idpool_step", "Current range size", labels=["tag"])
+        runway = GaugeMetricFamily(
+            "idpool_tag_runway_seconds",
+            "Time until a bounded tag reaches its max at the cluster's rate",
+            labels=["tag"],
+        )
         rate = GaugeMetricFamily(
             "idpool_consumption_ids_per_second", "Recent IDs/s", labels=["tag", "scope"]
         )
@@ -61,6 +66,8 @@ class _SnapshotCollector:
                 wasted.add_metric([tag, reason], ids)
             if t["step"] is not None:
                 step.add_metric([tag], t["step"])
+            if t.get("runway_s") is not None:
+                runway.add_metric([tag], t["runway_s"])
             rate.add_metric([tag, "node"], t["rate"]["node_ids_per_s"])
             pool = t["pool"]
             if pool is not None:
@@ -73,6 +80,7 @@ class _SnapshotCollector:
                 if t["rate"].get("cluster_ids_per_s") is not None:
                     rate.add_metric([tag, "cluster"], t["rate"]["cluster_ids_per_s"])
         yield from (issued, taken, returned, wasted, depth, pool_ids, target, supply, step, rate)
+        yield runway
 
         up = GaugeMetricFamily("idpool_store_up", "1 when the store answered", labels=["store"])
         for store, health in self.snap["stores"].items():

@@ -186,8 +186,11 @@ class Node:
         idle_seconds: float = 0.0,
         reserve_seconds: float = 0.0,
         report_seconds: float = 2.0,
+        tag_reload_seconds: float = 5.0,
     ) -> None:
         self.source = source
+        # how often the tag list is read again: how soon a disabled tag stops here
+        self.tag_reload_seconds = tag_reload_seconds
         self.reserve_seconds = reserve_seconds
         self.stats = source.stats
         self.health = source.health
@@ -217,6 +220,12 @@ class Node:
         if any(buf.in_memory for buf in self.buffers.values()):
             return None
         return f"no IDs in memory and {self.health.pool_name or 'the pool'} is not answering"
+
+    def shown_tags(self) -> list[str]:
+        """The tags /status and /metrics show: those served here, and those that
+        wasted IDs here (a disabled tag's waste stays visible after its buffer goes)."""
+        wasted = {tag for tag, counters in self.stats.tags.items() if counters.wasted}
+        return sorted(wasted.union(self.buffers))
 
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, created on first use for a tag the ledger has."""
@@ -293,6 +302,35 @@ class Node:
         if remainder:
             self.source.spawn(self._return(tag, remainder, ShutdownReport()))
 
+    async def refresh_tags(self) -> None:
+        """Read the ledger's tag list again and stop serving tags disabled since."""
+        try:
+            await self.tags.refresh()
+        except StoreUnavailable:
+            return  # the copy stands; tried again next time
+        for tag in self.tags.disabled() & set(self.buffers):
+            await self._stop_disabled(tag, self.buffers[tag])
+
+    async def _stop_disabled(self, tag: str, buf: SegmentBuffer) -> None:
+        """Drop a disabled tag's buffer; what it held is waste, never served again
+        (enabled, the tag goes on from fresh ranges above its ledger's max_id)."""
+        if self.buffers.get(tag) is not buf:
+            return
+        # Out of `buffers` first, in one synchronous step: the fast path and new
+        # requests no longer find it, and buffer() answers TagDisabled.
+        del self.buffers[tag]
+        self._activity.pop(tag, None)
+        remainder = await buf.drain()  # waits for a fetch under way: it is waste too
+        self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
+        self.stats.tags[tag].history.clear()
+        if remainder:
+            self.stats.waste(tag, "tag_disabled", sum(map(len, remainder)))
+            logger.warning(
+                "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+                tag,
+                ",".join(r.to_text() for r in remainder),
+            )
+
     async def report(self) -> None:
         """Tell the preloader how many IDs this node handed out per tag since the
         last report: the consumption the pool is sized by. One round trip."""
@@ -321,12 +359,15 @@ class Node:
         self._unreported = Counter({t: n for t, n in self._unreported.items() if n > 0})
 
     async def run_housekeeping(self) -> None:
-        sampled = 0.0
+        sampled = reloaded = 0.0
         while True:
             now = time.monotonic()
             if now - sampled >= SAMPLE_EVERY:
                 self.sample()
                 sampled = now
+            if now - reloaded >= self.tag_reload_seconds:
+                await self.refresh_tags()
+                reloaded = now
             await self.report()
             await asyncio.sleep(self.report_seconds)
 

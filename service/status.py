@@ -54,6 +54,19 @@ async def read_stores(
     return view
 
 
+def runway_seconds(row: TagRow | None, pool_ids: int, rate: float | None) -> float | None:
+    """Seconds until a bounded tag reaches its max at the cluster's rate: the IDs
+    not yet claimed below the bound plus those ready in the pool, over the rate
+    (IDs held in nodes' buffers are not counted: a few seconds' worth at most).
+    None for a tag with no bound, or no rate yet; 0 once nothing is left."""
+    if row is None or row.max is None:
+        return None
+    left = row.left + pool_ids
+    if left <= 0:
+        return 0.0
+    return round(left / rate, 1) if rate else None
+
+
 class StoreReadsCache:
     """One round of store reads at a time, reused for STORE_READS_SECONDS: however
     many scrapers call, the stores see at most one round a second. The node's
@@ -82,7 +95,7 @@ async def snapshot(
     tags: list[str] | None = None,
 ) -> Snapshot:
     """The node and the tags it serves (or ``tags``), read fresh from the stores."""
-    names = sorted(node.buffers) if tags is None else tags
+    names = node.shown_tags() if tags is None else tags
     return assemble(node, await read_stores(ledger, pool, names), preloader_waste, names)
 
 
@@ -94,7 +107,7 @@ def assemble(
 ) -> Snapshot:
     """The snapshot from the node's own state now and what the stores said.
     Store health comes from the background probes, not from this call."""
-    names = sorted(node.buffers) if tags is None else tags
+    names = node.shown_tags() if tags is None else tags
     health = node.health
     stores: dict[str, dict[str, Any]] = {}
     for store in filter(None, (health.ledger_name, health.pool_name)):
@@ -125,7 +138,7 @@ def assemble(
 def _tag(
     node: Node,
     tag: str,
-    row: Any,
+    row: TagRow | None,
     pooled: PoolSummary | None,
     preloader_waste: Counter[tuple[str, str]],
 ) -> dict[str, Any]:
@@ -142,6 +155,9 @@ def _tag(
         "step": None if row is None else row.step,
         "max_id": None if row is None else row.max_id,
         "start_id": None if row is None else row.start_id,
+        "max": None if row is None else row.max,
+        "disabled": None if row is None else row.disabled,
+        "runway_s": None,
         "buffer": None,
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
@@ -177,4 +193,5 @@ def _tag(
             "minutes_of_supply": minutes,
         }
         entry["rate"]["cluster_ids_per_s"] = cluster_rate
+        entry["runway_s"] = runway_seconds(row, pooled.ids, cluster_rate)
     return entry

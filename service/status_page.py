@@ -17,7 +17,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fa
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse;background:#fff}td,th{border:1px solid #d0d7de;padding:4px 8px;
 text-align:right}th{background:#f0f3f6}td.l,th.l{text-align:left}.up{color:#1a7f37}
-.down{color:#cf222e;font-weight:600}.muted{color:#6e7781}
+.down{color:#cf222e;font-weight:600}.muted{color:#6e7781}.warn{color:#9a6700;font-weight:600}
 svg{background:#fff;border:1px solid #d0d7de}
 """
 
@@ -26,6 +26,26 @@ def _cell(value: Any, field: str, cls: str = "") -> str:
     text = "-" if value is None else str(value)
     klass = f' class="{cls}"' if cls else ""
     return f'<td{klass} data-field="{escape(field)}">{escape(text)}</td>'
+
+
+RUNWAY_SHORT_S = 7 * 86400  # a runway under a week is shown as a problem (as ops/alerts.yml)
+
+
+def _runway(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _runway_cell(seconds: float | None, field: str) -> str:
+    short = seconds is not None and seconds < RUNWAY_SHORT_S
+    return (
+        f'<td{" class=down" if short else ""} data-field="{escape(field)}" '
+        f'data-value="{seconds}">{_runway(seconds)}</td>'
+    )
 
 
 def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) -> str:
@@ -69,6 +89,8 @@ def render(snap: Snapshot) -> str:
             + _cell(pool.get("ids"), f"{p}.pool.ids")
             + _cell(pool.get("minutes_of_supply"), f"{p}.pool.minutes_of_supply")
             + _cell(t["step"], f"{p}.step")
+            + _cell(t.get("max"), f"{p}.max")
+            + _runway_cell(t.get("runway_s"), f"{p}.runway_s")
             + _cell(t["counters"]["ids_issued"], f"{p}.counters.ids_issued")
             + _cell(t["rate"]["node_ids_per_s"], f"{p}.rate.node_ids_per_s")
             + f'<td class="l">{_chart(t["history"])}</td>'
@@ -77,7 +99,8 @@ def render(snap: Snapshot) -> str:
     head = (
         '<tr><th class="l">tag</th><th class="l">current range</th><th>used</th>'
         '<th>left</th><th class="l">next range</th><th>pool ranges</th><th>pool IDs</th>'
-        "<th>pool minutes</th><th>step</th><th>issued here</th><th>IDs/s here</th>"
+        "<th>pool minutes</th><th>step</th><th>max</th><th>runway</th><th>issued here</th>"
+        "<th>IDs/s here</th>"
         '<th class="l">last 10 min</th></tr>'
     )
     state = "draining" if node["draining"] else "serving"

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from pool.errors import StoreUnavailable, UnknownTag
+from pool.errors import StoreUnavailable, TagDisabled, UnknownTag
 from pool.ledger import TagRow
 from pool.stores import LedgerStore
 
@@ -39,16 +39,21 @@ class TagDirectory:
         return 1 if row is None else row.step
 
     async def lookup(self, tag: str) -> TagRow:
-        """The tag's row; raises UnknownTag, or StoreUnavailable when the list
-        cannot be read and the tag is not known yet."""
+        """The tag's row; raises UnknownTag, TagDisabled, or StoreUnavailable
+        when the list cannot be read and the tag is not known yet."""
         row = self.rows.get(tag)
-        if row is not None:
-            return row
-        await self.reload()
-        row = self.rows.get(tag)
+        if row is None or row.disabled:
+            await self.reload()  # a disabled tag may have been enabled meanwhile
+            row = self.rows.get(tag)
         if row is None:
             raise UnknownTag(tag)
+        if row.disabled:
+            raise TagDisabled(f"tag {tag!r} is disabled; an operator can enable it again")
         return row
+
+    def disabled(self) -> set[str]:
+        """Tags the last reload found disabled."""
+        return {tag for tag, row in self.rows.items() if row.disabled}
 
     async def reload(self) -> None:
         """Read the ledger's list again, unless that was done less than
@@ -62,6 +67,14 @@ class TagDirectory:
             self._loaded_at = now
             self._loading = asyncio.ensure_future(self._load())
         # shield: a client that hangs up must not cancel a reload others wait on
+        await asyncio.shield(self._loading)
+
+    async def refresh(self) -> None:
+        """Read the ledger's list again now (the node's periodic reload, which
+        makes disabled tags stop). Not counted against ``min_interval``: that
+        limit is for misses, and a miss right after must still find a new tag."""
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self._load())
         await asyncio.shield(self._loading)
 
     async def _load(self) -> None:

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 from starlette.testclient import TestClient
 
+from pool.claims import LedgerClaims
+from pool.ledger import Ledger
+from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
 
@@ -128,3 +132,51 @@ def test_drain_then_stop_pushes_the_remainder_once(settings: Settings, tag: str)
         assert c.post("/admin/drain", headers=AUTH).status_code == 200
     ranges = pool_ranges(settings, tag)
     assert ranges.count("2-100") == 1
+
+
+def test_a_bounded_tag_is_created_with_max(admin: TestClient, tag: str) -> None:
+    r = admin.post("/admin/tags", json={"tag": tag, "step": 10, "max": 25}, headers=AUTH)
+    assert r.status_code == 201 and (r.json()["max"], r.json()["ids_left"]) == (25, 25)
+    ids = [int(admin.get(f"/id/{tag}").text) for _ in range(25)]
+    assert ids == list(range(1, 26))
+    assert admin.get(f"/id/{tag}").json()["error"] == "tag_exhausted"
+    low = admin.post(
+        "/admin/tags", json={"tag": tag + "x", "start": 10, "max": 9}, headers=AUTH
+    )
+    assert low.status_code == 400 and low.json()["error"] == "bad_max"
+
+
+def test_disable_drains_the_pool_answers_410_and_enable_serves_above(
+    settings: Settings, tag: str
+) -> None:
+    async def fill() -> None:
+        ledger = await Ledger.connect(settings)
+        pool = RedisPool.from_settings(settings)
+        claims = LedgerClaims(ledger, pool)
+        for _ in range(3):
+            await pool.push(tag, [(await claims.claim(tag)).range], head=False)
+        await pool.close()
+        await ledger.close()
+
+    add_tag(settings, tag, step=10)
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as admin:
+        assert admin.get(f"/id/{tag}").text == "1"  # buffer 1-10 here, ledger to 11
+        asyncio.run(fill())  # the pool: 11-20, 21-30, 31-40
+        r = admin.patch(f"/admin/tags/{tag}", json={"disabled": True}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["disabled"] is True
+        assert r.json()["max_id"] == 41  # the high-water mark stays
+        assert pool_ranges(settings, tag) == []
+        gone = admin.get(f"/id/{tag}")
+        assert gone.status_code == 410 and gone.json()["error"] == "tag_disabled"
+        assert admin.get(f"/ids/{tag}", params={"count": 2}).status_code == 410
+        assert admin.get("/readyz").status_code == 200
+        listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+        assert next(t for t in listed if t["tag"] == tag)["disabled"] is True
+        metrics = admin.get("/metrics").text
+        # 30 from the pool, 9 from this node's buffer
+        assert f'idpool_ids_wasted_total{{reason="tag_disabled",tag="{tag}"}} 39.0' in metrics
+        r = admin.patch(f"/admin/tags/{tag}", json={"disabled": False}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["disabled"] is False
+        assert admin.get(f"/id/{tag}").text == "41"  # above everything issued
+        bad = admin.patch(f"/admin/tags/{tag}", json={"disabled": "yes"}, headers=AUTH)
+        assert bad.status_code == 400 and bad.json()["error"] == "bad_disabled"

@@ -20,14 +20,16 @@ from service.health import PROBE_EVERY
 from .conftest import TEST_DATABASE
 
 
-async def _add(settings: Settings, tag: str, step: int = 100, start: int = 1) -> None:
+async def _add(settings: Settings, tag: str, step: int, start: int, end_id: int) -> None:
     ledger = await Ledger.connect(settings)
-    await ledger.add_tag(tag, step=step, start=start)
+    await ledger.add_tag(tag, step=step, start=start, end_id=end_id)
     await ledger.close()
 
 
-def add_tag(settings: Settings, tag: str, step: int = 100, start: int = 1) -> None:
-    asyncio.run(_add(settings, tag, step, start))
+def add_tag(
+    settings: Settings, tag: str, step: int = 100, start: int = 1, end_id: int = MAX_ID
+) -> None:
+    asyncio.run(_add(settings, tag, step, start, end_id))
 
 
 def pool_ranges(settings: Settings, tag: str) -> list[str]:
@@ -330,11 +332,37 @@ def test_one_exhausted_tag_fails_alone(settings: Settings, tag: str) -> None:
     with TestClient(create_app(settings)) as c:
         answers = [c.get(f"/id/{tag}") for _ in range(25)]
         served = [int(r.text) for r in answers if r.status_code == 200]
-        assert served == list(range(MAX_ID - 14, MAX_ID - 4))  # one whole range; no ID past
+        assert served == list(range(MAX_ID - 14, MAX_ID))  # the last range cut short; none past
         refused = answers[-1]
         assert refused.status_code == 503 and refused.json()["error"] == "tag_exhausted"
         assert c.get("/readyz").status_code == 200  # the node serves every other tag
         assert c.get(f"/id/{other}").text == "1"
+
+
+def test_a_bounded_tag_stops_at_its_max_with_503_for_itself_only(
+    settings: Settings, tag: str
+) -> None:
+    js_max = 2**53 - 1
+    add_tag(settings, tag, step=40, start=js_max - 99, end_id=js_max + 1)  # 100 IDs left
+    other = tag + "-other"
+    add_tag(settings, other, step=10)
+    with TestClient(create_app(settings)) as c:
+        ids: list[int] = []
+        for _ in range(20):  # batches that straddle ranges, and the cut-short last one
+            r = c.get(f"/ids/{tag}", params={"count": 7})
+            if r.status_code != 200:
+                break
+            ids += r.json()["ids"]
+        ids += [int(r.text) for r in (c.get(f"/id/{tag}") for _ in range(10)) if r.is_success]
+        assert sorted(ids) == list(range(js_max - 99, js_max + 1))  # every one, none past
+        refused = c.get(f"/id/{tag}")
+        assert refused.status_code == 503 and refused.json()["error"] == "tag_exhausted"
+        assert str(js_max) in refused.json()["message"]
+        assert c.get("/readyz").status_code == 200
+        assert c.get(f"/id/{other}").text == "1"
+        entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
+        assert entry["max"] == js_max and entry["runway_s"] == 0.0
+        assert f'idpool_tag_runway_seconds{{tag="{tag}"}} 0.0' in c.get("/metrics").text
 
 
 def test_head_takes_no_id(client: TestClient, settings: Settings, tag: str) -> None:

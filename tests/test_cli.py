@@ -176,3 +176,28 @@ def test_sigterm_stops_a_node_without_an_error_line(
     text = log.read_text()
     assert "event=node_stopped" in text
     assert " ERROR " not in text and "Traceback" not in text, text
+
+
+def test_tag_max_disable_enable_and_list(settings: Settings, tag: str) -> None:
+    js_max = str(2**53 - 1)
+    added = idpool(settings, "tag", "add", tag, "--step", "10", "--max", js_max)
+    assert added.returncode == 0 and f"max {js_max}" in added.stdout, added.stderr
+    low = idpool(settings, "tag", "add", tag + "x", "--start", "50", "--max", "49")
+    assert low.returncode == 2 and "below --start" in low.stderr
+    over = idpool(settings, "tag", "add", tag + "y", "--max", str(2**63 - 1))
+    assert over.returncode == 2 and "--max" in over.stderr
+
+    def listed() -> list[str]:
+        out = idpool(settings, "tag", "list")
+        assert out.returncode == 0, out.stderr
+        return next(line.split() for line in out.stdout.splitlines() if line.startswith(tag))
+
+    assert listed()[1:] == ["1", "10", "1", js_max, "-", "enabled"]  # no rate yet: no runway
+    off = idpool(settings, "tag", "disable", tag)
+    assert off.returncode == 0 and "disabled" in off.stdout and "max_id 1 is kept" in off.stdout
+    assert listed()[-1] == "disabled"
+    on = idpool(settings, "tag", "enable", tag)
+    assert on.returncode == 0 and "enabled" in on.stdout
+    assert listed()[-1] == "enabled"
+    missing = idpool(settings, "tag", "disable", tag + "nope")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

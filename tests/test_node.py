@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from ops.servers import TcpProxy
+from pool.ledger import Ledger
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
@@ -146,3 +147,29 @@ def test_nodes_report_consumption_and_range_lifetimes(settings: Settings, tag: s
     assert lifetimes["lifetime_ids"] == "10" and float(lifetimes["lifetime_s"]) >= 0
     stats = asyncio.run(_stats(settings, tag))  # a stopping node reports what it handed out
     assert stats["issued"] == "30"  # IDs handed out, not ranges taken
+
+
+def test_a_tag_disabled_elsewhere_stops_here_within_the_reload(
+    settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=1000)
+    s = settings.with_changes(report_seconds=0.1, tag_reload_seconds=0.2)
+
+    async def set_disabled(disabled: bool) -> None:
+        ledger = await Ledger.connect(settings)
+        await ledger.set_disabled(tag, disabled)
+        await ledger.close()
+
+    with TestClient(create_app(s)) as c:
+        assert c.get(f"/id/{tag}").text == "1"  # the buffer holds 2-1000
+        asyncio.run(set_disabled(True))  # as `idpool tag disable` on another machine
+        deadline = time.monotonic() + 3
+        while c.get(f"/id/{tag}").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = c.get(f"/id/{tag}")
+        assert r.status_code == 410 and r.json()["error"] == "tag_disabled"
+        wasted = snapshot_of(c, tag)["counters"]["ids_wasted"]["tag_disabled"]
+        assert 0 < wasted <= 999  # what the buffer still held, never served
+        asyncio.run(set_disabled(False))
+        time.sleep(1.1)  # past IDPOOL_UNKNOWN_TAG_TTL: the next miss reads the list again
+        assert c.get(f"/id/{tag}").text == "1001"  # fresh, above everything claimed

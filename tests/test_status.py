@@ -168,3 +168,37 @@ async def test_concurrent_scrapes_share_one_round_of_store_reads() -> None:
     answers = await asyncio.gather(*(cache.get() for _ in range(20)))
     assert reads == 1 and all(a.errors == {"redis": "read 1"} for a in answers)
     assert (await cache.get()).errors == {"redis": "read 1"}  # within a second: shared
+
+
+def test_runway_is_ids_left_below_the_max_over_the_cluster_rate(
+    settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=100, start=1, end_id=1_000_001)  # max 1,000,000
+
+    async def publish_rate() -> None:
+        pool = RedisPool.from_settings(settings)
+        await pool.write_stats(tag, {"step": "100", "rate": "50.0"})
+        await pool.close()
+
+    asyncio.run(publish_rate())
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/id/{tag}").text == "1"  # the ledger is at 101: 999,900 left to claim
+        entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
+        assert entry["max"] == 1_000_000
+        assert entry["runway_s"] == 999_900 / 50.0
+        assert f'idpool_tag_runway_seconds{{tag="{tag}"}} 19998.0' in c.get("/metrics").text
+        assert "5.6 h" in c.get("/status").text
+
+
+def test_runway_is_none_without_a_bound_or_a_rate() -> None:
+    from datetime import datetime
+
+    from pool.ledger import TagRow
+    from service.status import runway_seconds
+
+    row = TagRow("t", 101, 100, 1, "", datetime.now(), 100, 100, 1001, False)
+    assert runway_seconds(row, 200, 10.0) == 110.0  # 900 in the ledger + 200 in the pool
+    assert runway_seconds(row, 0, None) is None  # no rate yet
+    spent = TagRow("t", 1001, 100, 1, "", datetime.now(), 100, 100, 1001)
+    assert runway_seconds(spent, 0, 0.0) == 0.0
+    assert runway_seconds(TagRow("t", 1, 1, 1, "", datetime.now(), 1, 1), 0, 5.0) is None
