@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from pool.claims import LedgerClaims
 from pool.errors import IdPoolError, TagDisabled, TagExhausted, UnknownTag
@@ -39,6 +39,7 @@ from pool.stores import LedgerStore, PoolStore, open_stores
 from . import admin, metrics, status, status_page
 from .buffer import Draining
 from .node import Node, RangeSource
+from .stats import route_of
 from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.app")
@@ -134,6 +135,7 @@ _LEAF_PREFIX = "/api/segment/get/"
 _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextResponse sends it
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
+_OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
 
 
 class NodeApp(Starlette):
@@ -166,9 +168,21 @@ class NodeApp(Starlette):
             if answer is not None:
                 route, body, content_type = answer
                 node.stats.latency[route].observe(_clock() - started)  # as the routes do
+                node.stats.requests[_OK[route]] += 1
                 await _send(send, body, content_type)
                 return
-        await super().__call__(scope, receive, send)
+        if node is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        counts = node.stats.requests
+        route = route_of(scope["path"])
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                counts[(route, message["status"])] += 1
+            await send(message)
+
+        await super().__call__(scope, receive, counted)
 
     def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:
         """(route, body, content type) for a GET the node can answer from its

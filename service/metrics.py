@@ -3,9 +3,11 @@ by prometheus-client's own families and text encoder."""
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -17,6 +19,19 @@ from .stats import LATENCY_BUCKETS, NodeStats
 from .status import Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _version() -> str:
+    try:
+        return version("idpool")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+VERSION = _version()
+# process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+# read from /proc at each scrape; registered in no global registry.
+_PROCESS = ProcessCollector(registry=None)
 
 
 class _SnapshotCollector:
@@ -101,7 +116,18 @@ class _SnapshotCollector:
                 cumulative += n
                 buckets.append((_bound(bound), cumulative))
             latency.add_metric([route], buckets, sum_value=hist.total)
-        yield from (up, errors, latency)
+        requests = CounterMetricFamily(
+            "idpool_http_requests",
+            "HTTP requests answered by this node, by route and status code",
+            labels=["route", "code"],
+        )
+        for (route, code), n in sorted(self.stats.requests.items()):
+            requests.add_metric([route, str(code)], n)
+        build = GaugeMetricFamily(
+            "idpool_build_info", "Always 1: the running version", labels=["version", "python"]
+        )
+        build.add_metric([VERSION, platform.python_version()], 1)
+        yield from (up, errors, latency, requests, build)
 
 
 def _bound(value: float) -> str:
@@ -111,4 +137,5 @@ def _bound(value: float) -> str:
 def render(snap: Snapshot, stats: NodeStats) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SnapshotCollector(snap, stats))
+    registry.register(_PROCESS)
     return generate_latest(registry)

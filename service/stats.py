@@ -50,10 +50,34 @@ class NodeStats:
         self.tags: defaultdict[str, TagCounters] = defaultdict(TagCounters)
         self.store_errors: Counter[str] = Counter()
         self.latency: defaultdict[str, LatencyHistogram] = defaultdict(LatencyHistogram)
+        # (route, HTTP status) -> requests answered; a plain dict increment on the fast path
+        self.requests: Counter[tuple[str, int]] = Counter()
         self.started_at = time.time()
 
     def waste(self, tag: str, reason: str, ids: int) -> None:
         self.tags[tag].wasted[reason] += ids
+
+
+_EXACT_ROUTES = {
+    "/healthz": "healthz",
+    "/readyz": "readyz",
+    "/status": "status",
+    "/status.json": "status_json",
+    "/metrics": "metrics",
+    "/openapi.json": "openapi",
+}
+
+
+def route_of(path: str) -> str:
+    """The ``route`` label of a request: a handful of names whatever the path
+    (a tag in a label would let any client grow the series without bound)."""
+    if path.startswith(("/id/", "/api/segment/get/")):
+        return "id"
+    if path.startswith("/ids/"):
+        return "ids"
+    if path.startswith("/admin/"):
+        return "admin"
+    return _EXACT_ROUTES.get(path, "other")
 
 
 def rates(history: Iterable[tuple[float, int]]) -> list[tuple[float, float]]:

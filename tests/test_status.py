@@ -202,3 +202,33 @@ def test_runway_is_none_without_a_bound_or_a_rate() -> None:
     spent = TagRow("t", 1001, 100, 1, "", datetime.now(), 100, 100, 1001)
     assert runway_seconds(spent, 0, 0.0) == 0.0
     assert runway_seconds(TagRow("t", 1, 1, 1, "", datetime.now(), 1, 1), 0, 5.0) is None
+
+
+def test_metrics_count_requests_by_route_and_code_with_build_and_process_info(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=100)
+    for _ in range(5):
+        assert client.get(f"/id/{tag}").status_code == 200  # the first routed, then the fast path
+    assert client.get(f"/ids/{tag}", params={"count": 3}).status_code == 200
+    assert client.get(f"/id/{tag}-nope").status_code == 404
+    assert client.get(f"/ids/{tag}", params={"count": 0}).status_code == 400
+    assert client.get("/no/such/path").status_code == 404
+    assert client.get("/healthz").status_code == 200
+    text = client.get("/metrics").text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def requests(route: str, code: int) -> float:
+        return samples[("idpool_http_requests_total", (("code", str(code)), ("route", route)))]
+
+    assert requests("id", 200) == 5 and requests("id", 404) == 1
+    assert requests("ids", 200) == 1 and requests("ids", 400) == 1
+    assert requests("other", 404) == 1 and requests("healthz", 200) == 1
+    build = [k for k in samples if k[0] == "idpool_build_info"]
+    assert len(build) == 1 and ("version", "0.1.0") in build[0][1]
+    assert samples[("process_resident_memory_bytes", ())] > 0
+    assert ("process_cpu_seconds_total", ()) in samples
