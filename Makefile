@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install browser clean
+.PHONY: serve test check install browser promtool clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,8 +24,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# tests/test_alerts.py unit-tests ops/alerts.yml with promtool (Debian's prometheus
+# package); it fails, never skips, when promtool is missing.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
-test: install browser
+test: install browser promtool
 	$(VENV)/bin/ruff check pool service tests ops
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
