@@ -5,7 +5,7 @@ as text; ``GET /ids/{tag}?count=N`` answers ``{"tag": ..., "ids": [...]}``.
 Errors are ``{"error": code, "message": what to fix}``: 400 bad tag or count,
 404 unknown tag, 503 when no range can be had or the node is stopping.
 Operators get ``/healthz``, ``/readyz``, ``/metrics``, ``/status`` (HTML),
-``/status.json`` and, with ``IDPOOL_ADMIN_TOKEN`` set, ``/admin/...``.
+``/status.json``, ``/openapi.json`` and, with ``IDPOOL_ADMIN_TOKEN`` set, ``/admin/...``.
 
 ``NodeApp`` answers ``/id`` and ``/ids`` requests it can serve from memory
 before Starlette's routing (the fast path); the routes answer everything else.
@@ -36,7 +36,7 @@ from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, PoolStore, open_stores
 
-from . import admin, metrics, status, status_page
+from . import admin, metrics, openapi, status, status_page
 from .buffer import Draining
 from .node import Node, RangeSource
 from .stats import route_of
@@ -287,6 +287,11 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         body = metrics.render(await take_snapshot(), state["run"].node.stats)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
+    api_document = orjson.dumps(openapi.document(settings.max_count))
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(api_document, media_type="application/json")
+
     @asynccontextmanager
     async def lifespan(app: NodeApp) -> AsyncIterator[None]:
         ledger, pool = await stores(settings)
@@ -350,6 +355,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         Route("/status", status_html),
         Route("/status.json", status_json),
         Route("/metrics", metrics_text),
+        Route("/openapi.json", openapi_json),
         *admin.routes(settings, lambda: state["run"]),
     ]
     app = NodeApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})

@@ -1,0 +1,264 @@
+"""The OpenAPI 3.0 description of a node's HTTP API, served at ``/openapi.json``.
+
+Written by hand next to the routes rather than generated from them: the fast
+path in ``app.py`` answers before routing, and the interesting part (which
+error codes each route answers, and why) is not in any signature.
+``tests/test_openapi.py`` checks that every Starlette route is described here
+and runs schemathesis against a live node to check the answers match.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
+
+from . import metrics
+
+Schema = dict[str, Any]
+
+_ERROR: Schema = {
+    "type": "object",
+    "required": ["error", "message"],
+    "properties": {
+        "error": {"type": "string", "description": "a stable code, e.g. unknown_tag"},
+        "message": {"type": "string", "description": "what to fix, for people"},
+    },
+    "additionalProperties": False,
+}
+_TAG_ROW: Schema = {
+    "type": "object",
+    "required": ["tag", "max_id", "step", "min_step", "max_step", "start_id", "max",
+                 "ids_left", "disabled", "description"],  # fmt: skip
+    "properties": {
+        "tag": {"type": "string"},
+        "max_id": {"type": "integer", "description": "first ID not yet claimed"},
+        "step": {"type": "integer", "description": "IDs per range"},
+        "min_step": {"type": "integer"},
+        "max_step": {"type": "integer"},
+        "start_id": {"type": "integer"},
+        "max": {
+            "type": "integer",
+            "nullable": True,
+            "description": "highest ID the tag may hand out; null: no bound below 2^63",
+        },
+        "ids_left": {"type": "integer", "description": "IDs not yet claimed below the max"},
+        "disabled": {"type": "boolean"},
+        "description": {"type": "string"},
+    },
+}
+_TAG_PARAM: Schema = {
+    "name": "tag",
+    "in": "path",
+    "required": True,
+    "description": "1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit",
+    "schema": {"type": "string", "pattern": f"^{TAG_PATTERN.pattern}$"},
+}
+_WHY = {
+    "bad_tag": "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -",
+    "bad_count": "count missing, repeated, not an integer, or out of range",
+    "unknown_tag": "no such tag (idpool tag add TAG)",
+    "not_found": "no such path",
+    "tag_disabled": "an operator disabled the tag",
+    "unavailable": "no range could be had: the message names the store that is down",
+    "tag_exhausted": "the tag handed out every ID up to its max; other tags are served",
+    "draining": "the node is shutting down; retry on another node",
+    "unauthorized": "missing or wrong Authorization: Bearer <IDPOOL_ADMIN_TOKEN>",
+    "admin_off": "the admin API is off (no IDPOOL_ADMIN_TOKEN)",
+    "bad_body": "the body is not a JSON object, or names a field the call does not take",
+    "tag_exists": "the tag exists",
+    "start_below_issued": "a start may only move forward",
+    "method_not_allowed": "wrong method (HEAD on /id and /ids would use up IDs)",
+}
+
+
+def _error(status: str, *codes: str) -> tuple[str, Schema]:
+    why = "; ".join(f"`{code}`: {_WHY.get(code, code)}" for code in codes)
+    return status, {
+        "description": why,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _ok(description: str, media: str, schema: Schema, status: str = "200") -> tuple[str, Schema]:
+    return status, {"description": description, "content": {media: {"schema": schema}}}
+
+
+_TEXT: Schema = {"type": "string"}
+_ID_ERRORS = [
+    _error("400", "bad_tag", "bad_count"),
+    _error("404", "unknown_tag", "not_found"),
+    _error("405", "method_not_allowed"),
+    _error("410", "tag_disabled"),
+    _error("503", "unavailable", "tag_exhausted", "draining"),
+]
+_ADMIN_ERRORS = [
+    _error("401", "unauthorized"),
+    _error("404", "admin_off", "unknown_tag", "not_found"),
+    _error("405", "method_not_allowed"),
+    _error("503", "unavailable"),
+]
+
+
+def _op(summary: str, answers: list[tuple[str, Schema]], **more: Any) -> Schema:
+    return {"summary": summary, "responses": dict(answers), **more}
+
+
+def _one_id(summary: str) -> Schema:
+    return _op(
+        summary,
+        [_ok("one ID, as decimal text", "text/plain", {"type": "string", "pattern": "^[0-9]+$"}),
+         *_ID_ERRORS],  # fmt: skip
+        parameters=[_TAG_PARAM],
+    )
+
+
+def _admin(summary: str, answers: list[tuple[str, Schema]], **more: Any) -> Schema:
+    return _op(summary, [*answers, *_ADMIN_ERRORS], security=[{"bearer": []}], **more)
+
+
+def _body(schema: Schema) -> Schema:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def document(max_count: int) -> Schema:
+    """The OpenAPI document of a node whose ``/ids`` takes up to ``max_count``."""
+    tag_row = {"$ref": "#/components/schemas/TagRow"}
+    new_tag: Schema = {
+        "type": "object",
+        "required": ["tag"],
+        "properties": {
+            "tag": {"type": "string", "pattern": f"^{TAG_PATTERN.pattern}$"},
+            "step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP},
+            "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            "max": {"type": "integer", "minimum": 1, "maximum": MAX_ID - 1, "nullable": True},
+            "description": {"type": "string", "maxLength": 255},
+        },
+        "additionalProperties": False,
+    }
+    change: Schema = {
+        "type": "object",
+        "minProperties": 1,
+        "properties": {
+            "step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP},
+            "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            "disabled": {"type": "boolean"},
+        },
+        "additionalProperties": False,
+    }
+    ranges: Schema = {"type": "array", "items": {"type": "string"}}
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "idpool",
+            "version": metrics.VERSION,
+            "description": "Distributed 64-bit IDs: unique across every node, roughly "
+            "increasing. Errors are JSON {error, message}.",
+        },
+        "paths": {
+            "/id/{tag}": {"get": _one_id("One ID")},
+            "/api/segment/get/{tag}": {"get": _one_id("One ID (Meituan Leaf's path)")},
+            "/ids/{tag}": {
+                "get": _op(
+                    "A batch of IDs, increasing within each range",
+                    [
+                        _ok("the IDs", "application/json", {
+                            "type": "object",
+                            "required": ["tag", "ids"],
+                            "properties": {
+                                "tag": {"type": "string"},
+                                "ids": {"type": "array", "items": {"type": "integer"}},
+                            },
+                            "additionalProperties": False,
+                        }),
+                        *_ID_ERRORS,
+                    ],  # fmt: skip
+                    parameters=[
+                        _TAG_PARAM,
+                        {
+                            "name": "count",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "integer", "minimum": 1, "maximum": max_count},
+                        },
+                    ],
+                )
+            },
+            "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
+            "/readyz": {
+                "get": _op(
+                    "Readiness: 503 while starting, draining, or with no IDs and no Redis",
+                    [_ok("ready", "text/plain", _TEXT), _error("503", "not_ready")],
+                )
+            },
+            "/metrics": {
+                "get": _op("Prometheus metrics", [_ok("exposition", "text/plain", _TEXT)])
+            },
+            "/status": {"get": _op("Status page", [_ok("HTML page", "text/html", _TEXT)])},
+            "/status.json": {
+                "get": _op(
+                    "The status page's data",
+                    [_ok("snapshot", "application/json", {
+                        "type": "object", "required": ["node", "stores", "tags"],
+                    })],  # fmt: skip
+                )
+            },
+            "/openapi.json": {
+                "get": _op("This document", [_ok("OpenAPI 3.0", "application/json",
+                                                  {"type": "object"})])  # fmt: skip
+            },
+            "/admin/tags": {
+                "get": _admin(
+                    "List tags",
+                    [_ok("every tag", "application/json", {
+                        "type": "object", "required": ["tags"],
+                        "properties": {"tags": {"type": "array", "items": tag_row}},
+                    })],  # fmt: skip
+                ),
+                "post": _admin(
+                    "Create a tag",
+                    [
+                        _ok("created", "application/json", tag_row, "201"),
+                        _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_max",
+                               "bad_description"),
+                        _error("409", "tag_exists"),
+                    ],  # fmt: skip
+                    requestBody=_body(new_tag),
+                ),
+            },
+            "/admin/tags/{tag}": {
+                "patch": _admin(
+                    "Change the step, move the start forward, disable or enable",
+                    [
+                        _ok("the row after the change", "application/json", tag_row),
+                        _error("400", "bad_body", "bad_tag", "bad_step", "bad_start",
+                               "bad_disabled"),
+                        _error("409", "start_below_issued"),
+                    ],  # fmt: skip
+                    parameters=[_TAG_PARAM],
+                    requestBody=_body(change),
+                )
+            },
+            "/admin/drain": {
+                "post": _admin(
+                    "Stop serving here and return the remainders to the pool",
+                    [_ok("what was returned or abandoned", "application/json", {
+                        "type": "object",
+                        "required": ["draining", "returned", "abandoned"],
+                        "properties": {"draining": {"type": "boolean"},
+                                       "returned": ranges, "abandoned": ranges},
+                    })],  # fmt: skip
+                )
+            },
+        },
+        "components": {
+            "schemas": {"Error": _ERROR, "TagRow": _TAG_ROW},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "IDPOOL_ADMIN_TOKEN",
+                }
+            },
+        },
+    }
