@@ -18,6 +18,7 @@ import aiomysql
 import pymysql
 
 from .errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
+from .tokens import TokenRow
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 
@@ -43,6 +44,17 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
                              ON UPDATE CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+"""
+
+TOKENS = "idpool_tokens"
+TOKENS_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TOKENS} (
+    tag        VARCHAR(64)  NOT NULL,
+    token_id   VARCHAR(16)  NOT NULL COMMENT 'names the token; not secret',
+    token_hash CHAR(64)     NOT NULL COMMENT 'hex SHA-256 of the token (never the token)',
+    created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+    PRIMARY KEY (tag, token_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 """
 
@@ -160,6 +172,7 @@ class Ledger:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "table already exists" is the normal case
                 await cur.execute(SCHEMA)
+                await cur.execute(TOKENS_SCHEMA)
                 for column, definition in _MIGRATIONS:
                     await _add_column(cur, column, definition)
 
@@ -324,6 +337,46 @@ class Ledger:
                     tuple(names),
                 )
             return [_tag_row(row) for row in await cur.fetchall()]
+
+        return await self._run(op)
+
+    async def add_token(self, tag: str, token_id: str, token_hash: str) -> TokenRow:
+        """Store a token's hash for ``tag``. Raises UnknownTag."""
+
+        async def op(cur: Any) -> None:
+            # INSERT ... SELECT: the tag's row must exist, in the same statement.
+            added = await cur.execute(
+                f"INSERT INTO {TOKENS} (tag, token_id, token_hash) "
+                f"SELECT tag, %s, %s FROM {TABLE} WHERE tag = %s",
+                (token_id, token_hash, tag),
+            )
+            if added != 1:
+                raise UnknownTag(tag)
+
+        await self._run(op)
+        return next(t for t in await self.list_tokens(tag) if t.token_id == token_id)
+
+    async def list_tokens(self, tag: str | None = None) -> list[TokenRow]:
+        """Every tag's tokens (hashes), or one tag's."""
+
+        async def op(cur: Any) -> list[TokenRow]:
+            query = f"SELECT tag, token_id, token_hash, created_at FROM {TOKENS}"
+            if tag is None:
+                await cur.execute(query + " ORDER BY tag, created_at")
+            else:
+                await cur.execute(query + " WHERE tag = %s ORDER BY created_at", (tag,))
+            return [TokenRow(*row) for row in await cur.fetchall()]
+
+        return await self._run(op)
+
+    async def revoke_token(self, tag: str, token_id: str) -> bool:
+        """Delete one token; False when the tag has no such token."""
+
+        async def op(cur: Any) -> bool:
+            deleted = await cur.execute(
+                f"DELETE FROM {TOKENS} WHERE tag = %s AND token_id = %s", (tag, token_id)
+            )
+            return bool(deleted)
 
         return await self._run(op)
 

@@ -68,6 +68,14 @@ CREATE TABLE IF NOT EXISTS idpool_leases (
 CREATE TABLE IF NOT EXISTS idpool_moved (
     tag TEXT NOT NULL PRIMARY KEY
 );
+-- Per-tag tokens, hashed (pool/tokens.py).
+CREATE TABLE IF NOT EXISTS idpool_tokens (
+    tag        TEXT NOT NULL,
+    token_id   TEXT NOT NULL,
+    token_hash TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (tag, token_id)
+);
 """
 
 # Columns added since the first release: files made before get them in place.

@@ -20,6 +20,7 @@ from .ledger import TagRow, check_bound, cut, step_bounds
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
+from .tokens import TokenRow
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled"
@@ -154,6 +155,48 @@ class SqliteLedger:
                 (step, time.time(), tag),
             )
             return _select(conn, tag).step
+
+        return await self.file.write(op)
+
+    async def add_token(self, tag: str, token_id: str, token_hash: str) -> TokenRow:
+        """Store a token's hash for ``tag``. Raises UnknownTag."""
+
+        def op(conn: sqlite3.Connection) -> TokenRow:
+            _select(conn, tag)  # raises UnknownTag; the write lock keeps the row there
+            now = time.time()
+            conn.execute(
+                "INSERT INTO idpool_tokens (tag, token_id, token_hash, created_at) "
+                "VALUES (?, ?, ?, ?)",
+                (tag, token_id, token_hash, now),
+            )
+            return TokenRow(tag, token_id, token_hash, datetime.fromtimestamp(now, UTC))
+
+        return await self.file.write(op)
+
+    async def list_tokens(self, tag: str | None = None) -> list[TokenRow]:
+        """Every tag's tokens (hashes), or one tag's."""
+
+        def op(conn: sqlite3.Connection) -> list[TokenRow]:
+            rows = conn.execute(
+                "SELECT tag, token_id, token_hash, created_at FROM idpool_tokens "
+                "ORDER BY tag, created_at"
+            ).fetchall()
+            return [
+                TokenRow(t, i, h, datetime.fromtimestamp(c, UTC))
+                for t, i, h, c in rows
+                if tag is None or t == tag
+            ]
+
+        return await self.file.read(op)
+
+    async def revoke_token(self, tag: str, token_id: str) -> bool:
+        """Delete one token; False when the tag has no such token."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "DELETE FROM idpool_tokens WHERE tag = ? AND token_id = ?", (tag, token_id)
+            )
+            return cur.rowcount > 0
 
         return await self.file.write(op)
 

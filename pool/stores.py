@@ -18,6 +18,7 @@ from .redis_pool import PoolSummary, PopResult, PushResult, RedisPool
 from .settings import Settings
 from .sqlite_ledger import SqliteLedger
 from .sqlite_pool import SqlitePool
+from .tokens import TokenRow
 
 
 class LedgerStore(Protocol):
@@ -51,6 +52,12 @@ class LedgerStore(Protocol):
     async def get_tag(self, tag: str) -> TagRow: ...
 
     async def list_tags(self, names: Sequence[str] | None = None) -> list[TagRow]: ...
+
+    async def add_token(self, tag: str, token_id: str, token_hash: str) -> TokenRow: ...
+
+    async def list_tokens(self, tag: str | None = None) -> list[TokenRow]: ...
+
+    async def revoke_token(self, tag: str, token_id: str) -> bool: ...
 
 
 class PoolStore(Protocol):

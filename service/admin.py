@@ -1,5 +1,5 @@
 """The admin API: create tags, change a step, move a start forward, disable or
-enable a tag, drain the node.
+enable a tag, add, list and revoke a tag's tokens, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -23,6 +24,7 @@ from pool.errors import IdPoolError, StartBelowIssued, StoreUnavailable, TagExis
 from pool.ledger import TagRow
 from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, IdRange, is_valid_tag
 from pool.settings import Settings
+from pool.tokens import hash_token, new_token
 
 if TYPE_CHECKING:
     from .app import Running
@@ -71,6 +73,10 @@ def _int(body: dict[str, Any], name: str, default: int | None, top: int) -> int 
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
         return _error(400, f"bad_{name}", f"{name} must be an integer from 1 to {top}")
     return value
+
+
+def _when(at: datetime) -> str:
+    return at.isoformat()
 
 
 def _count_drained(run: Running, tag: str, drained: list[IdRange]) -> None:
@@ -205,6 +211,62 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
             return _error(503, "unavailable", str(e))
         return _json(_row(row))
 
+    async def add_token(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        tag = request.path_params["tag"]
+        if not is_valid_tag(tag):
+            return _error(400, "bad_tag", f"tag must be {TAG_RULE}")
+        run = running()
+        token_id, token = new_token()
+        try:
+            row = await run.ledger.add_token(tag, token_id, hash_token(token))
+            await run.node.tags.refresh()  # enforced here at once; elsewhere within a reload
+        except UnknownTag:
+            return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
+        except IdPoolError as e:
+            return _error(503, "unavailable", str(e))
+        # The only time the token is shown: only its hash is stored.
+        return _json(
+            {"tag": tag, "id": token_id, "token": token, "created_at": _when(row.created_at)},
+            201,
+        )
+
+    async def list_tokens(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        tag = request.path_params["tag"]
+        if not is_valid_tag(tag):
+            return _error(400, "bad_tag", f"tag must be {TAG_RULE}")
+        run = running()
+        try:
+            await run.ledger.get_tag(tag)
+            rows = await run.ledger.list_tokens(tag)
+        except UnknownTag:
+            return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
+        except IdPoolError as e:
+            return _error(503, "unavailable", str(e))
+        tokens = [{"id": t.token_id, "created_at": _when(t.created_at)} for t in rows]
+        return _json({"tag": tag, "tokens": tokens})
+
+    async def revoke_token(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        tag, token_id = request.path_params["tag"], request.path_params["token_id"]
+        if not is_valid_tag(tag):
+            return _error(400, "bad_tag", f"tag must be {TAG_RULE}")
+        run = running()
+        try:
+            revoked = await run.ledger.revoke_token(tag, token_id[:16])
+            await run.node.tags.refresh()
+        except IdPoolError as e:
+            return _error(503, "unavailable", str(e))
+        if not revoked:
+            return _error(
+                404, "unknown_token", f"tag {tag!r} has no token {token_id[:16]!r} (list them)"
+            )
+        return _json({"tag": tag, "revoked": token_id})
+
     async def drain(request: Request) -> Response:
         if (refused := denied(request)) is not None:
             return refused
@@ -221,5 +283,8 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         Route("/admin/tags", list_tags, methods=["GET"]),
         Route("/admin/tags", add_tag, methods=["POST"]),
         Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+        Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
+        Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
+        Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),
         Route("/admin/drain", drain, methods=["POST"]),
     ]

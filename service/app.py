@@ -35,6 +35,7 @@ from pool.preloader import Preloader
 from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, PoolStore, open_stores
+from pool.tokens import matches
 
 from . import admin, metrics, openapi, status, status_page
 from .buffer import Draining
@@ -118,6 +119,32 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+async def _token_refused(node: Node, tag: str, request: Request) -> Response | None:
+    """None when the tag has no tokens or the request shows one of them
+    (``Authorization: Bearer`` or a ``token`` query parameter, for Leaf-style
+    clients); else the 401 (or the tag's own failure: unknown, disabled)."""
+    if tag not in node.tags.rows:
+        try:
+            await node.tags.lookup(tag)  # the tokens are read with the tag list
+        except IdPoolError as e:
+            return _failure(tag, e)
+    hashes = node.tags.tokens.get(tag)
+    if not hashes:
+        return None
+    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+    given = credential if scheme.lower() == "bearer" else request.query_params.get("token")
+    if given and matches(given, hashes):
+        return None
+    response = error(
+        401,
+        "unauthorized",
+        f"tag {tag!r} needs one of its tokens: send Authorization: Bearer <token> "
+        "or ?token=<token> (`idpool tag token add` makes one)",
+    )
+    response.headers["www-authenticate"] = "Bearer"
+    return response
+
+
 def _parse_count(request: Request, limit: int) -> int | Response:
     values = request.query_params.getlist("count")
     if len(values) != 1:
@@ -191,12 +218,14 @@ class NodeApp(Starlette):
         take() and take_many() are synchronous: no await between reading and
         advancing a buffer, so concurrent requests cannot get the same ID.
         """
+        guarded = node.tags.tokens  # tags with tokens: the routes check the token
         if path.startswith("/ids/"):
             tag = path[5:]
             buf = node.buffers.get(tag)  # only valid tags (no "/") have a buffer
             digits = query[6:]  # after b"count="; any other query form goes to the route
             if (
                 buf is None
+                or (guarded and tag in guarded)
                 or not query.startswith(b"count=")
                 or not (digits.isdigit() and len(digits) <= 6)
                 or not 1 <= (count := int(digits)) <= min(self.max_count, buf.in_memory)
@@ -208,6 +237,8 @@ class NodeApp(Starlette):
         elif path.startswith(_LEAF_PREFIX):
             tag = path[len(_LEAF_PREFIX) :]
         else:
+            return None
+        if guarded and tag in guarded:
             return None
         buf = node.buffers.get(tag)  # "/id/a/b" finds none
         value = None if buf is None else buf.take()
@@ -235,6 +266,8 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             return _head_refused()
         if not is_valid_tag(tag):
             return _bad_tag(tag)
+        if (refused := await _token_refused(node, tag, request)) is not None:
+            return refused
         try:
             value = await node.next_id(tag)
         except IdPoolError as e:
@@ -253,6 +286,8 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         if isinstance(count, Response):
             return count
         node = state["run"].node
+        if (refused := await _token_refused(node, tag, request)) is not None:
+            return refused
         try:
             ids = await node.next_ids(tag, count)
         except IdPoolError as e:

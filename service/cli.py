@@ -1,5 +1,5 @@
 """The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
-pool show.
+tag token add/list/revoke, pool show.
 
 Logging is configured here and nowhere else.
 """
@@ -11,6 +11,7 @@ import asyncio
 import logging
 import logging.config
 import os
+import re
 import signal
 import socket
 import sys
@@ -24,6 +25,7 @@ from pool.preloader import Preloader
 from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, open_ledger, open_pool, open_stores
+from pool.tokens import hash_token, new_token
 from service.node import Node, RangeSource
 from service.status import runway_seconds, snapshot
 
@@ -32,6 +34,24 @@ EXIT_UNAVAILABLE = 3
 EXIT_CANNOT_LISTEN = 4
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
+
+
+_TOKEN_IN_QUERY = re.compile(r"(?i)([?&]token=)[^&\s\"]*")
+
+
+class RedactTokens(logging.Filter):
+    """Blank ``token=`` query parameters in every line (uvicorn's access log
+    writes the full path): a tag's token must never reach a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TOKEN_IN_QUERY.sub(r"\1[redacted]", a) if isinstance(a, str) else a
+                for a in record.args
+            )
+        if isinstance(record.msg, str):
+            record.msg = _TOKEN_IN_QUERY.sub(r"\1[redacted]", record.msg)
+        return True
 
 
 def logging_config(level: str, access_log: bool = False) -> dict[str, Any]:
@@ -53,11 +73,13 @@ def logging_config(level: str, access_log: bool = False) -> dict[str, Any]:
         "formatters": {
             "line": {"format": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"}
         },
+        "filters": {"redact_tokens": {"()": "service.cli.RedactTokens"}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "formatter": "line",
                 "stream": "ext://sys.stderr",
+                "filters": ["redact_tokens"],
             }
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
@@ -149,6 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         toggle = tag.add_parser(verb, parents=[embedded], help=what)
         toggle.add_argument("tag", type=_tag)
+    token = tag.add_parser("token", help="a tag's tokens").add_subparsers(
+        dest="token_command", required=True
+    )
+    token_add = token.add_parser(
+        "add", parents=[embedded], help="make a token; from then on the tag needs one"
+    )
+    token_add.add_argument("tag", type=_tag)
+    token_list = token.add_parser("list", parents=[embedded], help="a tag's token ids")
+    token_list.add_argument("tag", type=_tag)
+    revoke = token.add_parser("revoke", parents=[embedded], help="delete one token")
+    revoke.add_argument("tag", type=_tag)
+    revoke.add_argument("token_id")
     step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
@@ -290,6 +324,8 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
             return await _tag_start(settings, ledger, args)
         if args.tag_command in ("disable", "enable"):
             return await _tag_toggle(settings, ledger, args)
+        if args.tag_command == "token":
+            return await _tag_token(ledger, args)
         return await _tag_list(settings, ledger)
     finally:
         await ledger.close()
@@ -318,6 +354,37 @@ async def _tag_list(settings: Settings, ledger: LedgerStore) -> int:
             f"{_show(row.max):>20} {_duration(runway):>10} "
             f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
         )
+    return 0
+
+
+async def _tag_token(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    try:
+        await ledger.get_tag(args.tag)
+        if args.token_command == "add":
+            token_id, token = new_token()
+            await ledger.add_token(args.tag, token_id, hash_token(token))
+            # stdout only, never a log line: this is the one time the token is shown
+            print(f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed:")
+            print(token)
+            print(
+                f"{args.tag} now needs a token (Authorization: Bearer <token> or ?token=) "
+                "at every node within IDPOOL_TAG_RELOAD_SECONDS"
+            )
+            return 0
+        if args.token_command == "revoke":
+            if not await ledger.revoke_token(args.tag, args.token_id):
+                print(f"idpool: tag {args.tag!r} has no token {args.token_id!r}", file=sys.stderr)
+                return EXIT_USAGE
+            print(f"{args.tag}: token {args.token_id} revoked")
+            return 0
+        rows = await ledger.list_tokens(args.tag)
+    except UnknownTag:
+        print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    if not rows:
+        print(f"{args.tag}: no tokens; served to anyone")
+    for row in rows:
+        print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S}")
     return 0
 
 

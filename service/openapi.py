@@ -54,6 +54,14 @@ _TAG_PARAM: Schema = {
     "description": "1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit",
     "schema": {"type": "string", "pattern": f"^{TAG_PATTERN.pattern}$"},
 }
+_TOKEN_PARAM: Schema = {
+    "name": "token",
+    "in": "query",
+    "required": False,
+    "description": "one of the tag's tokens, for clients that cannot send a header "
+    "(Authorization: Bearer <token> works too); only for tags that have tokens",
+    "schema": {"type": "string"},
+}
 _WHY = {
     "bad_tag": "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -",
     "bad_count": "count missing, repeated, not an integer, or out of range",
@@ -63,7 +71,9 @@ _WHY = {
     "unavailable": "no range could be had: the message names the store that is down",
     "tag_exhausted": "the tag handed out every ID up to its max; other tags are served",
     "draining": "the node is shutting down; retry on another node",
-    "unauthorized": "missing or wrong Authorization: Bearer <IDPOOL_ADMIN_TOKEN>",
+    "unauthorized": "missing or wrong token (the admin token; or the tag's own, for a tag "
+    "with tokens)",
+    "unknown_token": "the tag has no token with this id",
     "admin_off": "the admin API is off (no IDPOOL_ADMIN_TOKEN)",
     "bad_body": "the body is not a JSON object, or names a field the call does not take",
     "tag_exists": "the tag exists",
@@ -87,6 +97,7 @@ def _ok(description: str, media: str, schema: Schema, status: str = "200") -> tu
 _TEXT: Schema = {"type": "string"}
 _ID_ERRORS = [
     _error("400", "bad_tag", "bad_count"),
+    _error("401", "unauthorized"),
     _error("404", "unknown_tag", "not_found"),
     _error("405", "method_not_allowed"),
     _error("410", "tag_disabled"),
@@ -94,7 +105,7 @@ _ID_ERRORS = [
 ]
 _ADMIN_ERRORS = [
     _error("401", "unauthorized"),
-    _error("404", "admin_off", "unknown_tag", "not_found"),
+    _error("404", "admin_off", "unknown_tag", "unknown_token", "not_found"),
     _error("405", "method_not_allowed"),
     _error("503", "unavailable"),
 ]
@@ -109,8 +120,13 @@ def _one_id(summary: str) -> Schema:
         summary,
         [_ok("one ID, as decimal text", "text/plain", {"type": "string", "pattern": "^[0-9]+$"}),
          *_ID_ERRORS],  # fmt: skip
-        parameters=[_TAG_PARAM],
+        parameters=[_TAG_PARAM, _TOKEN_PARAM],
+        security=_TAG_SECURITY,
     )
+
+
+# A tag with tokens needs one (bearer or the token parameter); one without, nothing.
+_TAG_SECURITY: list[Schema] = [{}, {"tag_token": []}]
 
 
 def _admin(summary: str, answers: list[tuple[str, Schema]], **more: Any) -> Schema:
@@ -173,8 +189,10 @@ def document(max_count: int) -> Schema:
                         }),
                         *_ID_ERRORS,
                     ],  # fmt: skip
+                    security=_TAG_SECURITY,
                     parameters=[
                         _TAG_PARAM,
+                        _TOKEN_PARAM,
                         {
                             "name": "count",
                             "in": "query",
@@ -239,6 +257,59 @@ def document(max_count: int) -> Schema:
                     requestBody=_body(change),
                 )
             },
+            "/admin/tags/{tag}/tokens": {
+                "post": _admin(
+                    "Make a token for the tag; from then on the tag needs one",
+                    [
+                        _ok("the token: shown this once, stored only hashed",
+                            "application/json", {
+                                "type": "object",
+                                "required": ["tag", "id", "token", "created_at"],
+                                "properties": {"tag": {"type": "string"},
+                                               "id": {"type": "string"},
+                                               "token": {"type": "string"},
+                                               "created_at": {"type": "string"}},
+                            }, "201"),
+                        _error("400", "bad_tag"),
+                    ],  # fmt: skip
+                    parameters=[_TAG_PARAM],
+                ),
+                "get": _admin(
+                    "The tag's token ids (never the tokens)",
+                    [
+                        _ok("token ids", "application/json", {
+                            "type": "object",
+                            "required": ["tag", "tokens"],
+                            "properties": {"tag": {"type": "string"}, "tokens": {
+                                "type": "array",
+                                "items": {"type": "object", "required": ["id", "created_at"],
+                                          "properties": {"id": {"type": "string"},
+                                                         "created_at": {"type": "string"}}},
+                            }},
+                        }),
+                        _error("400", "bad_tag"),
+                    ],  # fmt: skip
+                    parameters=[_TAG_PARAM],
+                ),
+            },
+            "/admin/tags/{tag}/tokens/{token_id}": {
+                "delete": _admin(
+                    "Revoke one token",
+                    [
+                        _ok("revoked", "application/json", {
+                            "type": "object", "required": ["tag", "revoked"],
+                            "properties": {"tag": {"type": "string"},
+                                           "revoked": {"type": "string"}},
+                        }),
+                        _error("400", "bad_tag"),
+                    ],  # fmt: skip
+                    parameters=[
+                        _TAG_PARAM,
+                        {"name": "token_id", "in": "path", "required": True,
+                         "schema": {"type": "string"}},
+                    ],  # fmt: skip
+                ),
+            },
             "/admin/drain": {
                 "post": _admin(
                     "Stop serving here and return the remainders to the pool",
@@ -258,7 +329,12 @@ def document(max_count: int) -> Schema:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "IDPOOL_ADMIN_TOKEN",
-                }
+                },
+                "tag_token": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "one of the tag's tokens (idpool tag token add)",
+                },
             },
         },
     }

@@ -28,6 +28,9 @@ class TagDirectory:
         self.ledger = ledger
         self.min_interval = min_interval
         self.rows: dict[str, TagRow] = {}
+        # tag -> hashes of its tokens, for the tags that have any (pool/tokens.py);
+        # read with the rows, so a token added or revoked counts within a reload
+        self.tokens: dict[str, frozenset[str]] = {}
         self._clock = clock
         self._loaded_at: float | None = None  # when the last reload was started
         self._loading: asyncio.Task[None] | None = None
@@ -80,10 +83,16 @@ class TagDirectory:
     async def _load(self) -> None:
         try:
             rows = await self.ledger.list_tags()
+            tokens = await self.ledger.list_tokens()
         except StoreUnavailable as e:
             self._error = e
             raise
         finally:
             self._loading = None
         self._error = None
+        hashes: dict[str, set[str]] = {}
+        for token in tokens:
+            hashes.setdefault(token.tag, set()).add(token.token_hash)
+        # Both in one synchronous step: no request sees new rows with old tokens.
         self.rows = {row.tag: row for row in rows}
+        self.tokens = {tag: frozenset(found) for tag, found in hashes.items()}

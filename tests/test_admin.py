@@ -180,3 +180,37 @@ def test_disable_drains_the_pool_answers_410_and_enable_serves_above(
         assert admin.get(f"/id/{tag}").text == "41"  # above everything issued
         bad = admin.patch(f"/admin/tags/{tag}", json={"disabled": "yes"}, headers=AUTH)
         assert bad.status_code == 400 and bad.json()["error"] == "bad_disabled"
+
+
+def test_a_tag_with_tokens_serves_only_requests_that_show_one(
+    admin: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=100)
+    open_tag = tag + "-open"
+    add_tag(settings, open_tag, step=100)
+    assert admin.get(f"/id/{tag}").text == "1"  # no tokens yet: as before (a buffer now)
+    made = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH)
+    assert made.status_code == 201
+    token, token_id = made.json()["token"], made.json()["id"]
+    assert len(token) >= 40
+    # The buffer holds IDs: the fast path must not answer without the token.
+    for path in (f"/id/{tag}", f"/api/segment/get/{tag}", f"/ids/{tag}?count=2"):
+        refused = admin.get(path)
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized", path
+        assert token not in refused.text
+        wrong = admin.get(path, headers={"Authorization": "Bearer " + token[:-1] + "x"})
+        assert wrong.status_code == 401, path
+    assert admin.get(f"/id/{tag}", headers={"Authorization": f"Bearer {token}"}).text == "2"
+    assert admin.get(f"/id/{tag}", params={"token": token}).text == "3"  # Leaf-style clients
+    batch = admin.get(f"/ids/{tag}", params={"count": 2, "token": token})
+    assert batch.json()["ids"] == [4, 5]
+    assert admin.get(f"/id/{open_tag}").text == "1"  # other tags: no token needed
+    listed = admin.get(f"/admin/tags/{tag}/tokens", headers=AUTH).json()
+    assert [t["id"] for t in listed["tokens"]] == [token_id] and token not in str(listed)
+    gone = admin.delete(f"/admin/tags/{tag}/tokens/{token_id}", headers=AUTH)
+    assert gone.status_code == 200
+    again = admin.delete(f"/admin/tags/{tag}/tokens/{token_id}", headers=AUTH)
+    assert again.status_code == 404 and again.json()["error"] == "unknown_token"
+    assert admin.get(f"/id/{tag}").text == "6"  # no tokens left: served to anyone again
+    nosuch = admin.post(f"/admin/tags/{tag}-nope/tokens", headers=AUTH)
+    assert nosuch.status_code == 404 and nosuch.json()["error"] == "unknown_tag"

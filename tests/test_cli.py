@@ -201,3 +201,39 @@ def test_tag_max_disable_enable_and_list(settings: Settings, tag: str) -> None:
     assert listed()[-1] == "enabled"
     missing = idpool(settings, "tag", "disable", tag + "nope")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_tag_token_add_list_revoke(settings: Settings, tag: str) -> None:
+    assert idpool(settings, "tag", "add", tag).returncode == 0
+    added = idpool(settings, "tag", "token", "add", tag)
+    assert added.returncode == 0, added.stderr
+    lines = added.stdout.splitlines()
+    token_id, token = lines[0].split()[2], lines[1]
+    assert len(token) >= 40 and token not in added.stderr  # shown once, never logged
+    listed = idpool(settings, "tag", "token", "list", tag)
+    assert listed.stdout.split()[0] == token_id and token not in listed.stdout
+    revoked = idpool(settings, "tag", "token", "revoke", tag, token_id)
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout
+    again = idpool(settings, "tag", "token", "revoke", tag, token_id)
+    assert again.returncode == 2 and "no token" in again.stderr
+    assert "no tokens" in idpool(settings, "tag", "token", "list", tag).stdout
+    missing = idpool(settings, "tag", "token", "add", tag + "nope")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_tokens_in_query_strings_never_reach_a_log_line() -> None:
+    import logging
+
+    from service.cli import RedactTokens
+
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/ids/orders?count=3&token=s3cr3t&x=1", "1.1", 200), None,
+    )  # fmt: skip
+    from service.cli import logging_config
+
+    stderr = logging_config("info", access_log=True)["handlers"]["stderr"]
+    assert stderr["filters"] == ["redact_tokens"]  # every line, uvicorn's access log too
+    assert RedactTokens().filter(record)
+    line = record.getMessage()
+    assert "s3cr3t" not in line and "count=3&token=[redacted]&x=1" in line

@@ -303,3 +303,25 @@ async def test_a_sqlite_file_from_before_bounds_is_migrated_in_place(
             assert await led.claim("old") == IdRange(start, start + 100)
         finally:
             await led.close()
+
+
+async def test_tokens_are_stored_hashed_listed_and_revoked(ledger: LedgerStore, tag: str) -> None:
+    from pool.tokens import hash_token, matches, new_token
+
+    await ledger.add_tag(tag, step=10, start=1)
+    token_id, token = new_token()
+    row = await ledger.add_token(tag, token_id, hash_token(token))
+    assert (row.tag, row.token_id, row.token_hash) == (tag, token_id, hash_token(token))
+    other_id, other = new_token()
+    await ledger.add_token(tag, other_id, hash_token(other))
+    mine = await ledger.list_tokens(tag)
+    assert {t.token_id for t in mine} == {token_id, other_id}
+    assert all(token not in repr(t) for t in mine)  # only the hash is kept
+    assert matches(token, [t.token_hash for t in mine])
+    assert not matches(token + "x", [t.token_hash for t in mine])
+    assert {t.token_id for t in await ledger.list_tokens() if t.tag == tag} == {token_id, other_id}
+    assert await ledger.revoke_token(tag, token_id) is True
+    assert await ledger.revoke_token(tag, token_id) is False
+    assert [t.token_id for t in await ledger.list_tokens(tag)] == [other_id]
+    with pytest.raises(UnknownTag):
+        await ledger.add_token(tag + "nope", "abcd", hash_token("x"))
