@@ -173,3 +173,27 @@ def test_a_tag_disabled_elsewhere_stops_here_within_the_reload(
         asyncio.run(set_disabled(False))
         time.sleep(1.1)  # past IDPOOL_UNKNOWN_TAG_TTL: the next miss reads the list again
         assert c.get(f"/id/{tag}").text == "1001"  # fresh, above everything claimed
+
+
+def test_a_token_added_elsewhere_is_required_here_within_the_reload(
+    settings: Settings, tag: str
+) -> None:
+    from pool.tokens import hash_token
+
+    add_tag(settings, tag, step=1000)
+    s = settings.with_changes(report_seconds=0.1, tag_reload_seconds=0.2)
+
+    async def add_token() -> None:
+        ledger = await Ledger.connect(settings)
+        await ledger.add_token(tag, "t1", hash_token("the-token"))
+        await ledger.close()
+
+    with TestClient(create_app(s)) as c:
+        assert c.get(f"/id/{tag}").text == "1"  # open; the fast path serves the rest
+        asyncio.run(add_token())  # as `idpool tag token add` on another machine
+        deadline = time.monotonic() + 3
+        while c.get(f"/id/{tag}").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.get(f"/id/{tag}").status_code == 401
+        shown = c.get(f"/id/{tag}", headers={"Authorization": "Bearer the-token"})
+        assert shown.status_code == 200
