@@ -40,6 +40,19 @@ With the default prefix ``idpool``:
 
 ``idpool:incarnation``  STRING, the name of the current clean marker, so the
     next incarnation can delete the old one.
+
+``idpool:nodes``  ZSET of node ids scored by the unix time of their last
+    heartbeat (ZADD by each node every ``IDPOOL_REPORT_SECONDS``; entries older
+    than the heartbeat TTL are dropped by the next heartbeat). Read by
+    ``/status`` and ``idpool status`` for the cluster view.
+
+``idpool:node:{id}``  HASH describing one node (``addr``, ``pid``,
+    ``version``, ``started_at``, ``seen_at``, ``draining``, ``ready``, ``tags``),
+    with a TTL a few heartbeats long: a node that died drops out by itself.
+
+The ``idpool:stats:{tag}`` hash also carries the cluster's running totals,
+HINCRBY by each node with its report: ``returned`` (IDs given back to the
+pool by stopping nodes) and ``wasted:{reason}`` (IDs given up, by reason).
 """
 
 from __future__ import annotations
@@ -79,3 +92,10 @@ class Keys:
     @property
     def incarnation(self) -> str:
         return f"{self.prefix}:incarnation"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    def node(self, node_id: str) -> str:
+        return f"{self.prefix}:node:{node_id}"

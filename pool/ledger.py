@@ -18,9 +18,9 @@ import aiomysql
 import pymysql
 
 from .errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
-from .tokens import TokenRow
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
+from .tokens import TokenRow
 
 T = TypeVar("T")
 TABLE = "idpool_tags"

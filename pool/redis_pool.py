@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -336,6 +337,49 @@ class RedisPool:
                 mapping: dict[Any, Any] = dict(fields)
                 pipe.hset(self.keys.stats(tag), mapping=mapping)
             await self._plain(pipe.execute())
+
+    async def add_stats(self, increments: Mapping[str, Mapping[str, int]]) -> None:
+        """HINCRBY each tag's running totals (``returned``, ``wasted:{reason}``):
+        one round trip. Never retried by callers: a lost one only undercounts."""
+        if not increments:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag, fields in increments.items():
+                for name, n in fields.items():
+                    pipe.hincrby(self.keys.stats(tag), name, n)
+            await self._plain(pipe.execute())
+
+    async def heartbeat(self, node_id: str, fields: Mapping[str, str], ttl: float) -> None:
+        """Register a node as live for ``ttl`` seconds: its hash, and its entry
+        in the nodes set (entries older than ``ttl`` are dropped here)."""
+        now = time.time()
+        mapping: dict[Any, Any] = {**fields, "seen_at": f"{now:.3f}"}
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.node(node_id), mapping=mapping)
+            pipe.pexpire(self.keys.node(node_id), int(ttl * 1000))
+            pipe.zadd(self.keys.nodes, {node_id: now})
+            pipe.zremrangebyscore(self.keys.nodes, "-inf", now - ttl)
+            await self._plain(pipe.execute())
+
+    async def leave(self, node_id: str) -> None:
+        """A node that stops takes itself out of the cluster view at once."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.delete(self.keys.node(node_id))
+            pipe.zrem(self.keys.nodes, node_id)
+            await self._plain(pipe.execute())
+
+    async def live_nodes(self, ttl: float) -> list[dict[str, str]]:
+        """Every node seen within ``ttl`` seconds, with ``id``: two round trips."""
+        ids = await self._plain(
+            self.client.zrangebyscore(self.keys.nodes, time.time() - ttl, "+inf")
+        )
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for node_id in ids:
+                pipe.hgetall(self.keys.node(node_id))
+            found = await self._plain(pipe.execute())
+        return [{**f, "id": i} for i, f in zip(ids, found, strict=True) if f]
 
     async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
         """Read and clear the last reported range lifetime: one observation, one decision."""

@@ -88,6 +88,9 @@ class Settings:
     # IDPOOL_IDLE_SECONDS: a tag not requested at a node for this long has its buffer
     # returned to the pool and dropped there (0 keeps buffers until shutdown)
     idle_seconds: float = 300.0
+    # IDPOOL_ADVERTISE: host:port this node shows in the cluster view (`idpool serve`
+    # sets it to its --host:--port when unset)
+    advertise: str = ""
     # IDPOOL_ADMIN_TOKEN: bearer token for the admin API; empty turns the admin API off
     admin_token: str = field(default="", repr=False)
 

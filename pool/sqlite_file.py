@@ -68,6 +68,12 @@ CREATE TABLE IF NOT EXISTS idpool_leases (
 CREATE TABLE IF NOT EXISTS idpool_moved (
     tag TEXT NOT NULL PRIMARY KEY
 );
+-- What Redis keeps in idpool:node:{id}: the cluster view's live nodes.
+CREATE TABLE IF NOT EXISTS idpool_nodes (
+    node_id TEXT NOT NULL PRIMARY KEY,
+    fields  TEXT NOT NULL,  -- JSON object
+    seen_at REAL NOT NULL
+);
 -- Per-tag tokens, hashed (pool/tokens.py).
 CREATE TABLE IF NOT EXISTS idpool_tokens (
     tag        TEXT NOT NULL,

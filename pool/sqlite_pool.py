@@ -14,6 +14,7 @@ writes while the ledger keeps them: they share one file and one journal), so
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -229,6 +230,48 @@ class SqlitePool:
             return int(stats["lifetime_ids"]), float(stats["lifetime_s"])
 
         return await self.file.write(op)
+
+    async def add_stats(self, increments: Mapping[str, Mapping[str, int]]) -> None:
+        """Add to each tag's running totals (see RedisPool.add_stats)."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (tag, field) DO UPDATE "
+                "SET value = CAST(CAST(value AS INTEGER) + excluded.value AS TEXT)",
+                [(tag, k, str(n)) for tag, fields in increments.items() for k, n in fields.items()],
+            )
+
+        if increments:
+            await self.file.write(op)
+
+    async def heartbeat(self, node_id: str, fields: Mapping[str, str], ttl: float) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            record = json.dumps({**fields, "seen_at": f"{now:.3f}"})
+            conn.execute(
+                "INSERT OR REPLACE INTO idpool_nodes (node_id, fields, seen_at) VALUES (?, ?, ?)",
+                (node_id, record, now),
+            )
+            conn.execute("DELETE FROM idpool_nodes WHERE seen_at < ?", (now - ttl,))
+
+        await self.file.write(op)
+
+    async def leave(self, node_id: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM idpool_nodes WHERE node_id = ?", (node_id,))
+
+        await self.file.write(op)
+
+    async def live_nodes(self, ttl: float) -> list[dict[str, str]]:
+        def op(conn: sqlite3.Connection) -> list[dict[str, str]]:
+            rows = conn.execute(
+                "SELECT node_id, fields FROM idpool_nodes WHERE seen_at >= ? ORDER BY node_id",
+                (time.time() - ttl,),
+            ).fetchall()
+            return [{**json.loads(fields), "id": node_id} for node_id, fields in rows]
+
+        return await self.file.read(op)
 
     async def lead(self, owner: str, seconds: float) -> bool:
         """Become (or stay) the one active preloader, like the Redis lease."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -39,7 +41,7 @@ from pool.tokens import matches
 
 from . import admin, metrics, openapi, status, status_page
 from .buffer import Draining
-from .node import Node, RangeSource
+from .node import Node, RangeSource, node_ttl
 from .stats import route_of
 from .tags import TagDirectory
 
@@ -343,8 +345,18 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             tag_reload_seconds=settings.tag_reload_seconds,
         )
         store_reads = status.StoreReadsCache(
-            lambda: status.read_stores(ledger, pool, node.shown_tags())
+            lambda: status.read_stores(
+                ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
+            )
         )
+        node.node_id = f"{socket.gethostname()}-{os.getpid()}"
+        node.identity = {
+            "addr": settings.advertise or socket.gethostname(),
+            "pid": str(os.getpid()),
+            "version": metrics.VERSION,
+            "started_at": f"{node.stats.started_at:.0f}",
+        }
+        node.extra_waste = lambda: preloader.wasted
         state["run"] = Running(node, ledger, pool, preloader, store_reads)
         app.node = node
         background = [
@@ -377,6 +389,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await node.leave()  # after the heartbeats stopped: none can re-register it
             await preloader.close()
             await pool.close()
             await ledger.close()

@@ -1,5 +1,5 @@
 """The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
-tag token add/list/revoke, pool show.
+tag token add/list/revoke, pool show, status.
 
 Logging is configured here and nowhere else.
 """
@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -26,8 +27,8 @@ from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, open_ledger, open_pool, open_stores
 from pool.tokens import hash_token, new_token
-from service.node import Node, RangeSource
-from service.status import runway_seconds, snapshot
+from service.node import Node, RangeSource, node_ttl
+from service.status import cluster, read_stores, runway_seconds, snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -192,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("tag", type=_tag)
     start.add_argument("start", type=_integer(MAX_ID))
 
+    sub.add_parser(
+        "status", parents=[embedded], help="the cluster: live nodes, and per tag its supply"
+    )
+
     pool = sub.add_parser("pool", help="inspect the Redis pool").add_subparsers(
         dest="pool_command", required=True
     )
@@ -210,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "preload": _preload,
             "tag": _tag_command,
             "pool": _pool_show,
+            "status": _status,
         }
         return asyncio.run(commands[args.command](settings, args))
     except ConfigError as e:
@@ -247,6 +253,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             )
         # The app factory reads the environment: hand it the ledger chosen here.
         os.environ["IDPOOL_MYSQL_URL"] = settings.mysql_url
+    # The workers read their settings from the environment: the cluster view's address.
+    os.environ.setdefault("IDPOOL_ADVERTISE", f"{args.host}:{args.port}")
     # Fail here, once, with a clear message, rather than in every worker.
     _check_port(args.host, args.port)
     asyncio.run(_check_stores(settings))
@@ -508,6 +516,45 @@ async def _pool_show(settings: Settings, args: argparse.Namespace) -> int:
             f"{_show(pool.get('ids')):>12} {_show(rate):>9} "
             f"{_show(pool.get('minutes_of_supply')):>8}  {_show(pool.get('head'))}"
         )
+    return 0
+
+
+async def _status(settings: Settings, args: argparse.Namespace) -> int:
+    """The cluster view of /status, in a terminal."""
+    ledger, pool = await open_stores(settings)
+    try:
+        names = [row.tag for row in await ledger.list_tags()]
+        view = await read_stores(ledger, pool, names, node_ttl(settings.report_seconds))
+    finally:
+        await pool.close()
+        await ledger.close()
+    shown = cluster(view)
+    for store, detail in view.errors.items():
+        print(f"! {store} down: {detail}")
+    print(f"{len(shown['nodes'])} live nodes (as of {time.strftime('%Y-%m-%d %H:%M:%S')})")
+    print(f"  {'node':<24} {'pid':>8} {'version':>8} {'seen':>6} {'tags':>5}  state")
+    for n in shown["nodes"]:
+        state = ", ".join(n["problems"]) or "serving"
+        print(
+            f"  {_show(n['addr']):<24} {_show(n['pid']):>8} {_show(n['version']):>8} "
+            f"{n['last_seen_s']:>5}s {n['tags']:>5}  {state}"
+        )
+    print(
+        f"  {'tag':<20} {'max_id':>14} {'max':>16} {'ranges':>9} {'minutes':>8} {'IDs/s':>9} "
+        f"{'returned':>9} {'runway':>8}  wasted / state"
+    )
+    for t in shown["tags"]:
+        ranges = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
+        wasted = " ".join(f"{reason}={ids}" for reason, ids in sorted(t["wasted"].items()))
+        state = ", ".join(t["problems"])
+        print(
+            f"  {t['tag']:<20} {_show(t['max_id']):>14} {_show(t['max']):>16} {ranges:>9} "
+            f"{_show(t['minutes_of_supply']):>8} {_show(t['ids_per_s']):>9} "
+            f"{t['returned']:>9} {_duration(t['runway_s']):>8}  {wasted or '-'}"
+            + (f"  [{state}]" if state else "")
+        )
+    if len(names) > len(shown["tags"]):
+        print(f"  ... and {len(names) - len(shown['tags'])} more tags (idpool tag list)")
     return 0
 
 

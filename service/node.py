@@ -205,6 +205,12 @@ class Node:
         self._reported: dict[str, int] = {}  # tag -> its buffer's `issued` as last reported
         self._unreported: Counter[str] = Counter()  # IDs handed out by buffers since dropped
         self._shutdown_report: ShutdownReport | None = None
+        # The cluster view: who this node is (set by the app; empty: not registered)
+        self.node_id = ""
+        self.identity: dict[str, str] = {}
+        # waste counted elsewhere in this process (the preloader's), reported with ours
+        self.extra_waste: Callable[[], Counter[tuple[str, str]]] = Counter
+        self._reported_totals: dict[tuple[str, str], int] = {}
 
     def not_ready(self) -> str | None:
         """Why this node cannot serve now, or None when it can.
@@ -358,6 +364,67 @@ class Node:
                 self._unreported[tag] -= issued - base
         self._unreported = Counter({t: n for t, n in self._unreported.items() if n > 0})
 
+    def totals(self) -> dict[tuple[str, str], int]:
+        """(tag, field) -> this process's running totals for the cluster view:
+        ``returned`` and ``wasted:{reason}`` IDs."""
+        found: Counter[tuple[str, str]] = Counter()
+        for tag, counters in list(self.stats.tags.items()):
+            if counters.ids_returned:
+                found[(tag, "returned")] += counters.ids_returned
+            for reason, ids in counters.wasted.items():
+                found[(tag, f"wasted:{reason}")] += ids
+        for (tag, reason), ids in self.extra_waste().items():
+            found[(tag, f"wasted:{reason}")] += ids
+        return dict(found)
+
+    async def report_totals(self) -> None:
+        """Add what grew since the last report to each tag's cluster totals in
+        the pool's stats hash. A report whose outcome is unknown is sent again:
+        totals are figures for people, and may read high, never IDs."""
+        pool = self.source.redis_pool
+        if pool is None:
+            return
+        now = self.totals()
+        increments: dict[str, dict[str, int]] = {}
+        for (tag, name), value in now.items():
+            grown = value - self._reported_totals.get((tag, name), 0)
+            if grown > 0:
+                increments.setdefault(tag, {})[name] = grown
+        if not increments:
+            return
+        try:
+            await pool.add_stats(increments)
+        except StoreUnavailable:
+            return
+        for key, value in now.items():
+            self._reported_totals[key] = max(value, self._reported_totals.get(key, 0))
+
+    async def heartbeat(self) -> None:
+        """Say this node is alive (the cluster view): a few fields, one round trip."""
+        pool = self.source.redis_pool
+        if pool is None or not self.node_id:
+            return
+        fields = {
+            **self.identity,
+            "draining": "1" if self.draining else "0",
+            "ready": "1" if self.not_ready() is None else "0",
+            "tags": ",".join(sorted(self.buffers)[:MAX_HEARTBEAT_TAGS]),
+        }
+        try:
+            await pool.heartbeat(self.node_id, fields, node_ttl(self.report_seconds))
+        except StoreUnavailable:
+            pass  # shown as gone after the TTL: that is what the others can know
+
+    async def leave(self) -> None:
+        """Take this node out of the cluster view (a graceful stop)."""
+        pool = self.source.redis_pool
+        if pool is None or not self.node_id:
+            return
+        try:
+            await pool.leave(self.node_id)
+        except StoreUnavailable:
+            pass  # it drops out by itself when its heartbeat expires
+
     async def run_housekeeping(self) -> None:
         sampled = reloaded = 0.0
         while True:
@@ -369,6 +436,8 @@ class Node:
                 await self.refresh_tags()
                 reloaded = now
             await self.report()
+            await self.report_totals()
+            await self.heartbeat()
             await asyncio.sleep(self.report_seconds)
 
     async def shutdown(self) -> ShutdownReport:
@@ -385,6 +454,8 @@ class Node:
             if remainder:
                 await self._return(tag, remainder, report)
         await self.report()
+        await self.report_totals()
+        await self.heartbeat()  # shown as draining until the process leaves
         await self.source.close()
         return report
 
@@ -427,3 +498,9 @@ class Node:
 
 
 _BUSY_RETRIES = 3  # a remainder push that found every connection busy is sent again
+MAX_HEARTBEAT_TAGS = 100  # tags named in a heartbeat: the cluster view's tag rows
+
+
+def node_ttl(report_seconds: float) -> float:
+    """How long a node counts as live after its last heartbeat: three missed beats."""
+    return max(10.0, 3 * report_seconds)

@@ -24,6 +24,8 @@ from .stats import rates
 
 Snapshot = dict[str, Any]
 STORE_READS_SECONDS = 1.0  # scrapes within this long share one round of store reads
+MAX_CLUSTER_TAGS = 100  # rows of the cluster view's tag table: the page stays a few KB
+RUNWAY_SHORT_S = 7 * 86400  # a runway under a week is a problem (as in ops/alerts.yml)
 
 
 @dataclass
@@ -34,14 +36,28 @@ class StoreView:
     rows: dict[str, TagRow] = field(default_factory=dict)
     pooled: dict[str, PoolSummary] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # store -> detail
+    nodes: list[dict[str, str]] = field(default_factory=list)  # live nodes' heartbeats
+    cluster_tags: list[str] = field(default_factory=list)  # tags live nodes serve
 
 
 async def read_stores(
-    ledger: LedgerStore, pool: PoolStore | None, names: Sequence[str]
+    ledger: LedgerStore,
+    pool: PoolStore | None,
+    names: Sequence[str],
+    nodes_ttl: float | None = None,
 ) -> StoreView:
     """O(1) reads per tag: the rows of ``names`` and one pipelined round of list
-    summaries (never a whole list)."""
+    summaries (never a whole list). With ``nodes_ttl``, also the live nodes, and
+    the same reads for every tag they serve (the cluster view)."""
     view = StoreView()
+    if pool is not None and nodes_ttl is not None:
+        try:
+            view.nodes = await pool.live_nodes(nodes_ttl)
+        except StoreUnavailable as e:
+            view.errors[e.store] = e.detail
+        served = {t for n in view.nodes for t in n.get("tags", "").split(",") if t}
+        view.cluster_tags = sorted(served.union(names))[:MAX_CLUSTER_TAGS]
+        names = sorted(set(names).union(view.cluster_tags))
     try:
         view.rows = {row.tag: row for row in await ledger.list_tags(names)}
     except StoreUnavailable as e:
@@ -122,6 +138,8 @@ def assemble(
     waste = Counter[tuple[str, str]]() if preloader_waste is None else preloader_waste
     entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag), waste) for tag in names]
     return {
+        "updated_at": round(time.time(), 3),
+        "cluster": cluster(view, node.node_id),
         "node": {
             "pid": os.getpid(),
             "started_at": node.stats.started_at,
@@ -132,6 +150,68 @@ def assemble(
         },
         "stores": stores,
         "tags": entries,
+    }
+
+
+def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:
+    """Every live node and, per tag they serve, the cluster's figures from the
+    ledger and the pool, each with the problems worth a colour."""
+    now = time.time()
+    nodes = []
+    for n in sorted(view.nodes, key=lambda n: n.get("addr", n["id"])):
+        draining, ready = n.get("draining") == "1", n.get("ready") == "1"
+        problems = ["draining"] * draining + ["not ready"] * (not ready and not draining)
+        nodes.append(
+            {
+                "id": n["id"],
+                "addr": n.get("addr"),
+                "pid": n.get("pid"),
+                "version": n.get("version"),
+                "started_at": float(n.get("started_at", 0)),
+                "last_seen_s": round(now - float(n.get("seen_at", now)), 1),
+                "draining": draining,
+                "ready": ready,
+                "tags": len([t for t in n.get("tags", "").split(",") if t]),
+                "this": n["id"] == this_node,
+                "problems": problems,
+            }
+        )
+    return {
+        "nodes": nodes,
+        "tags": [
+            _cluster_tag(tag, view.rows.get(tag), view.pooled.get(tag))
+            for tag in view.cluster_tags
+        ],
+    }
+
+
+def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> dict[str, Any]:
+    stats = {} if pooled is None else pooled.stats
+    rate = float(stats["rate"]) if "rate" in stats else None
+    ids = 0 if pooled is None else pooled.ids
+    depth = None if pooled is None else pooled.depth
+    target = int(stats["target_depth"]) if "target_depth" in stats else None
+    runway = runway_seconds(row, ids, rate)
+    problems = []
+    if row is not None and row.disabled:
+        problems.append("disabled")
+    if depth is not None and target and depth < target / 2:
+        problems.append("supply under target")
+    if runway is not None and runway < RUNWAY_SHORT_S:
+        problems.append("exhausted" if runway == 0 else "runway short")
+    return {
+        "tag": tag,
+        "max_id": None if row is None else row.max_id,
+        "max": None if row is None else row.max,
+        "disabled": None if row is None else row.disabled,
+        "depth": depth,
+        "target_depth": target,
+        "minutes_of_supply": round(ids / rate / 60, 2) if rate else None,
+        "ids_per_s": rate,
+        "returned": int(stats.get("returned", 0)),
+        "wasted": {k[7:]: int(v) for k, v in stats.items() if k.startswith("wasted:")},
+        "runway_s": runway,
+        "problems": problems,
     }
 
 

@@ -7,17 +7,18 @@ place in the JSON. No script, no external asset; it refreshes every 5 seconds.
 
 from __future__ import annotations
 
+import time
 from html import escape
 from typing import Any
 
-from .status import Snapshot
+from .status import RUNWAY_SHORT_S, Snapshot
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fafbfc}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse;background:#fff}td,th{border:1px solid #d0d7de;padding:4px 8px;
 text-align:right}th{background:#f0f3f6}td.l,th.l{text-align:left}.up{color:#1a7f37}
-.down{color:#cf222e;font-weight:600}.muted{color:#6e7781}.warn{color:#9a6700;font-weight:600}
+.down{color:#cf222e;font-weight:600}.muted{color:#6e7781}.warn{background:#fff8c5}
 svg{background:#fff;border:1px solid #d0d7de}
 """
 
@@ -26,9 +27,6 @@ def _cell(value: Any, field: str, cls: str = "") -> str:
     text = "-" if value is None else str(value)
     klass = f' class="{cls}"' if cls else ""
     return f'<td{klass} data-field="{escape(field)}">{escape(text)}</td>'
-
-
-RUNWAY_SHORT_S = 7 * 86400  # a runway under a week is shown as a problem (as ops/alerts.yml)
 
 
 def _runway(seconds: float | None) -> str:
@@ -42,9 +40,10 @@ def _runway(seconds: float | None) -> str:
 
 def _runway_cell(seconds: float | None, field: str) -> str:
     short = seconds is not None and seconds < RUNWAY_SHORT_S
+    klass = ' class="down"' if short else ""
     return (
-        f'<td{" class=down" if short else ""} data-field="{escape(field)}" '
-        f'data-value="{seconds}">{_runway(seconds)}</td>'
+        f'<td{klass} data-value="{seconds}" data-field="{escape(field)}">'
+        f"{_runway(seconds)}</td>"
     )
 
 
@@ -61,6 +60,60 @@ def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) 
         f'<svg width="{width}" height="{height}" role="img" aria-label="IDs per second">'
         f'<polyline fill="none" stroke="#0969da" stroke-width="1.5" points="{points}"/></svg>'
         f'<div class="muted">peak {top:g}/s</div>'
+    )
+
+
+def _problems(problems: list[str], field: str) -> str:
+    if not problems:
+        return f'<td class="l up" data-field="{escape(field)}">ok</td>'
+    return f'<td class="l down" data-field="{escape(field)}">{escape(", ".join(problems))}</td>'
+
+
+def _cluster(snap: Snapshot) -> str:
+    view = snap.get("cluster") or {"nodes": [], "tags": []}
+    nodes = []
+    for i, n in enumerate(view["nodes"]):
+        p = f"cluster.nodes.{i}"
+        nodes.append(
+            f'<tr{" class=warn" if n["draining"] else ""}>'
+            + _cell(n["addr"], f"{p}.addr", "l")
+            + _cell(n["pid"], f"{p}.pid")
+            + _cell(n["version"], f"{p}.version")
+            + _cell(time.strftime("%H:%M:%S", time.gmtime(n["started_at"])), f"{p}.started_at")
+            + _cell(n["last_seen_s"], f"{p}.last_seen_s")
+            + _cell(n["tags"], f"{p}.tags")
+            + _problems(n["problems"], f"{p}.problems")
+            + f'<td class="l">{"this node" if n["this"] else ""}</td></tr>'
+        )
+    tags = []
+    for i, t in enumerate(view["tags"]):
+        p = f"cluster.tags.{i}"
+        wasted = ", ".join(f"{reason} {ids}" for reason, ids in sorted(t["wasted"].items()))
+        depth = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
+        tags.append(
+            "<tr>"
+            + _cell(t["tag"], f"{p}.tag", "l")
+            + _cell(t["max_id"], f"{p}.max_id")
+            + _cell(t["max"], f"{p}.max")
+            + _cell(depth, f"{p}.depth")
+            + _cell(t["minutes_of_supply"], f"{p}.minutes_of_supply")
+            + _cell(t["ids_per_s"], f"{p}.ids_per_s")
+            + _cell(t["returned"], f"{p}.returned")
+            + _cell(wasted or "0", f"{p}.wasted", "l")
+            + _runway_cell(t["runway_s"], f"{p}.runway_s")
+            + _problems(t["problems"], f"{p}.problems")
+            + "</tr>"
+        )
+    return (
+        f"<h2>Cluster: {len(view['nodes'])} live nodes</h2><table>"
+        '<tr><th class="l">node</th><th>pid</th><th>version</th><th>started (UTC)</th>'
+        '<th>seen s ago</th><th>tags</th><th class="l">state</th><th></th></tr>'
+        f"{''.join(nodes)}</table>"
+        "<h2>Cluster tags</h2><table>"
+        '<tr><th class="l">tag</th><th>max_id</th><th>max</th><th>pool ranges/target</th>'
+        "<th>pool minutes</th><th>IDs/s</th><th>returned</th>"
+        '<th class="l">wasted (why)</th><th>runway</th><th class="l">state</th></tr>'
+        f"{''.join(tags)}</table>"
     )
 
 
@@ -109,10 +162,14 @@ def render(snap: Snapshot) -> str:
         '<meta http-equiv="refresh" content="5"><title>idpool status</title>'
         f"<style>{_STYLE}</style></head><body>"
         f"<h1>idpool node {node['pid']}</h1>"
+        f'<div>Updated <b data-field="updated_at">'
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(snap.get('updated_at', 0)))}"
+        "</b> UTC</div>"
         f'<div class="muted">{state}, up <span data-field="node.uptime_s">'
         f"{node['uptime_s']}</span> s; same data as "
         '<a href="/status.json">/status.json</a> and <a href="/metrics">/metrics</a></div>'
         f"<h2>Stores</h2><ul>{stores}</ul>"
-        f"<h2>Tags</h2><table>{head}{''.join(rows)}</table>"
+        f"{_cluster(snap)}"
+        f"<h2>Tags at this node</h2><table>{head}{''.join(rows)}</table>"
         "</body></html>"
     )

@@ -6,6 +6,8 @@ import asyncio
 import re
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +234,80 @@ def test_metrics_count_requests_by_route_and_code_with_build_and_process_info(
     assert len(build) == 1 and ("version", "0.1.0") in build[0][1]
     assert samples[("process_resident_memory_bytes", ())] > 0
     assert ("process_cpu_seconds_total", ()) in samples
+
+
+def test_cluster_view_shows_every_live_node_and_a_draining_one(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    """Three real nodes, one drained: each /status shows all three and the
+    drained one in colour; `idpool status` prints the same; Chromium renders it."""
+    import json
+    import urllib.request
+
+    assert CHROMIUM, "chromium is not installed (the Makefile's test target installs it)"
+    add_tag(settings, tag, step=100)
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+        IDPOOL_REPORT_SECONDS="0.3",
+        IDPOOL_ADMIN_TOKEN="cluster-token",
+    )
+    nodes = [NodeProcess(env, tmp_path / f"node{i}").start() for i in range(3)]
+    try:
+        for node in nodes:
+            urllib.request.urlopen(f"{node.base_url}/ids/{tag}?count=5").read()
+        drain = urllib.request.Request(
+            f"{nodes[2].base_url}/admin/drain",
+            method="POST",
+            headers={"Authorization": "Bearer cluster-token"},
+        )
+        urllib.request.urlopen(drain).read()
+        time.sleep(1.0)  # a few heartbeats and reports
+
+        def snap() -> dict:  # type: ignore[type-arg]
+            return json.loads(urllib.request.urlopen(f"{nodes[0].base_url}/status.json").read())
+
+        view = snap()["cluster"]
+        assert sorted(n["addr"] for n in view["nodes"]) == sorted(
+            f"127.0.0.1:{node.port}" for node in nodes
+        )
+        draining = [n for n in view["nodes"] if n["draining"]]
+        assert [n["addr"] for n in draining] == [f"127.0.0.1:{nodes[2].port}"]
+        assert draining[0]["problems"] == ["draining"]
+        assert sum(n["this"] for n in view["nodes"]) == 1
+        entry = next(t for t in view["tags"] if t["tag"] == tag)
+        assert entry["max_id"] == 301 and entry["returned"] == 95  # the drained node's rest
+        printed = subprocess.run(
+            [sys.executable, "-m", "service.cli", "status"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert printed.returncode == 0, printed.stderr
+        assert "3 live nodes" in printed.stdout
+        assert f"127.0.0.1:{nodes[2].port}" in printed.stdout and "draining" in printed.stdout
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+        page = urllib.request.urlopen(f"{nodes[0].base_url}/status").read()
+        assert len(page) < 16_000  # a few KB
+        dom = subprocess.run(
+            [CHROMIUM, *flags, "--dump-dom", f"{nodes[0].base_url}/status"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        shot = tmp_path / "cluster.png"
+        subprocess.run(
+            [CHROMIUM, *flags, "--window-size=1400,900", f"--screenshot={shot}",
+             f"{nodes[0].base_url}/status"],
+            capture_output=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert shot.stat().st_size > 5000
+    finally:
+        for node in nodes:
+            if node.proc is not None:
+                node.stop()
+    fields = dict(re.findall(r'data-field="([^"]+)">([^<]*)<', dom))
+    states = [v for k, v in fields.items() if re.fullmatch(r"cluster\.nodes\.\d+\.problems", k)]
+    assert sorted(states) == ["draining", "ok", "ok"]
+    assert re.search(r'class="l down" data-field="cluster\.nodes\.\d+\.problems">draining', dom)
+    assert "Updated" in dom
