@@ -167,3 +167,16 @@ async def test_drain_takes_every_ready_range_once(pool: PoolStore, tag: str) -> 
     assert await pool.depth(tag) == 0
     await pool.push(tag, [R("21-30")], head=False)  # the list works as before afterwards
     assert (await pool.pop(tag)).ranges == [R("21-30")]
+
+
+async def test_heartbeats_list_live_nodes_until_they_leave(pool: PoolStore, tag: str) -> None:
+    await pool.heartbeat(f"{tag}-a", {"addr": "h:1", "draining": "0"}, ttl=10)
+    await pool.heartbeat(f"{tag}-b", {"addr": "h:2", "draining": "1"}, ttl=10)
+    live = {n["id"]: n for n in await pool.live_nodes(10) if n["id"].startswith(tag)}
+    assert set(live) == {f"{tag}-a", f"{tag}-b"} and live[f"{tag}-b"]["draining"] == "1"
+    await pool.leave(f"{tag}-a")
+    assert [n["id"] for n in await pool.live_nodes(10) if n["id"].startswith(tag)] == [f"{tag}-b"]
+    await pool.add_stats({tag: {"returned": 5, "wasted:tag_disabled": 7}})
+    await pool.add_stats({tag: {"returned": 1}})
+    stats = await pool.read_stats(tag)
+    assert (stats["returned"], stats["wasted:tag_disabled"]) == ("6", "7")
