@@ -76,8 +76,33 @@ def _failure(tag: str, e: IdPoolError) -> Response:
         return error(503, "draining", "this node is shutting down; retry on another node")
     if isinstance(e, TagExhausted):
         return error(503, "tag_exhausted", f"{e}; other tags are served as usual")
-    logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
+    _failures.log(tag, str(e))
     return error(503, "unavailable", str(e))
+
+
+class _FailureLog:
+    """event=request_failed at most once a second, with how many it stands for: a
+    flood of requests while a store is down must not become a flood of log lines."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._suppressed = 0
+
+    def log(self, tag: str, reason: str) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        logger.warning(
+            "event=request_failed tag=%s reason=%r similar_since_last=%d",
+            tag,
+            reason,
+            self._suppressed,
+        )
+        self._next, self._suppressed = now + 1.0, 0
+
+
+_failures = _FailureLog()
 
 
 def _head_refused() -> Response:

@@ -56,8 +56,8 @@ class TagDirectory:
         if self._loading is None:
             now = self._clock()
             if self._loaded_at is not None and now - self._loaded_at < self.min_interval:
-                if self._error is not None:
-                    raise self._error
+                if self._error is not None:  # a fresh copy: the original's traceback stays put
+                    raise StoreUnavailable(self._error.store, self._error.detail)
                 return
             self._loaded_at = now
             self._loading = asyncio.ensure_future(self._load())
