@@ -75,9 +75,9 @@ async def lease_ranges(run: Running, tag: str, count: int) -> list[IdRange]:
     log_refused(logger, tag, claim.refused, claim.raised_to)
     for refused in claim.refused:
         source.stats.waste(tag, "stale_ledger", len(refused))
+    # Not added to the pool's `taken` count: this claim keeps the client's bulk out
+    # of the pool, and counting it would make the preloader mirror it there.
     logger.info("event=range_taken tag=%s range=%s source=ledger", tag, claim.range.to_text())
-    if source.redis_pool is not None:
-        source.spawn(source.redis_pool.count_taken(tag, len(claim.range)))
     got.append(claim.range)
     return got
 
