@@ -122,9 +122,9 @@ class AsyncIdPoolClient:
             lasted = time.monotonic() - t.started_at
             size = len(t.lease)
             if lasted < self.target_seconds:
-                t.wish = min(self.max_count, max(t.wish, 2 * size))
+                t.wish = min(self.max_count, 2 * max(t.wish, size))
             elif lasted > 2 * self.target_seconds:
-                t.wish = max(1, size // 2)
+                t.wish = max(1, min(t.wish, size) // 2)
         lease = t.pending.popleft()
         t.lease, t.cur, t.stop = lease, lease.start, lease.end
         t.started_at = time.monotonic()

@@ -104,7 +104,6 @@ class IdPoolClient:
         self.initial_count = initial_count
         self.max_count = max_count
         self._runs: dict[str, _Run] = {}
-        self._run_of = self._runs.get  # bound once: one attribute less on the hot path
         self._tags: dict[str, _Tag] = {}
         self._tags_lock = threading.Lock()
         self._closed = False
@@ -117,13 +116,14 @@ class IdPoolClient:
 
     def next_id(self, tag: str) -> int:
         """The next ID of ``tag``. Blocks only when no ID of the tag is in memory."""
-        run = self._run_of(tag)
-        if run is not None:
-            i = next(run.ids)
-            if i < run.limit:
-                return i
-            return self._slow_id(tag, run, i)
-        return self._slow_id(tag, None, 0)
+        try:
+            run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
+        except KeyError:
+            return self._slow_id(tag, None, 0)
+        i = next(run.ids)
+        if i < run.limit:
+            return i
+        return self._slow_id(tag, run, i)
 
     def next_ids(self, tag: str, n: int) -> Sequence[int]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""
@@ -218,9 +218,9 @@ class IdPoolClient:
         lasted = time.monotonic() - t.started_at
         size = len(run.lease)
         if lasted < self.target_seconds:
-            t.wish = min(self.max_count, max(t.wish, 2 * size))
+            t.wish = min(self.max_count, 2 * max(t.wish, size))
         elif lasted > 2 * self.target_seconds:
-            t.wish = max(1, size // 2)
+            t.wish = max(1, min(t.wish, size) // 2)
 
     def _start_fetch(self, t: _Tag) -> None:
         thread = threading.Thread(
