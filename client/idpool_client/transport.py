@@ -85,7 +85,7 @@ class Transport:
         try:
             body = self._post("return", "/lease/return", payload, "return", sent)
         except IdPoolRequestError as e:
-            if e.code == "already_returned" and any(sent):
+            if e.code == "already_returned" and len(sent) > 1:  # an earlier try landed
                 return max(0, lease.end - start)
             raise
         return int(body.get("count", 0))
