@@ -206,7 +206,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         if tail is not None:
             run.node.stats.tags[returned.tag].ids_returned += len(tail)
             logger.info(
-                "event=range_returned tag=%s range=%s source=client lease=%s",
+                "event=lease_returned tag=%s range=%s lease=%s",
                 returned.tag,
                 tail.to_text(),
                 lease_id,

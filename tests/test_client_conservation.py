@@ -33,7 +33,7 @@ from .test_conservation import ledger_and_pool
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 LEASED = re.compile(r"event=range_leased tag=\S+ range=(\d+)-(\d+) lease=(\S+)")
-RETURNED = re.compile(r"event=range_returned tag=\S+ range=\S+ source=client lease=(\S+)")
+RETURNED = re.compile(r"event=lease_returned tag=\S+ range=\S+ lease=(\S+)")
 
 
 class ClientProcess:
