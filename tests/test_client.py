@@ -242,3 +242,26 @@ def test_a_thread_preempted_across_a_batch_or_close_never_repeats_an_id() -> Non
     [(returned_from, end)] = [r for r in fake.returned if r[1] == 1001]
     assert returned_from == late + 1 and end == 1001
     assert report.returned == 1001 - returned_from
+
+
+def test_a_return_whose_answer_was_lost_is_retried_once_safely(
+    cluster: tuple[Settings, list[str]],
+) -> None:
+    settings, urls = cluster
+    tag = add_tag(settings, step=100)
+    client = IdPoolClient([urls[0], urls[1]], max_count=100, return_at_exit=False)
+    ids = [client.next_id(tag) for _ in range(10)]
+    real = client.transport._request
+    lost_answers: list[str] = []
+
+    def answer_lost(server: Any, path: str, payload: Any, sent: Any) -> Any:
+        result = real(server, path, payload, sent)  # the node acts on it...
+        if path == "/lease/return" and not lost_answers:
+            lost_answers.append(server.url)
+            raise ConnectionResetError("answer lost")  # ...but the client never hears
+        return result
+
+    client.transport._request = answer_lost  # type: ignore[method-assign]
+    report = client.close()
+    assert lost_answers and report.lost == [] and report.returned >= 90
+    assert_conserved(settings, tag, ids)  # the tail is in the list once
