@@ -164,3 +164,11 @@ def test_return_after_a_redis_restart_is_refused(
             r = give_back(client, held["lease"], 10)
         assert (r.status_code, r.json()["error"]) == (409, "unknown_lease"), r.text
         assert pool_ranges(s, tag) == []
+
+
+def test_the_embedded_mode_has_no_leases(sqlite_settings: Settings, tag: str) -> None:
+    with TestClient(create_app(sqlite_settings)) as client:
+        r = client.post(f"/lease/{tag}")
+        assert (r.status_code, r.json()["error"]) == (503, "leases_unavailable")
+        r = give_back(client, "abc", 5)
+        assert (r.status_code, r.json()["error"]) == (503, "leases_unavailable")
