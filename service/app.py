@@ -36,7 +36,7 @@ from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, PoolStore, open_stores
 
-from . import admin, metrics, status, status_page
+from . import admin, leases, metrics, status, status_page
 from .buffer import Draining
 from .node import Node, RangeSource
 from .tags import TagDirectory
@@ -359,6 +359,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         Route("/status.json", status_json),
         Route("/metrics", metrics_text),
         *admin.routes(settings, lambda: state["run"]),
+        *leases.routes(settings, lambda: state["run"]),
     ]
     app = NodeApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.max_count = settings.max_count

@@ -2,20 +2,28 @@
 
 A request names a tag; only a tag in the ledger gets a buffer, a range pop or a
 claim. A name not in the copy makes the node reload the whole list, at most
-once per ``min_interval`` however many names arrive (one query, shared by every
-request waiting for it), so a flood of made-up names costs the ledger at most
-one cheap read a second and the node no memory per name.
+once per ``min_interval`` (one query, shared by every request waiting for it).
+Within that interval a name still not known costs one primary-key lookup, one
+at a time, and is then remembered as unknown for ``min_interval`` (in a
+bounded cache); when too many wait for a lookup the request is refused at once
+rather than queued. So a tag created a moment ago is served at once, while a
+flood of made-up names costs the ledger one connection at most, the node a
+bounded amount of memory, and requests for real tags nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
-from pool.errors import StoreUnavailable, UnknownTag
+from pool.errors import StoreBusy, StoreUnavailable, UnknownTag
 from pool.ledger import TagRow
 from pool.stores import LedgerStore
+
+UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
+MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
 
 
 class TagDirectory:
@@ -32,6 +40,9 @@ class TagDirectory:
         self._loaded_at: float | None = None  # when the last reload was started
         self._loading: asyncio.Task[None] | None = None
         self._error: StoreUnavailable | None = None  # the last reload's failure
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # name -> known unknown until
+        self._lookup_slot = asyncio.Semaphore(1)
+        self._waiting = 0
 
     def step(self, tag: str) -> int:
         """The tag's step as last read (a sizing hint, 1 when not known)."""
@@ -44,11 +55,39 @@ class TagDirectory:
         row = self.rows.get(tag)
         if row is not None:
             return row
-        await self.reload()
-        row = self.rows.get(tag)
+        now = self._clock()
+        if self._unknown.get(tag, 0.0) > now:
+            raise UnknownTag(tag)
+        if self._loaded_at is None or now - self._loaded_at >= self.min_interval:
+            await self.reload()
+            row = self.rows.get(tag)
+        else:
+            row = await self._lookup_one(tag)
         if row is None:
+            self._unknown[tag] = self._clock() + self.min_interval
+            self._unknown.move_to_end(tag)
+            while len(self._unknown) > UNKNOWN_CACHE_SIZE:
+                self._unknown.popitem(last=False)
             raise UnknownTag(tag)
         return row
+
+    async def _lookup_one(self, tag: str) -> TagRow | None:
+        """One name, by primary key, one lookup at a time for the whole node."""
+        if self._waiting >= MAX_WAITING_LOOKUPS:
+            raise StoreBusy("mysql", "too many lookups of unknown tags waiting; retry")
+        self._waiting += 1
+        try:
+            async with self._lookup_slot:
+                row = self.rows.get(tag)  # a reload may have found it meanwhile
+                if row is None:
+                    try:
+                        row = await self.ledger.get_tag(tag)
+                    except UnknownTag:
+                        return None
+                    self.rows[tag] = row
+                return row
+        finally:
+            self._waiting -= 1
 
     async def reload(self) -> None:
         """Read the ledger's list again, unless that was done less than
