@@ -57,6 +57,7 @@ def idle(
         time.sleep(settle)
         world.check_nodes()
         load_avg = os.getloadavg()[0]
+        calls0 = world.command_calls()
         cpu0, cmds0, rcpu0, t0 = (
             world.cpu_ticks(),
             world.commands_processed(),
@@ -70,10 +71,11 @@ def idle(
             world.redis_cpu_seconds(),
             time.monotonic(),
         )
+        calls1 = world.command_calls()
         world.check_nodes()
         seconds = t1 - t0
         short = world.short_lists(names, depth)
-    row = {
+    row: dict[str, Any] = {
         "tags": tags,
         "nodes": nodes,
         "fill_s": None if fill_s is None else round(fill_s, 1),
@@ -84,14 +86,23 @@ def idle(
         "redis_cmds_per_s": round((cmds1 - cmds0 - 1) / seconds, 1),
         "redis_cpu_pct": round(100 * (rcpu1 - rcpu0) / seconds, 1),
         "window_s": round(seconds, 1),
+        # per command, busiest first: which calls the idle cost is made of
+        "redis_calls_per_s": _per_second(calls0, calls1, seconds),
         "load_avg_1m_before": round(load_avg, 2),
     }
+    top = ", ".join(f"{k} {v:g}" for k, v in list(row["redis_calls_per_s"].items())[:8])
     print(
         f"   node CPU {row['node_cpu_pct']}%  Redis {row['redis_cmds_per_s']} cmd/s "
-        f"(Redis CPU {row['redis_cpu_pct']}%)  load {row['load_avg_1m_before']}",
+        f"(Redis CPU {row['redis_cpu_pct']}%)  load {row['load_avg_1m_before']}\n"
+        f"   Redis calls/s by command: {top or '-'}",
         flush=True,
     )
     return row
+
+
+def _per_second(before: dict[str, int], after: dict[str, int], seconds: float) -> dict[str, float]:
+    rates = {k: round((n - before.get(k, 0)) / seconds, 1) for k, n in after.items()}
+    return dict(sorted(((k, v) for k, v in rates.items() if v > 0), key=lambda kv: -kv[1]))
 
 
 # --- 2. busy beside idle -----------------------------------------------------------

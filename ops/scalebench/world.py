@@ -210,6 +210,15 @@ class World:
     def commands_processed(self) -> int:
         return int(self.redis.info("stats")["total_commands_processed"])
 
+    def command_calls(self) -> dict[str, int]:
+        """Calls so far by command (``INFO commandstats``; commands run by scripts included)."""
+        stats = self.redis.info("commandstats")
+        return {
+            name.removeprefix("cmdstat_"): int(value["calls"])
+            for name, value in stats.items()
+            if isinstance(value, dict) and "calls" in value
+        }
+
     def redis_cpu_seconds(self) -> float:
         info = self.redis.info("cpu")
         return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
