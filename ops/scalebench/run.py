@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -181,21 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{plan.command()}\nlogs in {workdir}; commit {info['commit']}", flush=True)
     results: dict[str, Any] = {"command": plan.command(), "machine": info}
     if "idle" in plan.scenarios:
-        results["idle"] = [
-            scenarios.idle(
-                workdir,
-                t,
-                n,
-                window=plan.window,
-                settle=plan.settle,
-                fill_limit=plan.fill_limit,
-                depth=plan.depth,
-            )
-            for t in plan.tags
-            for n in plan.nodes
-        ]
+        results["idle"] = [_idle_row(plan, workdir, t, n) for t in plan.tags for n in plan.nodes]
     if "busy" in plan.scenarios:
-        results["busy"] = scenarios.busy(
+        results["busy"] = _guarded(
+            scenarios.busy,
             workdir,
             plan.busy_idle_tags,
             rounds=plan.busy_rounds,
@@ -207,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             depth=plan.depth,
         )
     if "lowrate" in plan.scenarios:
-        results["lowrate"] = scenarios.low_rate(
+        results["lowrate"] = _guarded(
+            scenarios.low_rate,
             workdir,
             duration=plan.lowrate_duration,
             rate=plan.lowrate_rate,
@@ -223,6 +213,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan.json.write_text(json.dumps(results, indent=1))
         print(f"results written to {plan.json}")
     return 0
+
+
+def _guarded(scenario: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run a scenario; a failure is reported in its place and the run goes on."""
+    try:
+        return scenario(*args, **kwargs)
+    except Exception as e:
+        print(f"   FAILED: {e!r}", flush=True)
+        return {"error": repr(e)}
+
+
+def _idle_row(plan: Plan, workdir: Path, tags: int, nodes: int) -> dict[str, Any]:
+    """One size of the idle scenario; a failure is reported in its row and the run goes on."""
+    try:
+        return scenarios.idle(
+            workdir,
+            tags,
+            nodes,
+            window=plan.window,
+            settle=plan.settle,
+            fill_limit=plan.fill_limit,
+            depth=plan.depth,
+        )
+    except Exception as e:
+        print(f"   FAILED: {e!r}", flush=True)
+        return {"tags": tags, "nodes": nodes, "error": repr(e)}
 
 
 def _pct(value: float) -> str:
@@ -249,6 +265,9 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for row in r["idle"]:
+            if "error" in row:
+                lines.append(f"| {row['tags']:,} | {row['nodes']} | failed: {row['error']} |")
+                continue
             fill = (
                 f"{row['fill_s']:.1f}"
                 if row["fill_s"] is not None
@@ -260,7 +279,10 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
                 f"{row['redis_cmds_per_s']:,.0f} | {fill} | {_pct(row['redis_cpu_pct'])} | "
                 f"{row['load_avg_1m_before']} |"
             )
-    if "busy" in r:
+    for name in ("busy", "lowrate"):
+        if "error" in r.get(name, {}):
+            lines += ["", f"{name}: failed: {r[name]['error']}"]
+    if "busy" in r and "error" not in r["busy"]:
         b = r["busy"]
         lines += [
             "",
@@ -272,15 +294,17 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
                 lines.append(
                     f"  {label:<24} {run['req_per_s']:>9,.0f} req/s  p50 {run['p50_ms']:.2f} ms  "
                     f"p99 {run['p99_ms']:.2f} ms  max {run['max_ms']:.1f} ms  "
-                    f"errors {run['errors']}  node CPU {_pct(run['node_cpu_pct'])}  "
+                    f"errors {run['errors']}  node CPU {_pct(run['node_cpu_pct'])} "
+                    f"= {run['cpu_us_per_req']:.0f} us/req  "
                     f"load {run['load_avg_1m_before']}"
                 )
         lines.append(
             f"  ratio {b['idle_tags']} idle / 10 tags: throughput {b['ratio_req_per_s']:.3f}x "
             f"[{'met' if b['throughput_target_met'] else 'MISS'} >= 0.95x], "
-            f"p99 {b['ratio_p99']:.2f}x [{'met' if b['p99_target_met'] else 'MISS'} <= 1.1x]"
+            f"p99 {b['ratio_p99']:.2f}x [{'met' if b['p99_target_met'] else 'MISS'} <= 1.1x]; "
+            f"node CPU per request {b['ratio_cpu_per_req']}x (info)"
         )
-    if "lowrate" in r:
+    if "lowrate" in r and "error" not in r["lowrate"]:
         lr = r["lowrate"]
         pub = lr["published"]
         rs, st, su = pub["redis_rate"], pub["status_cluster_ids_per_s"], pub["supply_seconds"]

@@ -137,12 +137,15 @@ def busy_round(
         "tags": total_tags,
         "fill_s": None if fill_s is None else round(fill_s, 1),
         "node_cpu_pct": round(cpu, 1),
+        # node CPU per request: less sensitive than req/s to what else the machine runs
+        "cpu_us_per_req": round(cpu / 100 * result.seconds * 1e6 / max(1, result.requests), 1),
         "load_avg_1m_before": round(load_avg, 2),
         **result.as_dict(),
     }
     print(
         f"   {label}: {total_tags} tags {result.req_per_s:,.0f} req/s p99 {result.p99_ms:.2f} ms "
-        f"max {result.max_ms:.1f} ms errors {result.errors} ({result.tool}) load {load_avg:.2f}",
+        f"max {result.max_ms:.1f} ms errors {result.errors} ({result.tool}) "
+        f"node CPU {out['cpu_us_per_req']} us/req load {load_avg:.2f}",
         flush=True,
     )
     return out
@@ -191,13 +194,25 @@ def busy(
     small_p99, large_p99 = median("small", "p99_ms"), median("large", "p99_ms")
     ratio_rps = large_rps / small_rps if small_rps else float("nan")
     ratio_p99 = large_p99 / small_p99 if small_p99 else float("nan")
+    small_cpu, large_cpu = median("small", "cpu_us_per_req"), median("large", "cpu_us_per_req")
     return {
         "idle_tags": idle_tags,
         "rounds": rounds,
-        "small": {"req_per_s": small_rps, "p99_ms": small_p99, "runs": runs["small"]},
-        "large": {"req_per_s": large_rps, "p99_ms": large_p99, "runs": runs["large"]},
+        "small": {
+            "req_per_s": small_rps,
+            "p99_ms": small_p99,
+            "cpu_us_per_req": small_cpu,
+            "runs": runs["small"],
+        },
+        "large": {
+            "req_per_s": large_rps,
+            "p99_ms": large_p99,
+            "cpu_us_per_req": large_cpu,
+            "runs": runs["large"],
+        },
         "ratio_req_per_s": round(ratio_rps, 3),
         "ratio_p99": round(ratio_p99, 3),
+        "ratio_cpu_per_req": round(large_cpu / small_cpu, 3) if small_cpu else None,
         "throughput_target_met": ratio_rps >= 0.95,
         "p99_target_met": ratio_p99 <= 1.1,
     }
