@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -84,6 +85,9 @@ class World:
         self.extra_env = node_env or {}
         self._redis: redis.Redis | None = None
         self.started_at = 0.0  # monotonic time the first node was started
+        # close() and a restart in another thread: no node may start once closing began
+        self._lock = threading.Lock()
+        self._closing = False
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -115,7 +119,9 @@ class World:
 
     def close(self) -> None:
         """Stop every node, the Redis server, and drop the database. Safe twice."""
-        nodes, self.nodes = self.nodes, []
+        with self._lock:
+            self._closing = True
+            nodes, self.nodes = self.nodes, []
         for node in nodes:
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGTERM)
@@ -270,7 +276,10 @@ class World:
         began = time.monotonic()
         clean = stop_process(node)
         stopped = time.monotonic()
-        node.start(wait=False)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("world closed during the restart")
+            node.start(wait=False)
         wait_ready(node.base_url, ready_timeout, node.exited)
         return {
             "stop_s": round(stopped - began, 2),
