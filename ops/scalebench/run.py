@@ -328,7 +328,8 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
             f"{lr['rate_asked']:g}): Redis stats `rate` {_range(rs)} "
             f"[{'met' if rs['within_0.5x_2x'] else 'MISS'} 0.5x-2x]; /status.json "
             f"cluster_ids_per_s {_range(st)} [{'met' if st['within_0.5x_2x'] else 'MISS'}]; "
-            f"idpool_pool_supply_seconds {_range(su)}",
+            f"idpool_pool_supply_seconds {_range(su)}, absent from /metrics in "
+            f"{su['absent']} of {su['of']} node samples",
         ]
     lines += ["", f"reproduce: {r['command']}"]
     return "\n".join(lines)

@@ -395,5 +395,8 @@ def _published(samples: list[dict[str, Any]], asked: float) -> dict[str, Any]:
             "min": min(supply, default=None),
             "max": max(supply, default=None),
             "last": supply[-1] if supply else None,
+            # a node that knows no rate leaves the series out: an alert on it stays silent
+            "absent": sum(v is None for s in samples for v in s["supply_seconds"]),
+            "of": sum(len(s["supply_seconds"]) for s in samples),
         },
     }
