@@ -11,9 +11,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from ops.servers import TcpProxy
+from pool.claims import LedgerClaims
+from pool.ledger import Ledger
+from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
+from service.node import Node, RangeSource
 
 from .conftest import TEST_DATABASE
 from .test_app import add_tag, pool_ranges
@@ -146,3 +150,31 @@ def test_nodes_report_consumption_and_range_lifetimes(settings: Settings, tag: s
     assert lifetimes["lifetime_ids"] == "10" and float(lifetimes["lifetime_s"]) >= 0
     stats = asyncio.run(_stats(settings, tag))  # a stopping node reports what it handed out
     assert stats["issued"] == "30"  # IDs handed out, not ranges taken
+
+
+@pytest.mark.anyio
+async def test_an_idle_tag_goes_back_to_the_pool_and_is_dropped(
+    settings: Settings, tag: str
+) -> None:
+    # Issue 11: a node's memory and scrape cost follow the tags it serves now.
+    ledger = await Ledger.connect(settings)
+    pool = RedisPool.from_settings(settings)
+    try:
+        await ledger.add_tag(tag, step=100, start=1)
+        source = RangeSource(LedgerClaims(ledger, pool), pool)
+        node = Node(source, prefetch_at=0.5, idle_seconds=60)
+        assert await node.next_id(tag) == 1
+        node.sample(mono=1000.0)
+        node.sample(mono=1059.0)  # 59 s without a request: kept
+        assert tag in node.buffers
+        node.sample(mono=1061.0)
+        assert tag not in node.buffers
+        await source.close()  # the remainder's push
+        assert await pool.ranges(tag) == [IdRange(2, 101)]
+        assert await node.next_id(tag) == 2  # a new buffer, from the returned remainder
+        await node.shutdown()
+        await node.report()
+        assert (await pool.read_stats(tag))["issued"] == "2"  # both buffers' IDs reported
+    finally:
+        await pool.close()
+        await ledger.close()
