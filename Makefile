@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 
 .PHONY: serve test check install browser promtool clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml client/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e ./client
 	touch $@
 
 install: $(VENV)/.installed
@@ -32,7 +33,7 @@ promtool:
 
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
 test: install browser promtool
-	$(VENV)/bin/ruff check pool service tests ops
+	$(VENV)/bin/ruff check pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 

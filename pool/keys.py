@@ -41,6 +41,14 @@ With the default prefix ``idpool``:
 ``idpool:incarnation``  STRING, the name of the current clean marker, so the
     next incarnation can delete the old one.
 
+``idpool:leased:{run_id}:{replid}:{lease_id}``  STRING with a TTL
+    (``IDPOOL_CLIENT_LEASE_SECONDS``), one range leased to a client library:
+    ``"L tag first last end"`` while out, then the tombstone
+    ``"R tag first last end from"`` once its tail was returned. Written by a
+    node's lease script (SET) and its return script (which also LPUSHes the tail);
+    read by the return script only. The incarnation in the name means a Redis
+    restored from an old snapshot cannot take a lease's return twice.
+
 ``idpool:nodes``  ZSET of node ids scored by the unix time of their last
     heartbeat (ZADD by each node every ``IDPOOL_REPORT_SECONDS``; entries older
     than the heartbeat TTL are dropped by the next heartbeat). Read by
@@ -92,6 +100,14 @@ class Keys:
     @property
     def incarnation(self) -> str:
         return f"{self.prefix}:incarnation"
+
+    @property
+    def leased_prefix(self) -> str:
+        """Lease records are this, then ``{run_id}:{replid}:{lease_id}`` (built in Lua)."""
+        return f"{self.prefix}:leased:"
+
+    def leased(self, incarnation: str, lease_id: str) -> str:
+        return f"{self.leased_prefix}{incarnation}:{lease_id}"
 
     @property
     def nodes(self) -> str:

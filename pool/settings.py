@@ -93,6 +93,12 @@ class Settings:
     advertise: str = ""
     # IDPOOL_ADMIN_TOKEN: bearer token for the admin API; empty turns the admin API off
     admin_token: str = field(default="", repr=False)
+    # IDPOOL_CLIENT_LEASE_SECONDS: how long a range leased to a client library
+    # (POST /lease/{tag}) may be returned; its record in Redis expires after this
+    client_lease_seconds: int = 86_400
+    # IDPOOL_CLIENT_MAX_COUNT: most IDs one lease call hands out (the client's wish is
+    # clamped to it); at 1M IDs/s the default lasts a client 10 s
+    client_max_count: int = 10_000_000
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -129,6 +135,8 @@ class Settings:
             (self.tag_reload_seconds > 0, "IDPOOL_TAG_RELOAD_SECONDS must be positive"),
             (self.reserve_seconds >= 0, "IDPOOL_RESERVE_SECONDS must be 0 or more"),
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
+            (self.client_lease_seconds >= 1, "IDPOOL_CLIENT_LEASE_SECONDS must be at least 1"),
+            (self.client_max_count >= 1, "IDPOOL_CLIENT_MAX_COUNT must be at least 1"),
         ]
         for ok, message in checks:
             if not ok:

@@ -37,9 +37,8 @@ from pool.preloader import Preloader
 from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
 from pool.stores import LedgerStore, PoolStore, open_stores
-from pool.tokens import matches
 
-from . import admin, metrics, openapi, status, status_page
+from . import admin, auth, leases, metrics, openapi, status, status_page
 from .buffer import Draining
 from .node import Node, RangeSource, node_ttl
 from .stats import route_of
@@ -82,8 +81,33 @@ def _failure(tag: str, e: IdPoolError) -> Response:
         return error(503, "tag_exhausted", f"{e}; other tags are served as usual")
     if isinstance(e, TagDisabled):
         return error(410, "tag_disabled", str(e))
-    logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
+    _failures.log(tag, str(e))
     return error(503, "unavailable", str(e))
+
+
+class _FailureLog:
+    """event=request_failed at most once a second, with how many it stands for: a
+    flood of requests while a store is down must not become a flood of log lines."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._suppressed = 0
+
+    def log(self, tag: str, reason: str) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        logger.warning(
+            "event=request_failed tag=%s reason=%r similar_since_last=%d",
+            tag,
+            reason,
+            self._suppressed,
+        )
+        self._next, self._suppressed = now + 1.0, 0
+
+
+_failures = _FailureLog()
 
 
 def _head_refused() -> Response:
@@ -122,27 +146,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _token_refused(node: Node, tag: str, request: Request) -> Response | None:
-    """None when the tag has no tokens or the request shows one of them
-    (``Authorization: Bearer`` or a ``token`` query parameter, for Leaf-style
-    clients); else the 401 (or the tag's own failure: unknown, disabled)."""
+    """None when the tag has no tokens or the request shows one of them; else
+    the 401 (or the tag's own failure: unknown, disabled)."""
     if tag not in node.tags.rows:
         try:
-            await node.tags.lookup(tag)  # the tokens are read with the tag list
+            await node.tags.lookup(tag)  # the tokens are read with the tag
         except IdPoolError as e:
             return _failure(tag, e)
-    hashes = node.tags.tokens.get(tag)
-    if not hashes:
+    if auth.allowed(node.tags, tag, request):
         return None
-    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-    given = credential if scheme.lower() == "bearer" else request.query_params.get("token")
-    if given and matches(given, hashes):
-        return None
-    response = error(
-        401,
-        "unauthorized",
-        f"tag {tag!r} needs one of its tokens: send Authorization: Bearer <token> "
-        "or ?token=<token> (`idpool tag token add` makes one)",
-    )
+    response = error(401, "unauthorized", auth.refusal_message(tag))
     response.headers["www-authenticate"] = "Bearer"
     return response
 
@@ -405,6 +418,7 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         Route("/metrics", metrics_text),
         Route("/openapi.json", openapi_json),
         *admin.routes(settings, lambda: state["run"]),
+        *leases.routes(settings, lambda: state["run"]),
     ]
     app = NodeApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.max_count = settings.max_count

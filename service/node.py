@@ -75,7 +75,11 @@ class RangeSource:
             return taken
         try:
             claim = await self.claims.claim(tag, math.ceil(max(missing, 1) / self.step_of(tag)))
-        except StoreUnavailable as e:
+        except IdPoolError as e:
+            if not isinstance(e, StoreUnavailable):  # unknown or exhausted tag, stale ledger
+                if taken:
+                    return taken  # popped ranges are served; the caller asks again
+                raise
             self._failed(e)
             errors.append(e)
             if isinstance(e, MarkNotRaised):

@@ -79,6 +79,13 @@ _WHY = {
     "tag_exists": "the tag exists",
     "start_below_issued": "a start may only move forward",
     "method_not_allowed": "wrong method (HEAD on /id and /ids would use up IDs)",
+    "leases_unavailable": "leases need Redis; this node runs embedded",
+    "bad_lease": "lease is not an id POST /lease/{tag} answered",
+    "bad_from": "from is not an integer",
+    "outside_lease": "from is not between the lease's first ID and its last + 1",
+    "wrong_tag": "the lease is another tag's",
+    "unknown_lease": "no such lease: forged, expired, or Redis restarted since",
+    "already_returned": "returned before; a retried return has succeeded",
 }
 
 
@@ -200,6 +207,74 @@ def document(max_count: int) -> Schema:
                             "schema": {"type": "integer", "minimum": 1, "maximum": max_count},
                         },
                     ],
+                )
+            },
+            "/lease/{tag}": {
+                "post": _op(
+                    "Lease whole ranges covering about count IDs, for a client library",
+                    [
+                        _ok("the leases", "application/json", {
+                            "type": "object",
+                            "required": ["tag", "count", "leases"],
+                            "properties": {
+                                "tag": {"type": "string"},
+                                "count": {"type": "integer"},
+                                "leases": {"type": "array", "items": {
+                                    "type": "object",
+                                    "required": ["lease", "first", "last"],
+                                    "properties": {"lease": {"type": "string"},
+                                                   "first": {"type": "integer"},
+                                                   "last": {"type": "integer"}},
+                                }},
+                            },
+                        }),
+                        *_ID_ERRORS[:-1],
+                        _error("503", "unavailable", "tag_exhausted", "draining",
+                               "leases_unavailable"),
+                    ],  # fmt: skip
+                    security=_TAG_SECURITY,
+                    parameters=[
+                        _TAG_PARAM,
+                        _TOKEN_PARAM,
+                        {"name": "count", "in": "query", "required": False,
+                         "description": "IDs wanted (clamped to IDPOOL_CLIENT_MAX_COUNT); "
+                         "none: one range",
+                         "schema": {"type": "integer", "minimum": 1}},
+                    ],  # fmt: skip
+                )
+            },
+            "/lease/return": {
+                "post": _op(
+                    "Give back the unused tail of a lease, once",
+                    [
+                        _ok("what was returned", "application/json", {
+                            "type": "object",
+                            "required": ["lease", "tag", "returned", "count"],
+                            "properties": {
+                                "lease": {"type": "string"},
+                                "tag": {"type": "string"},
+                                "returned": {
+                                    "type": "object", "nullable": True,
+                                    "properties": {"first": {"type": "integer"},
+                                                   "last": {"type": "integer"}},
+                                },
+                                "count": {"type": "integer"},
+                            },
+                        }),
+                        _error("400", "bad_body", "bad_lease", "bad_from", "bad_tag",
+                               "outside_lease", "wrong_tag"),
+                        _error("404", "not_found"),
+                        _error("405", "method_not_allowed"),
+                        _error("409", "unknown_lease", "already_returned"),
+                        _error("503", "unavailable", "leases_unavailable"),
+                    ],  # fmt: skip
+                    requestBody=_body({
+                        "type": "object",
+                        "required": ["lease", "from"],
+                        "properties": {"lease": {"type": "string"},
+                                       "from": {"type": "integer"},
+                                       "tag": {"type": "string"}},
+                    }),  # fmt: skip
                 )
             },
             "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},

@@ -77,6 +77,8 @@ def route_of(path: str) -> str:
         return "ids"
     if path.startswith("/admin/"):
         return "admin"
+    if path.startswith("/lease/"):
+        return "lease"
     return _EXACT_ROUTES.get(path, "other")
 
 

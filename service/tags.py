@@ -2,20 +2,28 @@
 
 A request names a tag; only a tag in the ledger gets a buffer, a range pop or a
 claim. A name not in the copy makes the node reload the whole list, at most
-once per ``min_interval`` however many names arrive (one query, shared by every
-request waiting for it), so a flood of made-up names costs the ledger at most
-one cheap read a second and the node no memory per name.
+once per ``min_interval`` (one query, shared by every request waiting for it).
+Within that interval a name still not known costs one primary-key lookup, one
+at a time, and is then remembered as unknown for ``min_interval`` (in a
+bounded cache); when too many wait for a lookup the request is refused at once
+rather than queued. So a tag created a moment ago is served at once, while a
+flood of made-up names costs the ledger one connection at most, the node a
+bounded amount of memory, and requests for real tags nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
-from pool.errors import StoreUnavailable, TagDisabled, UnknownTag
+from pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from pool.ledger import TagRow
 from pool.stores import LedgerStore
+
+UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
+MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
 
 
 class TagDirectory:
@@ -35,6 +43,9 @@ class TagDirectory:
         self._loaded_at: float | None = None  # when the last reload was started
         self._loading: asyncio.Task[None] | None = None
         self._error: StoreUnavailable | None = None  # the last reload's failure
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # name -> known unknown until
+        self._lookup_slot = asyncio.Semaphore(1)
+        self._waiting = 0
 
     def step(self, tag: str) -> int:
         """The tag's step as last read (a sizing hint, 1 when not known)."""
@@ -45,10 +56,26 @@ class TagDirectory:
         """The tag's row; raises UnknownTag, TagDisabled, or StoreUnavailable
         when the list cannot be read and the tag is not known yet."""
         row = self.rows.get(tag)
-        if row is None or row.disabled:
-            await self.reload()  # a disabled tag may have been enabled meanwhile
+        if row is not None and not row.disabled:
+            return row
+        now = self._clock()
+        if row is not None:
+            # Disabled as last read: read the list again (at most once per
+            # min_interval, shared) in case it was enabled meanwhile.
+            await self.reload()
             row = self.rows.get(tag)
+        elif self._unknown.get(tag, 0.0) > now:
+            raise UnknownTag(tag)
+        elif self._loaded_at is None or now - self._loaded_at >= self.min_interval:
+            await self.reload()
+            row = self.rows.get(tag)
+        else:
+            row = await self._lookup_one(tag)
         if row is None:
+            self._unknown[tag] = self._clock() + self.min_interval
+            self._unknown.move_to_end(tag)
+            while len(self._unknown) > UNKNOWN_CACHE_SIZE:
+                self._unknown.popitem(last=False)
             raise UnknownTag(tag)
         if row.disabled:
             raise TagDisabled(f"tag {tag!r} is disabled; an operator can enable it again")
@@ -58,14 +85,36 @@ class TagDirectory:
         """Tags the last reload found disabled."""
         return {tag for tag, row in self.rows.items() if row.disabled}
 
+    async def _lookup_one(self, tag: str) -> TagRow | None:
+        """One name, by primary key, one lookup at a time for the whole node."""
+        if self._waiting >= MAX_WAITING_LOOKUPS:
+            raise StoreBusy("mysql", "too many lookups of unknown tags waiting; retry")
+        self._waiting += 1
+        try:
+            async with self._lookup_slot:
+                row = self.rows.get(tag)  # a reload may have found it meanwhile
+                if row is None:
+                    try:
+                        row = await self.ledger.get_tag(tag)
+                        tokens = await self.ledger.list_tokens(tag)
+                    except UnknownTag:
+                        return None
+                    # Its tokens before its row: a tag found this way is never served open.
+                    if tokens:
+                        self.tokens[tag] = frozenset(t.token_hash for t in tokens)
+                    self.rows[tag] = row
+                return row
+        finally:
+            self._waiting -= 1
+
     async def reload(self) -> None:
         """Read the ledger's list again, unless that was done less than
         ``min_interval`` ago (then its outcome stands, failure included)."""
         if self._loading is None:
             now = self._clock()
             if self._loaded_at is not None and now - self._loaded_at < self.min_interval:
-                if self._error is not None:
-                    raise self._error
+                if self._error is not None:  # a fresh copy: the original's traceback stays put
+                    raise StoreUnavailable(self._error.store, self._error.detail)
                 return
             self._loaded_at = now
             self._loading = asyncio.ensure_future(self._load())

@@ -455,3 +455,12 @@ def test_a_batch_larger_than_a_range_is_one_claim(settings: Settings, tag: str) 
         assert ids == list(range(1, 10001))
         assert counted[0].claims[0] == 1000  # one claim of 1,000 steps (later: the reserve's)
         assert c.get(f"/id/{tag}").text == "10001"
+
+
+def test_a_tag_created_a_moment_ago_is_served_at_once(settings: Settings, tag: str) -> None:
+    add_tag(settings, tag)
+    with TestClient(create_app(settings.with_changes(unknown_tag_ttl=30.0))) as c:
+        assert c.get(f"/id/{tag}").text == "1"  # the node read the tag list just now
+        assert c.get(f"/id/nosuch-{tag}").status_code == 404
+        add_tag(settings, tag + "-new")
+        assert c.get(f"/id/{tag}-new").text == "1"  # one lookup by name, not a 30 s wait

@@ -11,10 +11,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from ops.servers import TcpProxy
+from pool.claims import LedgerClaims
 from pool.ledger import Ledger
+from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
+from service.node import Node, RangeSource
 
 from .conftest import TEST_DATABASE
 from .test_app import add_tag, pool_ranges
@@ -149,51 +152,29 @@ def test_nodes_report_consumption_and_range_lifetimes(settings: Settings, tag: s
     assert stats["issued"] == "30"  # IDs handed out, not ranges taken
 
 
-def test_a_tag_disabled_elsewhere_stops_here_within_the_reload(
+@pytest.mark.anyio
+async def test_an_idle_tag_goes_back_to_the_pool_and_is_dropped(
     settings: Settings, tag: str
 ) -> None:
-    add_tag(settings, tag, step=1000)
-    s = settings.with_changes(report_seconds=0.1, tag_reload_seconds=0.2)
-
-    async def set_disabled(disabled: bool) -> None:
-        ledger = await Ledger.connect(settings)
-        await ledger.set_disabled(tag, disabled)
+    # Issue 11: a node's memory and scrape cost follow the tags it serves now.
+    ledger = await Ledger.connect(settings)
+    pool = RedisPool.from_settings(settings)
+    try:
+        await ledger.add_tag(tag, step=100, start=1)
+        source = RangeSource(LedgerClaims(ledger, pool), pool)
+        node = Node(source, prefetch_at=0.5, idle_seconds=60)
+        assert await node.next_id(tag) == 1
+        node.sample(mono=1000.0)
+        node.sample(mono=1059.0)  # 59 s without a request: kept
+        assert tag in node.buffers
+        node.sample(mono=1061.0)
+        assert tag not in node.buffers
+        await source.close()  # the remainder's push
+        assert await pool.ranges(tag) == [IdRange(2, 101)]
+        assert await node.next_id(tag) == 2  # a new buffer, from the returned remainder
+        await node.shutdown()
+        await node.report()
+        assert (await pool.read_stats(tag))["issued"] == "2"  # both buffers' IDs reported
+    finally:
+        await pool.close()
         await ledger.close()
-
-    with TestClient(create_app(s)) as c:
-        assert c.get(f"/id/{tag}").text == "1"  # the buffer holds 2-1000
-        asyncio.run(set_disabled(True))  # as `idpool tag disable` on another machine
-        deadline = time.monotonic() + 3
-        while c.get(f"/id/{tag}").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        r = c.get(f"/id/{tag}")
-        assert r.status_code == 410 and r.json()["error"] == "tag_disabled"
-        wasted = snapshot_of(c, tag)["counters"]["ids_wasted"]["tag_disabled"]
-        assert 0 < wasted <= 999  # what the buffer still held, never served
-        asyncio.run(set_disabled(False))
-        time.sleep(1.1)  # past IDPOOL_UNKNOWN_TAG_TTL: the next miss reads the list again
-        assert c.get(f"/id/{tag}").text == "1001"  # fresh, above everything claimed
-
-
-def test_a_token_added_elsewhere_is_required_here_within_the_reload(
-    settings: Settings, tag: str
-) -> None:
-    from pool.tokens import hash_token
-
-    add_tag(settings, tag, step=1000)
-    s = settings.with_changes(report_seconds=0.1, tag_reload_seconds=0.2)
-
-    async def add_token() -> None:
-        ledger = await Ledger.connect(settings)
-        await ledger.add_token(tag, "t1", hash_token("the-token"))
-        await ledger.close()
-
-    with TestClient(create_app(s)) as c:
-        assert c.get(f"/id/{tag}").text == "1"  # open; the fast path serves the rest
-        asyncio.run(add_token())  # as `idpool tag token add` on another machine
-        deadline = time.monotonic() + 3
-        while c.get(f"/id/{tag}").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.get(f"/id/{tag}").status_code == 401
-        shown = c.get(f"/id/{tag}", headers={"Authorization": "Bearer the-token"})
-        assert shown.status_code == 200

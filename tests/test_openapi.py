@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -85,5 +86,7 @@ def test_a_live_node_answers_as_documented(settings: Settings, tag: str, tmp_pat
     finally:
         node.stop()
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    assert "No issues found" in run.stdout
+    # every generated case passed (a lease return with a made-up lease id is always
+    # refused, which schemathesis notes as a warning: lease ids cannot be guessed)
+    assert re.search(r"(\d+) generated, \1 passed", run.stdout), run.stdout[-3000:]
     assert status["node"]["ready"]

@@ -1,0 +1,222 @@
+"""The asyncio client: the sync client's double buffer on one event loop.
+
+Everything runs on the loop's thread, so taking an ID is a plain
+check-and-increment with no ``await`` in between: two tasks never get the same
+ID. The two HTTP calls run in the default executor (stdlib ``http.client``),
+so no HTTP library is needed. Use one client per event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .sync import RETRY_BACKOFF, CloseReport
+from .transport import Lease, Transport
+
+
+@dataclass
+class _Tag:
+    tag: str
+    wish: int
+    lease: Lease | None = None
+    cur: int = 0  # next ID to hand out from `lease`
+    stop: int = 0  # lease.end
+    limit: int = 0  # below this no check is needed (the prefetch trigger, or stop)
+    pending: deque[Lease] = field(default_factory=deque)
+    fetch: asyncio.Task[None] | None = None
+    error: IdPoolError | None = None
+    retry_at: float = 0.0
+    started_at: float = 0.0
+
+
+class AsyncIdPoolClient:
+    """``await client.next_id(tag)``; the same options as ``IdPoolClient``."""
+
+    def __init__(
+        self,
+        urls: Sequence[str] | str,
+        *,
+        timeout: float = 5.0,
+        target_seconds: float = 60.0,
+        prefetch_at: float = 0.15,
+        initial_count: int = 1,
+        max_count: int = 10_000_000,
+        return_at_exit: bool = True,
+    ) -> None:
+        if not 0.0 <= prefetch_at < 1.0:
+            raise ValueError("prefetch_at must be in [0, 1)")
+        if target_seconds <= 0 or max_count < 1 or initial_count < 1:
+            raise ValueError("target_seconds, max_count and initial_count must be positive")
+        self.transport = Transport(list([urls] if isinstance(urls, str) else urls), timeout)
+        self.target_seconds = target_seconds
+        self.prefetch_at = prefetch_at
+        self.initial_count = initial_count
+        self.max_count = max_count
+        self._tags: dict[str, _Tag] = {}
+        self._closed = False
+        self.report = CloseReport()
+        self._at_exit = functools.partial(_close_ref, weakref.ref(self))
+        if return_at_exit:
+            # At exit the loop may be gone: return tails with blocking calls.
+            atexit.register(self._at_exit)
+
+    async def next_id(self, tag: str) -> int:
+        t = self._tags.get(tag)
+        if t is not None:
+            i = t.cur
+            if i < t.limit:
+                t.cur = i + 1
+                return i
+        return (await self._take(tag, 1))[0][0]
+
+    async def next_ids(self, tag: str, n: int) -> Sequence[int]:
+        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        parts = await self._take(tag, n)
+        if len(parts) == 1:
+            return parts[0]
+        return [i for part in parts for i in part]
+
+    async def _take(self, tag: str, n: int) -> list[range]:
+        t = self._tags.get(tag)
+        if t is None:
+            if not isinstance(tag, str) or not tag:
+                raise ValueError("tag must be a non-empty string")
+            t = self._tags[tag] = _Tag(tag, self.initial_count)
+        parts: list[range] = []
+        while n > 0:
+            if self._closed:
+                raise IdPoolClosed("the client is closed")
+            # No await from here to the increment: atomic on the loop.
+            take = min(n, t.stop - t.cur)
+            if take > 0:
+                parts.append(range(t.cur, t.cur + take))
+                t.cur += take
+                n -= take
+                if t.cur > t.limit or t.limit == 0:
+                    self._prefetch(t)
+                continue
+            if t.pending:
+                self._switch(t)
+                continue
+            if t.fetch is None:
+                if t.error is not None and time.monotonic() < t.retry_at:
+                    raise t.error
+                self._start_fetch(t)
+            task = t.fetch
+            assert task is not None
+            await asyncio.shield(task)  # a cancelled caller must not cancel the fetch
+        return parts
+
+    def _switch(self, t: _Tag) -> None:
+        if t.lease is not None:
+            lasted = time.monotonic() - t.started_at
+            size = len(t.lease)
+            if lasted < self.target_seconds:
+                t.wish = min(self.max_count, 2 * max(t.wish, size))
+            elif lasted > 2 * self.target_seconds:
+                t.wish = max(1, min(t.wish, size) // 2)
+        lease = t.pending.popleft()
+        t.lease, t.cur, t.stop = lease, lease.start, lease.end
+        t.started_at = time.monotonic()
+        if t.pending or t.fetch is not None:
+            t.limit = t.stop
+        else:
+            t.limit = lease.start + int(len(lease) * self.prefetch_at)
+
+    def _prefetch(self, t: _Tag) -> None:
+        if t.fetch is not None or t.pending or self._closed:
+            t.limit = t.stop
+        elif t.error is None or time.monotonic() >= t.retry_at:
+            self._start_fetch(t)
+            t.limit = t.stop
+        else:
+            t.limit = 0  # stays armed: the next take tries again after the backoff
+
+    def _start_fetch(self, t: _Tag) -> None:
+        t.fetch = asyncio.ensure_future(self._fetch(t, t.wish))
+        t.fetch.add_done_callback(_consume)
+
+    async def _fetch(self, t: _Tag, wish: int) -> None:
+        try:
+            leases = await asyncio.to_thread(self.transport.lease, t.tag, wish)
+        except IdPoolError as e:
+            t.error = e
+            t.retry_at = time.monotonic() + RETRY_BACKOFF
+            if t.cur < t.stop:
+                t.limit = 0  # re-arm the prefetch
+            return
+        finally:
+            t.fetch = None
+        t.error = None
+        if self._closed:
+            await asyncio.to_thread(self._give_back, [(x, x.start) for x in leases])
+            return
+        t.pending.extend(leases)
+        if t.cur >= t.stop:
+            self._switch(t)
+
+    async def aclose(self) -> CloseReport:
+        """Stop serving and return every unused tail, once. Safe to call twice."""
+        tails = self._cut()
+        if tails is None:
+            return self.report
+        fetches = [t.fetch for t in self._tags.values() if t.fetch is not None]
+        await asyncio.to_thread(self._give_back, tails)
+        if fetches:  # a lease on its way is returned by its own task
+            await asyncio.wait(fetches, timeout=self.transport.timeout * 2 + 1)
+        return self.report
+
+    def _cut(self) -> list[tuple[Lease, int]] | None:
+        """Stop serving; the unused tails (no await: atomic on the loop). None if closed."""
+        if self._closed:
+            return None
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        tails: list[tuple[Lease, int]] = []
+        for t in self._tags.values():
+            if t.lease is not None and t.cur < t.stop:
+                tails.append((t.lease, t.cur))
+            tails += [(x, x.start) for x in t.pending]
+            t.pending.clear()
+            t.cur = t.stop = t.limit = 0
+        return tails
+
+    def _give_back(self, tails: list[tuple[Lease, int]]) -> None:
+        for lease, start in tails:
+            try:
+                self.report.returned += self.transport.give_back(lease, start)
+            except (IdPoolRequestError, IdPoolUnavailable) as e:
+                self.report.lost.append(f"{lease.lease_id} {start}-{lease.end - 1}: {e}")
+
+    async def __aenter__(self) -> AsyncIdPoolClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def lease_calls(self) -> int:
+        return self.transport.calls["lease"]
+
+
+def _consume(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _close_ref(ref: weakref.ref[AsyncIdPoolClient]) -> None:
+    client = ref()
+    if client is not None:
+        tails = client._cut()
+        if tails:
+            client._give_back(tails)

@@ -1,0 +1,39 @@
+"""What the client raises: every error is an ``IdPoolError``."""
+
+from __future__ import annotations
+
+
+class IdPoolError(Exception):
+    """Base class of everything idpool_client raises on purpose."""
+
+
+class IdPoolUnavailable(IdPoolError):
+    """No ID in memory and no node could lease a range.
+
+    ``failures`` lists each server URL tried with why it failed (connection
+    error, timeout, HTTP 5xx with the node's message).
+    """
+
+    def __init__(self, what: str, failures: list[tuple[str, str]]) -> None:
+        tried = "; ".join(f"{url}: {why}" for url, why in failures) or "no server tried"
+        super().__init__(f"{what}: every idpool node failed ({tried})")
+        self.failures = failures
+
+
+class IdPoolRequestError(IdPoolError):
+    """A node refused the request (HTTP 4xx): an unknown or invalid tag, a bad
+    return. Trying another node would get the same answer, so none is tried.
+
+    ``code`` is the node's error code (``unknown_tag``, ``bad_tag``, ...).
+    """
+
+    def __init__(self, url: str, status: int, code: str, message: str) -> None:
+        super().__init__(f"{url} answered {status} {code}: {message}")
+        self.url = url
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class IdPoolClosed(IdPoolError):
+    """The client was closed; its unused IDs went back to the pool."""

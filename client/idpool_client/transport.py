@@ -1,0 +1,145 @@
+"""The two HTTP calls a client makes, with failover across nodes (stdlib only).
+
+``lease`` asks ``POST /lease/{tag}?count=N`` and answers the leased ranges;
+``give_back`` sends ``POST /lease/return``. A connection error, a timeout or a
+5xx moves on to the next URL; a 4xx is the node's verdict and is raised at once.
+Blocking: the sync client calls these from its fetch threads, the async client
+through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from .errors import IdPoolError, IdPoolRequestError, IdPoolUnavailable
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One leased range, half-open ``[start, end)``."""
+
+    lease_id: str
+    tag: str
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class _Server:
+    url: str
+    https: bool
+    host: str
+    port: int
+    base: str  # path prefix, e.g. "" or "/idpool"
+
+
+def _parse(url: str) -> _Server:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL of an idpool node: {url!r}")
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    return _Server(url, https, parts.hostname, port, parts.path.rstrip("/"))
+
+
+class Transport:
+    def __init__(self, urls: list[str] | tuple[str, ...], timeout: float = 5.0) -> None:
+        if isinstance(urls, str):
+            urls = [urls]
+        if not urls:
+            raise ValueError("give at least one idpool node URL")
+        self.servers = [_parse(u) for u in urls]
+        self.timeout = timeout
+        self._first = 0  # the node that answered last is asked first
+        self.calls = {"lease": 0, "return": 0}  # HTTP requests sent, for benchmarks
+
+    def lease(self, tag: str, count: int) -> list[Lease]:
+        """Lease about ``count`` IDs of ``tag``: one or more ranges, in serving order."""
+        path = f"/lease/{quote(tag, safe='')}?count={max(1, count)}"
+        body = self._post("lease", path, None, f"lease for tag {tag!r}")
+        try:
+            return [
+                Lease(str(x["lease"]), tag, int(x["first"]), int(x["last"]) + 1)
+                for x in body["leases"]
+            ]
+        except (KeyError, TypeError, ValueError) as e:
+            raise IdPoolError(f"a node answered a lease in an unknown form: {body!r}") from e
+
+    def give_back(self, lease: Lease, start: int) -> int:
+        """Return ``[start, lease.end)``; answers how many IDs went back.
+
+        A try whose answer was lost may have landed, so a later try that hears
+        ``already_returned`` has succeeded. Raises IdPoolRequestError when the
+        node refuses (``unknown_lease``: Redis restarted or the lease expired;
+        the tail is lost, never served twice) and IdPoolUnavailable.
+        """
+        payload = {"lease": lease.lease_id, "from": start, "tag": lease.tag}
+        sent: list[bool] = []
+        try:
+            body = self._post("return", "/lease/return", payload, "return", sent)
+        except IdPoolRequestError as e:
+            if e.code == "already_returned" and len(sent) > 1:  # an earlier try landed
+                return max(0, lease.end - start)
+            raise
+        return int(body.get("count", 0))
+
+    def _post(
+        self,
+        kind: str,
+        path: str,
+        payload: dict[str, Any] | None,
+        what: str,
+        sent: list[bool] | None = None,
+    ) -> dict[str, Any]:
+        failures: list[tuple[str, str]] = []
+        n = len(self.servers)
+        for k in range(n):
+            index = (self._first + k) % n
+            server = self.servers[index]
+            self.calls[kind] += 1
+            try:
+                status, body = self._request(server, path, payload, sent)
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                failures.append((server.url, f"{type(e).__name__}: {e}"))
+                continue
+            if status >= 500:
+                why = f"{status} {body.get('error')}: {body.get('message')}"
+                failures.append((server.url, why))
+                continue
+            if status >= 400:
+                raise IdPoolRequestError(
+                    server.url, status, str(body.get("error")), str(body.get("message"))
+                )
+            self._first = index
+            return body
+        raise IdPoolUnavailable(what, failures)
+
+    def _request(
+        self, server: _Server, path: str, payload: dict[str, Any] | None, sent: list[bool] | None
+    ) -> tuple[int, dict[str, Any]]:
+        cls = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
+        conn = cls(server.host, server.port, timeout=self.timeout)
+        try:
+            data = b"" if payload is None else json.dumps(payload).encode()
+            headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+            conn.request("POST", server.base + path, body=data, headers=headers)
+            if sent is not None:
+                sent.append(True)  # from here on the node may have acted on it
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"error": "not_json", "message": raw[:200].decode(errors="replace")}
+        if not isinstance(body, dict):
+            body = {"error": "not_json", "message": repr(body)[:200]}
+        return resp.status, body

@@ -1,0 +1,347 @@
+"""One scenario's world: a private redis-server, a fresh database on the shared
+MariaDB, tags written straight into the ledger, and ``idpool serve`` processes.
+
+Everything started here is stopped by ``World.close()`` (safe twice), which the
+scenarios reach through ``with World(...)`` also on Ctrl-C, SIGTERM (turned into
+SystemExit by ``run.py``) and exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pymysql
+import redis
+
+from ops.processes import NodeProcess, env_with, wait_ready
+from ops.servers import RedisServer
+
+MYSQL_HOST, MYSQL_PORT, MYSQL_USER = "127.0.0.1", 3306, "root"
+TABLE = "idpool_tags"
+PREFIX = "idpool"  # IDPOOL_REDIS_PREFIX given to every node, so the keys below are known
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def pool_key(tag: str) -> str:
+    return f"{PREFIX}:pool:{tag}"
+
+
+def stats_key(tag: str) -> str:
+    return f"{PREFIX}:stats:{tag}"
+
+
+def database_name() -> str:
+    return f"idpool_scale_{os.getpid()}"
+
+
+def mysql(database: str | None = None) -> Any:
+    return pymysql.connect(
+        host=MYSQL_HOST,
+        port=MYSQL_PORT,
+        user=MYSQL_USER,
+        database=database,
+        autocommit=True,
+        connect_timeout=5,
+        read_timeout=60,
+        write_timeout=60,
+    )
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return int(answer.status), answer.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read()
+
+
+@dataclass(frozen=True)
+class TagSpec:
+    name: str
+    step: int
+    start: int = 1
+
+
+class World:
+    """Private Redis + fresh database + nodes, for one scenario (or one round of it)."""
+
+    def __init__(self, workdir: Path, label: str, node_env: dict[str, str] | None = None) -> None:
+        self.dir = workdir / label
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.database = database_name()
+        self.redis_server: RedisServer | None = None
+        self.nodes: list[NodeProcess] = []
+        self.extra_env = node_env or {}
+        self._redis: redis.Redis | None = None
+        self.started_at = 0.0  # monotonic time the first node was started
+        # close() and a restart in another thread: no node may start once closing began
+        self._lock = threading.Lock()
+        self._closing = False
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def __enter__(self) -> World:
+        try:
+            self.redis_server = RedisServer(
+                self.dir / "redis", "--save", "", "--appendonly", "no"
+            ).start()
+            conn = mysql()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+                    cur.execute(f"CREATE DATABASE `{self.database}`")
+            finally:
+                conn.close()
+            self._create_table()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every node, the Redis server, and drop the database. Safe twice."""
+        with self._lock:
+            self._closing = True
+            nodes, self.nodes = self.nodes, []
+        for node in nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGTERM)
+        for node in nodes:
+            stop_process(node)
+        if self._redis is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._redis.close()
+            self._redis = None
+        if self.redis_server is not None:
+            server, self.redis_server = self.redis_server, None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.stop()
+            server.kill9()
+        with contextlib.suppress(pymysql.err.MySQLError):
+            conn = mysql()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+            finally:
+                conn.close()
+
+    # --- stores ----------------------------------------------------------------
+
+    @property
+    def redis_url(self) -> str:
+        assert self.redis_server is not None
+        return self.redis_server.url
+
+    @property
+    def mysql_url(self) -> str:
+        return f"mysql://{MYSQL_USER}@{MYSQL_HOST}:{MYSQL_PORT}/{self.database}"
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=10)
+        return self._redis
+
+    def _create_table(self) -> None:
+        # The schema of the idpool installed in this Python: the probe follows it.
+        from pool.ledger import SCHEMA
+
+        conn = mysql(self.database)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(SCHEMA)
+        finally:
+            conn.close()
+
+    def add_tags(self, tags: list[TagSpec], batch: int = 1000) -> None:
+        """Bulk INSERT into the ledger, as a probe that bypasses idpool would."""
+        conn = mysql(self.database)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SHOW COLUMNS FROM {TABLE}")
+                columns = {str(row[0]) for row in cur.fetchall()}
+                wanted = ["tag", "max_id", "step", "start_id", "min_step", "max_step"]
+                names = [c for c in wanted if c in columns]
+                sql = (
+                    f"INSERT INTO {TABLE} ({', '.join(names)}) "
+                    f"VALUES ({', '.join(['%s'] * len(names))})"
+                )
+                for i in range(0, len(tags), batch):
+                    rows = []
+                    for t in tags[i : i + batch]:
+                        value = {
+                            "tag": t.name,
+                            "max_id": t.start,
+                            "step": t.step,
+                            "start_id": t.start,
+                            "min_step": t.step,
+                            "max_step": max(t.step, 1_000_000),
+                        }
+                        rows.append(tuple(value[c] for c in names))
+                    cur.executemany(sql, rows)
+        finally:
+            conn.close()
+
+    def ledger_row(self, tag: str) -> dict[str, int]:
+        conn = mysql(self.database)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT max_id, start_id, step FROM {TABLE} WHERE tag = %s", (tag,))
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            raise RuntimeError(f"tag {tag} vanished from the ledger")
+        return {"max_id": int(row[0]), "start_id": int(row[1]), "step": int(row[2])}
+
+    def commands_processed(self) -> int:
+        return int(self.redis.info("stats")["total_commands_processed"])
+
+    def command_calls(self) -> dict[str, int]:
+        """Calls so far by command (``INFO commandstats``; commands run by scripts included)."""
+        stats = self.redis.info("commandstats")
+        return {
+            name.removeprefix("cmdstat_"): int(value["calls"])
+            for name, value in stats.items()
+            if isinstance(value, dict) and "calls" in value
+        }
+
+    def redis_cpu_seconds(self) -> float:
+        info = self.redis.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    def short_lists(self, tags: list[str], depth: int) -> int:
+        """How many of the tags' pool lists hold fewer than ``depth`` ranges."""
+        short = 0
+        for i in range(0, len(tags), 2000):
+            pipe = self.redis.pipeline(transaction=False)
+            for tag in tags[i : i + 2000]:
+                pipe.llen(pool_key(tag))
+            short += sum(1 for n in pipe.execute() if int(n) < depth)
+        return short
+
+    def wait_filled(self, tags: list[str], depth: int, limit: float) -> float | None:
+        """Seconds from the first node's start until every list held ``depth``
+        ranges; None if that did not happen within ``limit`` seconds of the start."""
+        while True:
+            if self.short_lists(tags, depth) == 0:
+                return time.monotonic() - self.started_at
+            if time.monotonic() - self.started_at >= limit:
+                return None
+            self.check_nodes()
+            time.sleep(0.5)
+
+    # --- nodes -----------------------------------------------------------------
+
+    def node_env(self) -> dict[str, str]:
+        return env_with(
+            IDPOOL_MYSQL_URL=self.mysql_url,
+            IDPOOL_REDIS_URL=self.redis_url,
+            IDPOOL_REDIS_PREFIX=PREFIX,
+            **self.extra_env,
+        )
+
+    def start_nodes(self, count: int, ready_timeout: float = 120.0) -> None:
+        env = self.node_env()
+        self.started_at = time.monotonic()
+        for i in range(count):
+            node = NodeProcess(env, self.dir / f"node{i + 1}")
+            self.nodes.append(node)
+            node.start(wait=False)
+        for node in self.nodes:
+            node.wait_ready(ready_timeout)
+
+    def restart_node(self, index: int, ready_timeout: float = 120.0) -> dict[str, float]:
+        """SIGTERM one node, wait for its exit, start it again on the same port."""
+        node = self.nodes[index]
+        began = time.monotonic()
+        clean = stop_process(node)
+        stopped = time.monotonic()
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("world closed during the restart")
+            node.start(wait=False)
+        wait_ready(node.base_url, ready_timeout, node.exited)
+        return {
+            "stop_s": round(stopped - began, 2),
+            "ready_s": round(time.monotonic() - stopped, 2),
+            "clean_exit": float(clean),
+        }
+
+    def check_nodes(self) -> None:
+        for node in self.nodes:
+            if (why := node.exited()) is not None:
+                raise RuntimeError(why)
+
+    def cpu_ticks(self) -> dict[int, int]:
+        """utime + stime of every node process and its descendants, by PID."""
+        ticks: dict[int, int] = {}
+        for node in self.nodes:
+            if node.proc is not None:
+                for pid in process_tree(node.proc.pid):
+                    ticks[pid] = cpu_ticks(pid)
+        return ticks
+
+
+def stop_process(node: NodeProcess, grace: float = 30.0) -> bool:
+    """SIGTERM (if still running) and wait; SIGKILL if it overstays. True if clean."""
+    proc = node.proc
+    if proc is None:
+        return True
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait(10)
+    node.proc = None
+    return code in (0, -signal.SIGTERM)
+
+
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants (bounded: a tree of at most 1,000)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < 1000:
+        p = todo.pop()
+        found.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return found
+
+
+def cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+def cpu_percent(before: dict[int, int], after: dict[int, int], seconds: float) -> float:
+    """% of one core used between two samples; a process gone by the second
+    sample counts up to the first, one born since counts whole."""
+    used = sum(after.get(pid, t) - t for pid, t in before.items())
+    used += sum(t for pid, t in after.items() if pid not in before)
+    return 100.0 * used / CLOCK_TICKS / seconds
