@@ -178,3 +178,19 @@ async def test_an_idle_tag_goes_back_to_the_pool_and_is_dropped(
     finally:
         await pool.close()
         await ledger.close()
+
+
+def test_a_tag_found_by_name_comes_with_its_tokens(settings: Settings, tag: str) -> None:
+    from pool.tokens import hash_token
+
+    async def add_guarded() -> None:
+        ledger = await Ledger.connect(settings)
+        await ledger.add_tag(tag, step=100, start=1)
+        await ledger.add_token(tag, "t1", hash_token("the-token"))
+        await ledger.close()
+
+    with TestClient(create_app(settings.with_changes(unknown_tag_ttl=30))) as c:
+        assert c.get(f"/id/{tag}-other").status_code == 404  # the list was just read
+        asyncio.run(add_guarded())  # found next by one primary-key lookup, not a reload
+        assert c.get(f"/id/{tag}").status_code == 401
+        assert c.get(f"/id/{tag}", params={"token": "the-token"}).text == "1"
