@@ -174,7 +174,8 @@ def test_tag_commands_and_pool_show_on_the_embedded_ledger(tmp_path: Path) -> No
     assert again.returncode == 2 and "already exists" in again.stderr
     assert idpool(tmp_path, "tag", "step", TAG, "500", "--embedded").returncode == 0
     listed = idpool(tmp_path, "tag", "list", "--embedded")
-    assert [TAG, "1", "500", "1"] in [line.split() for line in listed.stdout.splitlines()]
+    # tag, max_id, step, start (then max, runway, state, description)
+    assert [TAG, "1", "500", "1"] in [line.split()[:4] for line in listed.stdout.splitlines()]
     # a sqlite: URL alone selects the same file
     shown = idpool(tmp_path, "pool", "show", IDPOOL_MYSQL_URL=f"sqlite://{tmp_path}/idpool.db")
     assert shown.returncode == 0, shown.stderr
