@@ -22,6 +22,7 @@ docs/design.md is for:
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -158,6 +159,22 @@ class RedisSentinelGroup:
             time.sleep(0.1)
         raise TimeoutError(f"redis {replica.port} did not sync with its master")
 
+    def wait_failover_started(self, timeout: float) -> float:
+        """Wait until a Sentinel sees the master objectively down or is failing it
+        over; returns the seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            for sentinel in self.sentinels:
+                try:
+                    state = Redis(port=sentinel.port, socket_timeout=1).sentinel_master(SERVICE)
+                except (RedisError, OSError):
+                    continue
+                flags = str(state.get("flags", "")) if isinstance(state, dict) else ""
+                if "o_down" in flags or "failover_in_progress" in flags:
+                    return time.monotonic() - started
+            time.sleep(0.05)
+        raise TimeoutError("no Sentinel started a failover")
+
     @staticmethod
     def _role(port: int) -> str | None:
         try:
@@ -182,6 +199,15 @@ class RedisSentinelGroup:
 
     # -- whole group (for the fault suite's clean-up) ---------------------------
 
+    def ensure_up(self) -> None:
+        """Every server and Sentinel running (after a fault went wrong)."""
+        servers: list[RedisServer | SentinelServer] = [*self.servers, *self.sentinels]
+        for server in servers:
+            if server.proc is None:
+                server.start()
+            else:
+                server.resume()
+
     def stop(self) -> None:
         for server in [*self.sentinels, *self.servers]:
             if server.proc is not None:
@@ -194,24 +220,28 @@ class MariaPair:
     TCP proxy (``port``) that ``promote_replica`` moves to the replica.
 
     Offers what the fault suite's cluster uses of a single ``MariaServer``
-    (``url``, ``client``; ``proc``, ``start``, ``resume``, ... act on the
-    server the proxy points at).
+    (``url``, ``client``; ``proc``, ``start``, ``resume`` act on the primary).
+    Both servers write a binary log, so either can be the primary; after a
+    failover ``rebuild_replica`` turns the dead one into a fresh replica of the
+    new primary (a new datadir loaded from a dump), ready for the next failover.
     """
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self.primary = MariaServer(
-            directory / "primary", "--server-id=1", "--log-bin=mysql-bin", "--binlog-format=ROW"
-        )
-        self.replica = MariaServer(
-            directory / "replica", "--server-id=2", "--read-only=1", "--relay-log=relay-bin"
-        )
+        self._server_ids = 0
+        self.primary = self._server(directory / "a")
+        self.replica = self._server(directory / "b")
         self.proxy: TcpProxy | None = None
-        self.promoted = False
 
-    @property
-    def active(self) -> MariaServer:
-        return self.replica if self.promoted else self.primary
+    def _server(self, directory: Path) -> MariaServer:
+        self._server_ids += 1
+        return MariaServer(
+            directory,
+            f"--server-id={self._server_ids}",
+            "--log-bin=mysql-bin",
+            "--binlog-format=ROW",
+            "--read-only=1",  # every server starts as a replica; the primary is opened by SQL
+        )
 
     @property
     def port(self) -> int:
@@ -220,7 +250,7 @@ class MariaPair:
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
-        return self.active.proc
+        return self.primary.proc
 
     def url(self, database: str) -> str:
         return f"mysql://root@127.0.0.1:{self.port}/{database}"
@@ -229,21 +259,19 @@ class MariaPair:
         return [program, "--no-defaults", "-h127.0.0.1", f"-P{self.port}", "-uroot"]
 
     def start(self) -> MariaPair:
-        if self.proxy is not None:  # a restart of the active server (fault suite clean-up)
-            self.active.start()
+        if self.proxy is not None:  # a restart of the primary (fault suite clean-up)
+            self.primary.start()
+            self.sql(self.primary, "SET GLOBAL read_only = 0")
             return self
         self.primary.start()
         self.replica.start()
-        self.sql(
-            self.replica,
-            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.primary.port}, "
-            "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos; START SLAVE",
-        )
+        self.sql(self.primary, "SET GLOBAL read_only = 0")
+        self._follow(self.replica)
         self.proxy = TcpProxy(self.primary.port)
         return self
 
     def resume(self) -> None:
-        self.active.resume()
+        self.primary.resume()
 
     def stop(self) -> None:
         for server in (self.primary, self.replica):
@@ -256,29 +284,21 @@ class MariaPair:
     # -- replication ------------------------------------------------------------
 
     @staticmethod
-    def sql(server: MariaServer, statement: str) -> str:
+    def sql(server: MariaServer, statement: str, database: str = "") -> str:
         return subprocess.run(
-            [*server.client(), "-N", "-e", statement],
+            [*server.client(), "-N", "-e", statement, *([database] if database else [])],
             check=True,
             capture_output=True,
             text=True,
             timeout=30,
         ).stdout
 
-    def replica_status(self) -> dict[str, str]:
-        out = subprocess.run(
-            [*self.replica.client(), "-e", "SHOW SLAVE STATUS\\G"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-        status = {}
-        for line in out.splitlines():
-            key, sep, value = line.strip().partition(": ")
-            if sep:
-                status[key] = value
-        return status
+    def _follow(self, replica: MariaServer) -> None:
+        self.sql(
+            replica,
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={self.primary.port}, "
+            "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos; START SLAVE",
+        )
 
     def wait_replicated(self, timeout: float) -> None:
         """Wait until the replica has applied everything the primary wrote."""
@@ -295,12 +315,38 @@ class MariaPair:
         """The replica keeps fetching the binlog but applies none of it."""
         self.sql(self.replica, "STOP SLAVE SQL_THREAD")
 
-    def promote_replica(self) -> str:
-        """Promote the replica as it is (what it has not applied is lost) and move the
-        proxy to it. Returns the GTID position it was promoted at."""
+    def promote_replica(self) -> None:
+        """Promote the replica as it is (what it has not applied is lost, as in an
+        asynchronous failover), open it for writes and move the proxy to it."""
         self.sql(self.replica, "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0")
-        position = self.sql(self.replica, "SELECT @@gtid_slave_pos").strip()
-        self.promoted = True
+        self.primary, self.replica = self.replica, self.primary
         assert self.proxy is not None
-        self.proxy.retarget(self.replica.port)
-        return position
+        self.proxy.retarget(self.primary.port)
+
+    def rebuild_replica(self) -> None:
+        """Replace the old (dead) primary by a fresh replica of the new one: a new
+        datadir, loaded from a consistent dump, following from the dump's GTID."""
+        old = self.replica
+        if old.proc is not None:
+            old.kill9()
+        shutil.rmtree(old.dir, ignore_errors=True)
+        self.replica = fresh = self._server(old.dir)
+        fresh.start()
+        system = ("information_schema", "mysql", "performance_schema", "sys")
+        databases = [d for d in self.sql(self.primary, "SHOW DATABASES").split() if d not in system]
+        if databases:
+            dump = subprocess.run(
+                [
+                    *self.primary.client("mariadb-dump"),
+                    "--single-transaction",
+                    "--gtid",
+                    "--master-data=1",
+                    "--databases",
+                    *databases,
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            ).stdout
+            subprocess.run(fresh.client(), input=dump, check=True, timeout=60)
+        self._follow(fresh)
