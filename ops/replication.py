@@ -35,6 +35,7 @@ from .servers import MariaServer, RedisServer, ServerProcess, TcpProxy
 
 SERVICE = "mymaster"
 DOWN_AFTER_MS = 1000  # Sentinel: a master silent this long is subjectively down
+FAILOVER_TIMEOUT_MS = 4000
 
 
 class SentinelServer(ServerProcess):
@@ -58,7 +59,9 @@ class SentinelServer(ServerProcess):
                         f"logfile {self.dir / 'sentinel.log'}",
                         f"sentinel monitor {SERVICE} 127.0.0.1 {self.master_port} {self.quorum}",
                         f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
-                        f"sentinel failover-timeout {SERVICE} 10000",
+                        # Sentinel starts no new failover of a master within twice this
+                        # of the last one: the suite's failovers come seconds apart
+                        f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
                         f"sentinel parallel-syncs {SERVICE} 1",
                         "",
                     ]
