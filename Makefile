@@ -13,8 +13,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
 serve: install
-	$(VENV)/bin/idpool serve --host 127.0.0.1 --port 8000
+	$(VENV)/bin/idpool serve --host $(HOST) --port $(PORT)
 
 # The status-page test renders /status in headless Chromium (Debian's package).
 browser:

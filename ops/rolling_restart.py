@@ -383,8 +383,7 @@ def held_by(base_url: str, tag: str) -> tuple[list[IdRange], bool]:
     if buf["current"] and buf["remaining"] > 0:
         current = IdRange.from_text(buf["current"])
         ranges.append(IdRange(current.end - buf["remaining"], current.end))
-    if buf["next"]:
-        ranges.append(IdRange.from_text(buf["next"]))
+    ranges += [IdRange.from_text(text) for text in buf["ready"]]
     return ranges, bool(buf["fetching"])
 
 

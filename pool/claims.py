@@ -2,9 +2,17 @@
 
 A MySQL that fails over to a lagging replica, or is restored from a backup, can
 return a ``max_id`` below what it already handed out; claiming from it would
-repeat IDs. Every process remembers the highest ledger position it has seen per
-tag (in memory, and in Redis for all processes), and refuses a claimed range
-that starts below it. It then raises ``max_id`` past the mark and claims again.
+repeat IDs. The mark in Redis (``idpool:hwm:{tag}``) is the highest ledger
+position any process has claimed up to. A claim reads it first and refuses a
+range that starts below it (then raises ``max_id`` past it and claims again),
+and raises it past the new range *before* the range is pushed or served.
+
+That order is the whole fence: a range that some process may serve is always
+below the shared mark, so a rewound MySQL can never hand it out again to
+anyone who reads the mark. It follows that a claim needs Redis: when the mark
+cannot be read the claim is not made, and when it cannot be raised the range
+is given up (``MarkNotRaised``), never served. While Redis is down, nodes serve
+what their buffers hold.
 """
 
 from __future__ import annotations
@@ -13,16 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import StaleLedger, StartBelowIssued, StoreUnavailable
+from .errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreBusy, StoreUnavailable
 from .ledger import TagRow
 from .ranges import IdRange
 from .stores import LedgerStore, PoolStore
 
 _MAX_STALE_RETRIES = 3
-# After a Redis error, claims leave the shared mark alone this long (and nodes go
-# straight to MySQL), exactly as if reading or raising it had failed: a hung Redis
-# then costs a fetch one timeout, not one for the pop, one for the mark's read
-# and one for its raise.
+# After a Redis error, claims fail at once for this long, as if the mark's read had
+# failed again: a hung Redis then costs a fetch one timeout, not one for the pop
+# and one for the mark's read.
 REDIS_SKIP_SECONDS = 1.0
 
 
@@ -49,7 +56,7 @@ class LedgerClaims:
         self._skip_redis_until = 0.0
 
     def redis_failed(self) -> None:
-        """Redis just failed (here, or a node's pop): skip the shared mark for a while."""
+        """Redis just failed (here, or a node's pop): claims fail fast for a while."""
         self._skip_redis_until = self._clock() + REDIS_SKIP_SECONDS
 
     def _redis_skipped(self) -> bool:
@@ -64,7 +71,11 @@ class LedgerClaims:
         return self._high_water.get(tag, 0)
 
     async def claim(self, tag: str, ranges: int = 1) -> Claim:
-        """Claim ``ranges`` steps of fresh IDs; raises UnknownTag, StoreUnavailable, StaleLedger."""
+        """Claim ``ranges`` steps of fresh IDs, fenced by the shared mark.
+
+        Raises UnknownTag, TagExhausted, StaleLedger, StoreUnavailable (no claim
+        made, or its outcome unknown) and MarkNotRaised (claimed, but given up).
+        """
         refused: list[IdRange] = []
         raised_to: int | None = None
         for _ in range(_MAX_STALE_RETRIES):
@@ -80,7 +91,7 @@ class LedgerClaims:
                 raised_to = await self.ledger.raise_floor(tag, mark)
                 continue
             self.observe(tag, claimed)
-            await self._raise_shared(tag, claimed.end)
+            await self._raise_shared(tag, claimed)
             return Claim(claimed, refused, raised_to)
         raise StaleLedger(
             f"tag {tag!r}: MySQL kept returning ranges below the high-water mark "
@@ -88,21 +99,33 @@ class LedgerClaims:
         )
 
     async def _shared_high_water(self, tag: str) -> int:
-        if self.redis_pool is None or self._redis_skipped():
-            return 0  # Redis down: the in-memory mark still guards this process
+        if self.redis_pool is None:
+            return 0  # classic mode (no pool tier): the in-memory mark only
+        if self._redis_skipped():
+            raise StoreUnavailable(
+                "redis", "a claim needs the high-water mark in Redis, which just failed"
+            )
         try:
             return await self.redis_pool.high_water(tag)
+        except StoreBusy:
+            raise  # never sent: says nothing about Redis's health
         except StoreUnavailable:
             self.redis_failed()
-            return 0
+            raise
 
-    async def _raise_shared(self, tag: str, end: int) -> None:
-        if self.redis_pool is None or self._redis_skipped():
-            return  # a lower shared mark only weakens the check; it never causes a repeat
+    async def _raise_shared(self, tag: str, claimed: IdRange) -> None:
+        if self.redis_pool is None:
+            return
         try:
-            await self.redis_pool.raise_high_water(tag, end)
-        except StoreUnavailable:
-            self.redis_failed()
+            await self.redis_pool.raise_high_water(tag, claimed.end)
+        except StoreUnavailable as e:
+            # Maybe raised, maybe not. Unraised, a rewound MySQL could hand this
+            # range to a process that reads the old mark: give it up instead.
+            if not isinstance(e, StoreBusy):
+                self.redis_failed()
+            raise MarkNotRaised(
+                e.store, f"high-water mark not raised past the claim: {e.detail}", claimed
+            ) from e
 
 
 async def create_tag(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from .ranges import IdRange
+
 
 class IdPoolError(Exception):
     """Base class of every error idpool raises on purpose."""
@@ -51,3 +53,28 @@ class StaleLedger(IdPoolError):
     This happens after a failover to a lagging replica or a restore from backup.
     The range is abandoned; the ledger is raised past the mark before claiming again.
     """
+
+
+class StoreBusy(StoreUnavailable):
+    """Every connection to the store stayed busy: the command was never sent.
+
+    Unlike its parent this outcome is not ambiguous (nothing reached the store),
+    and it says nothing about the store's health: no Redis skip, no waste.
+    """
+
+
+class MarkNotRaised(StoreUnavailable):
+    """A range was claimed but the shared high-water mark could not be raised past it.
+
+    The range must not be served or pushed: if MySQL later went back in time,
+    another process reading the old mark would claim the same IDs. ``wasted`` is
+    the range given up.
+    """
+
+    def __init__(self, store: str, detail: str, wasted: IdRange) -> None:
+        super().__init__(store, detail)
+        self.wasted = wasted
+
+
+class TagExhausted(IdPoolError):
+    """The tag has no IDs left below its upper bound; other tags are unaffected."""

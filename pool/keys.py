@@ -4,26 +4,34 @@ With the default prefix ``idpool``:
 
 ``idpool:pool:{tag}``  LIST of ranges as ``"first-last"`` text, inclusive.
     The preloader RPUSHes fresh ranges at the tail; a stopping node LPUSHes its
-    unused remainders at the head; nodes LPOP one whole range from the head.
+    unused remainders at the head; nodes LPOP whole ranges from the head.
     ``redis-cli LRANGE idpool:pool:orders 0 -1`` shows what is ready.
 
 ``idpool:pools``  SET of tags that have a pool list. Written by every push,
     read when a new Redis incarnation is cleaned and by ``idpool pool show``.
 
-``idpool:hwm:{tag}``  STRING, the highest ledger ``max_id`` any process has seen
-    for the tag (the high-water mark). Raised, never lowered, by whoever claims a
-    range from MySQL; read to refuse ranges from a MySQL that came back older.
+``idpool:hwm:{tag}``  STRING, the highest ledger ``max_id`` any process has
+    claimed up to (the high-water mark). Raised, never lowered, by whoever claims
+    a range from MySQL, before the range is pushed or served; read before every
+    claim to refuse ranges from a MySQL that came back older.
 
-``idpool:stats:{tag}``  HASH of supply figures. ``taken``: IDs nodes have taken
-    (HINCRBY by nodes on every range they take, pool or ledger); ``lifetime_s``
-    and ``lifetime_ids``: how long the last range a node finished lasted, and its
-    size (HSET by nodes, consumed by the preloader's dynamic step); ``rate``,
-    ``target_depth``, ``step``: the preloader's latest estimate of IDs/s, the
-    depth it fills to, and the step (HSET by the preloader; ``target_depth`` is
-    read by the pop script so a node knows when the pool runs low).
+``idpool:stats:{tag}``  HASH of supply figures. ``issued``: IDs nodes have
+    handed out (HINCRBY by nodes every few seconds: the consumption signal);
+    ``lifetime_s`` and ``lifetime_ids``: how long the last range a node finished
+    lasted, and its size (HSET by nodes, consumed by the preloader's dynamic
+    step); ``rate``, ``target_depth``, ``step``: the preloader's latest estimate
+    of IDs/s, the depth it fills to, and the step (HSET by the preloader;
+    ``target_depth`` is read by the pop script so a node knows when the pool
+    runs low).
 
-``idpool:lease:{tag}``  STRING with a TTL, the id of the preloader refilling the
-    tag right now. Set with NX by the preloader, deleted by its owner only.
+``idpool:moved``  SET of tags that moved since the active preloader's last
+    tick: SADD by the pop script and by nodes' consumption reports; read and
+    emptied by the active preloader, which visits only these tags (and, once a
+    minute, checks every list's depth).
+
+``idpool:preloader``  STRING with a TTL, the id of the one active preloader.
+    Taken with SET NX PX and renewed each tick by its holder; the other
+    preloaders stand by, one SET NX a tick each, and take over when it expires.
 
 ``idpool:clean:{run_id}:{replid}``  STRING, present once the Redis incarnation
     with that ``run_id`` (changes on every restart) and ``master_replid`` (changes
@@ -56,8 +64,13 @@ class Keys:
     def stats(self, tag: str) -> str:
         return f"{self.prefix}:stats:{tag}"
 
-    def lease(self, tag: str) -> str:
-        return f"{self.prefix}:lease:{tag}"
+    @property
+    def moved(self) -> str:
+        return f"{self.prefix}:moved"
+
+    @property
+    def preloader(self) -> str:
+        return f"{self.prefix}:preloader"
 
     @property
     def clean_prefix(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import aiomysql
 import pymysql
 
-from .errors import StoreUnavailable, TagExists, UnknownTag
+from .errors import StoreUnavailable, TagExhausted, TagExists, UnknownTag
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 
@@ -144,7 +144,7 @@ class Ledger:
             if row is None:
                 raise UnknownTag(tag)
             if updated != 1:
-                raise StoreUnavailable("mysql", f"tag {tag!r} has run out of 64-bit IDs")
+                raise TagExhausted(f"tag {tag!r} has run out of 64-bit IDs")
             max_id, step = int(row[0]), int(row[1])
             return IdRange(max_id - step * ranges, max_id)
 
@@ -231,6 +231,15 @@ class Ledger:
             raise UnknownTag(tag)
         return new
 
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless MySQL answers a trivial query (the health probe)."""
+
+        async def op(cur: Any) -> None:
+            await cur.execute("SELECT 1")
+            await cur.fetchone()
+
+        await self._run(op)
+
     async def get_tag(self, tag: str) -> TagRow:
         async def op(cur: Any) -> TagRow | None:
             await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s", (tag,))
@@ -242,9 +251,20 @@ class Ledger:
             raise UnknownTag(tag)
         return found
 
-    async def list_tags(self) -> list[TagRow]:
+    async def list_tags(self, names: Sequence[str] | None = None) -> list[TagRow]:
+        """Every tag's row, or only those of ``names``."""
+
         async def op(cur: Any) -> list[TagRow]:
-            await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} ORDER BY tag")
+            if names is None:
+                await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} ORDER BY tag")
+            elif not names:
+                return []
+            else:
+                marks = ", ".join(["%s"] * len(names))
+                await cur.execute(
+                    f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag IN ({marks}) ORDER BY tag",
+                    tuple(names),
+                )
             return [TagRow(*row) for row in await cur.fetchall()]
 
         return await self._run(op)
@@ -284,7 +304,7 @@ class Ledger:
                 await pool.clear()
 
 
-_DomainErrors = UnknownTag | TagExists | StoreUnavailable
+_DomainErrors = UnknownTag | TagExists | TagExhausted | StoreUnavailable
 
 
 def _describe(e: BaseException) -> str:

@@ -1,12 +1,19 @@
 """The preloader job: keep every tag's Redis list topped up from the ledger.
 
-One tick, per tag: adapt the step to how long ranges last at the nodes, size the
-list to cover ``pool_seconds`` of recent consumption, take the tag's refill lease
-(SET NX PX), read the list depth, claim ``target - depth`` ranges from MySQL in
-one UPDATE, and RPUSH them in one script call. The lease keeps several
-preloaders (one per service process by default) from filling the same tag at
-once, so the list overfills by at most the ranges of one tick whose lease ran
-out mid-way.
+One preloader is active at a time, cluster-wide: each holds the lease
+``idpool:preloader`` (SET NX PX, renewed every tick) or stands by, trying to
+take it once a tick. The active one visits only the tags that moved: those a
+node popped from or reported IDs for since its last tick (the set
+``idpool:moved``), and for a window after, so their published rate decays to
+what they now use. Once every ``IDPOOL_SWEEP_SECONDS`` (and when it takes over)
+it also reads every list's depth in one pipelined round and fills those under
+the minimum: tags nobody asked for yet, lists a Redis restart emptied. So idle
+tags cost nothing per tick, and more nodes do not multiply the work.
+
+A visit: adapt the step to how long ranges last at the nodes, size the list to
+cover ``pool_seconds`` of the IDs nodes actually handed out, and if the list is
+short claim what is missing from MySQL in one UPDATE and RPUSH it in one script
+call. Reads and figures for all visited tags go in one round trip each.
 
 A push whose outcome is unknown (timeout, broken connection) is not retried:
 the ranges are abandoned and logged as waste, never pushed a second time.
@@ -15,26 +22,35 @@ the ranges are abandoned and logged as waste, never pushed a second time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
-from .errors import IdPoolError, StoreUnavailable
+from .errors import IdPoolError, MarkNotRaised, StoreBusy, StoreUnavailable
 from .ledger import TagRow
 from .ranges import IdRange
+from .redis_pool import PoolSummary, PushResult
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
 
 logger = logging.getLogger("idpool.preloader")
+
+_BUSY_RETRIES = 3  # a push that found every connection busy (never sent) is sent again
+_VISIT_CHUNK = 500  # tags read and written per round trip
+_DECAY_VISIT_EVERY = 5.0  # seconds between visits of a tag that stopped moving
+_REFILLS_AT_ONCE = 4  # as many as the ledger has connections
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,10 +78,16 @@ class Preloader:
         self.redis_pool = redis_pool
         self.claims = claims or LedgerClaims(ledger, redis_pool)
         self.owner = owner_id()
+        self.leading = False  # held the preloader lease at the last tick
         self._scheduler: AsyncIOScheduler | None = None
         self._tick_task: asyncio.Task[list[RefillReport]] | None = None
         self._closing = False
         self._meters: dict[str, RateMeter] = {}
+        self._rows: dict[str, TagRow] = {}  # the ledger's rows, as of the last sweep
+        self._moved_at: dict[str, float] = {}  # tag -> when it was last seen moving
+        self._visited_at: dict[str, float] = {}
+        self._next_sweep = 0.0
+        self._refilling: set[str] = set()  # tags being refilled by this process now
         self.wasted: Counter[tuple[str, str]] = Counter()  # (tag, reason) -> IDs
         self._urgent: set[asyncio.Task[None]] = set()
         self._urgent_after: dict[str, float] = {}
@@ -86,46 +108,107 @@ class Preloader:
         self._scheduler.start()
 
     async def close(self) -> None:
-        """Stop the schedule and wait for a tick under way, so its claims get pushed."""
+        """Wait for a tick under way, so its claims get pushed, then stop the schedule
+        and hand the lease on.
+
+        In that order: a scheduler shut down mid-tick cancels the job, and
+        apscheduler logs every cancelled job as an error.
+        """
         self._closing = True
-        if self._scheduler is not None:
-            scheduler, self._scheduler = self._scheduler, None
-            scheduler.shutdown(wait=False)
         pending = [t for t in (self._tick_task, *self._urgent) if t is not None and not t.done()]
         if pending:
             await asyncio.wait(pending)
+        if self._scheduler is not None:
+            scheduler, self._scheduler = self._scheduler, None
+            await asyncio.sleep(0)  # let the job see its tick end before the executor stops
+            scheduler.shutdown(wait=False)
+        if self.leading:
+            self.leading = False
+            with contextlib.suppress(StoreUnavailable):
+                await self.redis_pool.resign(self.owner)  # a standby takes over at once
 
     async def _scheduled_tick(self) -> None:
         if self._closing or (self._tick_task is not None and not self._tick_task.done()):
             return
-        # The tick runs as its own task: if the scheduler cancels this job on
-        # shutdown, a claim already made still gets pushed (or logged as waste).
+        # The tick runs as its own task: if the scheduler cancels this job, a
+        # claim already made still gets pushed (or logged as waste).
         self._tick_task = asyncio.ensure_future(self.refill_all())
-        await asyncio.shield(self._tick_task)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._tick_task)
 
     async def refill_all(self) -> list[RefillReport]:
+        """One tick: lead or stand by; when leading, visit the tags that moved."""
         try:
-            rows = await self.ledger.list_tags()
+            leading = await self.redis_pool.lead(self.owner, self.settings.lease_seconds)
+            if not leading:
+                self.leading = False
+                return []
+            if not self.leading:
+                self.leading = True
+                self._next_sweep = 0.0  # taking over: look at every list now
+                logger.info("event=preloader_leading owner=%s", self.owner)
+            visit = await self._tags_to_visit(time.monotonic())
         except StoreUnavailable as e:
             logger.warning("event=preload_skipped reason=%r", e.detail)
             return []
         reports = []
-        for row in rows:
+        for chunk in _chunks(sorted(visit), _VISIT_CHUNK):
             if self._closing:
                 break
-            reports.append(await self.refill_tag(row))
+            try:
+                states = await self.redis_pool.summaries(chunk)
+            except StoreUnavailable as e:
+                logger.warning("event=preload_skipped reason=%r", e.detail)
+                break
+            figures: dict[str, dict[str, str]] = {}
+            rows = [self._rows[tag] for tag in chunk if tag in self._rows]
+            # A few tags at a time (the ledger's connection pool is small): a sweep
+            # that finds thousands of lists short fills them in seconds.
+            for group in _chunks(rows, _REFILLS_AT_ONCE):
+                if self._closing:
+                    break
+                reports += await asyncio.gather(
+                    *(self.refill_tag(row, states[row.tag], figures) for row in group)
+                )
+            with contextlib.suppress(StoreUnavailable):  # figures only: the next tick writes again
+                await self.redis_pool.write_stats_many(figures)
         return reports
 
+    async def _tags_to_visit(self, now: float) -> set[str]:
+        """Moved tags, tags that moved within the rate window (every few seconds,
+        so their published rate follows them down), and at a sweep every list
+        under the minimum. Raises StoreUnavailable."""
+        for tag in await self.redis_pool.take_moved():
+            self._moved_at[tag] = now
+        window = self.settings.rate_window
+        visit = set()
+        for tag, moved in list(self._moved_at.items()):
+            if moved == now or now - self._visited_at.get(tag, 0.0) >= _DECAY_VISIT_EVERY:
+                visit.add(tag)
+            if now - moved > window + _DECAY_VISIT_EVERY:
+                del self._moved_at[tag]  # visited once after its last move: its rate is 0
+        if now >= self._next_sweep:
+            self._rows = {row.tag: row for row in await self.ledger.list_tags()}
+            self._next_sweep = now + self.settings.sweep_seconds
+            for chunk in _chunks(sorted(self._rows), _VISIT_CHUNK):
+                depths = await self.redis_pool.depths(chunk)
+                visit.update(t for t, n in depths.items() if n < self.settings.pool_depth)
+        unknown = sorted(t for t in visit if t not in self._rows)
+        if unknown:  # created since the last sweep
+            self._rows.update((row.tag, row) for row in await self.ledger.list_tags(unknown))
+        return visit
+
     def refill_soon(self, tag: str) -> None:
-        """A node saw the tag's list run low: refill it now rather than at the next tick.
+        """A node here saw the tag's list run low: refill it now rather than at the
+        next tick, when this process is the active preloader.
 
         At most one such refill per tag at a time, and one a second.
         """
         now = time.monotonic()
-        if self._closing or now < self._urgent_after.get(tag, 0.0):
+        if self._closing or not self.leading or now < self._urgent_after.get(tag, 0.0):
             return
         if len(self._urgent_after) >= 10_000:
-            self._urgent_after.clear()  # bounded: requests may name tags that do not exist
+            self._urgent_after.clear()  # bounded however many tags
         self._urgent_after[tag] = now + 1.0
         task = asyncio.ensure_future(self._refill_by_name(tag))
         self._urgent.add(task)
@@ -138,40 +221,50 @@ class Preloader:
             return
         await self.refill_tag(row)
 
-    async def refill_tag(self, row: TagRow) -> RefillReport:
+    async def refill_tag(
+        self,
+        row: TagRow,
+        state: PoolSummary | None = None,
+        figures: dict[str, dict[str, str]] | None = None,
+    ) -> RefillReport:
+        """Size the tag's list and fill it. ``state`` is its summary when the
+        caller read it; ``figures`` collects what to publish (written here when
+        not given)."""
         tag = row.tag
         report = RefillReport(tag)
-        try:
-            step, target = await self._size(row)
-            if not await self.redis_pool.acquire_lease(
-                tag, self.owner, self.settings.lease_seconds
-            ):
-                report.skipped = "lease held"
-                return report
-        except IdPoolError as e:
-            report.skipped = str(e)
+        if tag in self._refilling:
+            report.skipped = "being refilled"
             return report
+        self._refilling.add(tag)
+        self._visited_at[tag] = time.monotonic()
         try:
-            depth = await self.redis_pool.depth(tag)
-            if depth >= target:
+            if state is None:
+                state = (await self.redis_pool.summaries([tag]))[tag]
+            step, target, published = await self._size(row, state.stats)
+            if figures is None:
+                await self.redis_pool.write_stats(tag, published)
+            else:
+                figures[tag] = published
+            if state.depth >= target:
                 report.skipped = "full"
                 return report
-            await self._claim_and_push(report, tag, target - depth)
+            await self._claim_and_push(report, tag, target - state.depth)
         except IdPoolError as e:
             report.skipped = str(e)
             logger.warning("event=preload_failed tag=%s reason=%r", tag, str(e))
         finally:
-            await self._release(tag)
+            self._refilling.discard(tag)
         return report
 
-    async def _size(self, row: TagRow) -> tuple[int, int]:
-        """Adapt the step and size the list in time; publish both for nodes and operators."""
+    async def _size(self, row: TagRow, stats: dict[str, str]) -> tuple[int, int, dict[str, str]]:
+        """Adapt the step and size the list in time; the figures to publish."""
         tag, step, s = row.tag, row.step, self.settings
-        stats = await self.redis_pool.read_stats(tag)
         meter = self._meters.setdefault(tag, RateMeter(s.rate_window))
+        # IDs handed out, as the nodes report them (not ranges taken: a node that
+        # takes a range of a million and serves three used three).
         # Rounded as published, so `rate` and `target_depth` in the hash agree exactly.
-        rate = round(meter.add(time.monotonic(), int(stats.get("taken", 0))), 3)
-        if s.step_seconds > 0:
+        rate = round(meter.add(time.monotonic(), int(stats.get("issued", 0))), 3)
+        if s.step_seconds > 0 and "lifetime_ids" in stats:
             seen = await self.redis_pool.take_lifetime(tag)
             if seen is not None:
                 wanted = next_step(step, seen[0], seen[1], s.step_seconds)
@@ -186,14 +279,25 @@ class Preloader:
                             seen[0],
                             seen[1],
                         )
+                        self._rows[tag] = replace(row, step=new)
                     step = new
         target = target_depth(rate, step, s.pool_seconds, s.pool_depth, s.max_pool_depth)
-        fields = {"rate": f"{rate:.3f}", "target_depth": str(target), "step": str(step)}
-        await self.redis_pool.write_stats(tag, fields)
-        return step, target
+        return step, target, {"rate": f"{rate:.3f}", "target_depth": str(target), "step": str(step)}
 
     async def _claim_and_push(self, report: RefillReport, tag: str, need: int) -> None:
-        claim = await self.claims.claim(tag, need)
+        try:
+            claim = await self.claims.claim(tag, need)
+        except MarkNotRaised as e:
+            # Claimed but unfenced: never pushed (a rewound MySQL could repeat it).
+            report.abandoned = [e.wasted]
+            self.wasted[tag, "mark_not_raised"] += len(e.wasted)
+            logger.error(
+                "event=range_abandoned tag=%s range=%s reason=mark_not_raised detail=%r",
+                tag,
+                e.wasted.to_text(),
+                e.detail,
+            )
+            raise
         log_refused(logger, tag, claim.refused, claim.raised_to)
         for refused in claim.refused:
             self.wasted[tag, "stale_ledger"] += len(refused)
@@ -201,7 +305,16 @@ class Preloader:
         ranges = claim.range.split(len(claim.range) // need)
         logger.info("event=range_claimed tag=%s range=%s for=pool", tag, claim.range.to_text())
         try:
-            result = await self.redis_pool.push(tag, ranges, head=False)
+            result = await self._push(tag, ranges)
+        except StoreBusy:
+            report.abandoned = ranges
+            self.wasted[tag, "push_not_sent"] += len(claim.range)
+            logger.error(
+                "event=range_abandoned tag=%s range=%s reason=push_not_sent",
+                tag,
+                claim.range.to_text(),
+            )
+            return
         except StoreUnavailable as e:
             # Maybe pushed, maybe not: never push again; count the range as waste.
             report.abandoned = ranges
@@ -226,11 +339,18 @@ class Preloader:
             result.depth,
         )
 
-    async def _release(self, tag: str) -> None:
-        try:
-            await self.redis_pool.release_lease(tag, self.owner)
-        except StoreUnavailable:
-            pass  # the lease expires by itself
+    async def _push(self, tag: str, ranges: list[IdRange]) -> PushResult:
+        """Push, sending again only what was never sent (every connection busy)."""
+        for _ in range(_BUSY_RETRIES - 1):
+            try:
+                return await self.redis_pool.push(tag, ranges, head=False)
+            except StoreBusy:
+                continue
+        return await self.redis_pool.push(tag, ranges, head=False)
+
+
+def _chunks(items: list[T], size: int) -> list[list[T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def log_refused(log: logging.Logger, tag: str, refused: list[IdRange], raised: int | None) -> None:

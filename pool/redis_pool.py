@@ -15,7 +15,9 @@ outcome as unknown (a push is abandoned, a pop is counted as lost).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
@@ -23,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from .errors import StoreUnavailable
+from .errors import StoreBusy, StoreUnavailable
 from .keys import Keys
 from .ranges import IdRange
 from .sentinel import sentinel_client
@@ -58,16 +60,36 @@ local function ensure_clean()
 end
 """
 
-# KEYS[3] = pool list, KEYS[4] = stats hash.
-# Returns {dropped, range or false, depth after the pop, target depth or false}.
+# KEYS[3] = pool list, KEYS[4] = stats hash, KEYS[5] = moved set; ARGV[3] = IDs
+# wanted, ARGV[4] = most ranges to take, ARGV[5] = tag. Takes head ranges until
+# they hold the IDs wanted (at least one range): a batch larger than a range is
+# one call, not one per range. The tag goes into the moved set, so the active
+# preloader looks at it on its next tick.
+# Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
     _PRELUDE
     + """
 local dropped = ensure_clean()
-local range = redis.call('LPOP', KEYS[3])
-return {dropped, range, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
+local want, most, got, taken = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, {}
+repeat
+  local range = redis.call('LPOP', KEYS[3])
+  if not range then break end
+  taken[#taken + 1] = range
+  -- doubles: exact below 2^53, and only decides when to stop, never what is served
+  local first, last = string.match(range, '(%d+)-(%d+)')
+  got = got + tonumber(last) - tonumber(first) + 1
+until got >= want or #taken >= most
+redis.call('SADD', KEYS[5], ARGV[5])
+return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
 """
 )
+
+# The most ranges one pop may take (a batch of IDPOOL_MAX_COUNT IDs at step 1).
+MAX_POP_RANGES = 10_000
+# At most this many commands in flight per client, so redis-py's pool (sized to
+# match) is never found full: a full pool raises at once, and a command that was
+# never sent must not be taken for a Redis fault or an ambiguous write.
+MAX_CONNECTIONS = 32
 
 # KEYS[3] = pool list; ARGV[3] = tag, ARGV[4] = 'head' or 'tail', ARGV[5..] = ranges
 # in the order they should be served. Returns {dropped, new length}.
@@ -96,20 +118,51 @@ redis.call('SET', KEYS[1], new)
 return new
 """
 
-# KEYS[1] = lease; ARGV[1] = owner. Delete only our own lease.
-_RELEASE = """
+# KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
+_LEAD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS[1] = preloader lease; ARGV[1] = owner. Delete only our own lease.
+_RESIGN = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# KEYS[1] = moved set. Read and empty it in one step: a tag added meanwhile is
+# either read now or left for the next tick, never lost.
+_TAKE_MOVED = """
+local tags = redis.call('SMEMBERS', KEYS[1])
+redis.call('DEL', KEYS[1])
+return tags
 """
 
 _ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class PopResult(NamedTuple):
-    range: IdRange | None
+    ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
     dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
     depth: int = 0  # ranges left in the list after the pop
     target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
+
+    @property
+    def range(self) -> IdRange | None:
+        """The first range taken, or None when the list was empty."""
+        return self.ranges[0] if self.ranges else None
+
+
+class PoolSummary(NamedTuple):
+    """A list's state from O(1) reads: what /status and /metrics show per tag."""
+
+    depth: int
+    head: IdRange | None
+    ids: int  # the head range's IDs plus (depth - 1) full ranges of the published step
+    stats: dict[str, str]
 
 
 class PushResult(NamedTuple):
@@ -126,7 +179,7 @@ def make_client(settings: Settings) -> aioredis.Redis:
         retry_on_error=[],
         retry_on_timeout=False,
         decode_responses=True,
-        max_connections=32,
+        max_connections=MAX_CONNECTIONS,
     )
     sentinel = settings.sentinel_params()
     if sentinel is not None:  # redis+sentinel://: follow the master (pool/sentinel.py)
@@ -137,18 +190,22 @@ def make_client(settings: Settings) -> aioredis.Redis:
 class RedisPool:
     name = "redis"  # in /status, /metrics and 503 messages
 
-    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, slot_wait: float = 2.0) -> None:
         self.client = client
         self.keys = keys
         self._pop = client.register_script(_POP)
         self._push = client.register_script(_PUSH)
         self._raise_hwm = client.register_script(_RAISE_HWM)
-        self._release = client.register_script(_RELEASE)
+        self._lead = client.register_script(_LEAD)
+        self._resign = client.register_script(_RESIGN)
+        self._take_moved = client.register_script(_TAKE_MOVED)
         self._closed = False
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._slot_wait = slot_wait  # how long a command waits for a free connection
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisPool:
-        return cls(make_client(settings), Keys(settings.redis_prefix))
+        return cls(make_client(settings), Keys(settings.redis_prefix), settings.store_timeout)
 
     async def close(self) -> None:
         if self._closed:
@@ -169,16 +226,18 @@ class RedisPool:
         keys = [self.keys.pools, self.keys.incarnation, self.keys.pool(tag)]
         return keys, [self.keys.clean_prefix, self.keys.pool("")]
 
-    async def pop(self, tag: str) -> PopResult:
-        """Take the head range of the tag's list, or None when the list is empty.
+    async def pop(self, tag: str, ids: int = 1) -> PopResult:
+        """Take head ranges holding at least ``ids`` IDs (at least one range), or
+        none when the list is empty.
 
         On an error the pop may have happened: whatever it took is lost, never
         handed out; the caller just fetches elsewhere.
         """
         keys, args = self._pool_args(tag)
-        keys.append(self.keys.stats(tag))
-        dropped, text, depth, target = await self._call(self._pop, keys, args)
-        taken = None if text is None else IdRange.from_text(text)
+        keys += [self.keys.stats(tag), self.keys.moved]
+        args += [str(ids), str(MAX_POP_RANGES), tag]
+        dropped, texts, depth, target = await self._call(self._pop, keys, args)
+        taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, list(dropped), int(depth), int(target or 0))
 
     async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
@@ -198,6 +257,23 @@ class RedisPool:
         texts = await self._plain(self.client.lrange(self.keys.pool(tag), 0, -1))
         return [IdRange.from_text(t) for t in texts]
 
+    async def summaries(self, tags: Sequence[str]) -> dict[str, PoolSummary]:
+        """Depth, head range and stats of each tag's list: three O(1) reads per
+        tag, in one round trip (never the whole list, however deep)."""
+        if not tags:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.llen(self.keys.pool(tag))
+                pipe.lindex(self.keys.pool(tag), 0)
+                pipe.hgetall(self.keys.stats(tag))
+            replies = await self._plain(pipe.execute())
+        found = {}
+        for i, tag in enumerate(tags):
+            depth, head_text, stats = replies[3 * i : 3 * i + 3]
+            found[tag] = summary(int(depth), head_text, dict(stats))
+        return found
+
     async def tags(self) -> list[str]:
         return sorted(await self._plain(self.client.smembers(self.keys.pools)))
 
@@ -208,9 +284,30 @@ class RedisPool:
     async def raise_high_water(self, tag: str, value: int) -> int:
         return int(await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)]))
 
-    async def count_taken(self, tag: str, ids: int) -> None:
-        """Add to the tag's count of IDs taken by nodes (the consumption signal)."""
-        await self._plain(self.client.hincrby(self.keys.stats(tag), "taken", ids))
+    async def report_issued(self, counts: Mapping[str, int]) -> None:
+        """Add IDs a node handed out to each tag's ``issued`` count (the consumption
+        signal), and mark the tags moved: one round trip for all of them."""
+        if not counts:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag, ids in counts.items():
+                pipe.hincrby(self.keys.stats(tag), "issued", ids)
+            pipe.sadd(self.keys.moved, *counts)
+            await self._plain(pipe.execute())
+
+    async def take_moved(self) -> list[str]:
+        """The tags that moved since the last call (read and emptied at once)."""
+        return sorted(await self._call(self._take_moved, [self.keys.moved], []))
+
+    async def depths(self, tags: Sequence[str]) -> dict[str, int]:
+        """Each list's depth: one LLEN per tag, in one round trip."""
+        if not tags:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.llen(self.keys.pool(tag))
+            replies = await self._plain(pipe.execute())
+        return {tag: int(n) for tag, n in zip(tags, replies, strict=True)}
 
     async def report_lifetime(self, tag: str, ids: int, seconds: float) -> None:
         """A node finished a range of ``ids`` IDs that it served for ``seconds``."""
@@ -221,8 +318,17 @@ class RedisPool:
         return dict(await self._plain(self.client.hgetall(self.keys.stats(tag))))
 
     async def write_stats(self, tag: str, fields: dict[str, str]) -> None:
-        mapping: dict[Any, Any] = dict(fields)
-        await self._plain(self.client.hset(self.keys.stats(tag), mapping=mapping))
+        await self.write_stats_many({tag: fields})
+
+    async def write_stats_many(self, figures: Mapping[str, dict[str, str]]) -> None:
+        """HSET each tag's figures, all in one round trip."""
+        if not figures:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag, fields in figures.items():
+                mapping: dict[Any, Any] = dict(fields)
+                pipe.hset(self.keys.stats(tag), mapping=mapping)
+            await self._plain(pipe.execute())
 
     async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
         """Read and clear the last reported range lifetime: one observation, one decision."""
@@ -234,21 +340,43 @@ class RedisPool:
             return None
         return int(ids), float(seconds)
 
-    async def acquire_lease(self, tag: str, owner: str, seconds: float) -> bool:
-        ms = max(1, int(seconds * 1000))
-        return bool(await self._plain(self.client.set(self.keys.lease(tag), owner, nx=True, px=ms)))
+    async def lead(self, owner: str, seconds: float) -> bool:
+        """Become (or stay) the one active preloader for ``seconds``; False when
+        another holds the lease."""
+        ms = str(max(1, int(seconds * 1000)))
+        return bool(await self._call(self._lead, [self.keys.preloader], [owner, ms]))
 
-    async def release_lease(self, tag: str, owner: str) -> None:
-        await self._call(self._release, [self.keys.lease(tag)], [owner])
+    async def resign(self, owner: str) -> None:
+        await self._call(self._resign, [self.keys.preloader], [owner])
 
     async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
         return await self._plain(script(keys=keys, args=args))
 
     async def _plain(self, awaitable: Any) -> Any:
         try:
+            async with asyncio.timeout(self._slot_wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never started: nothing was sent
+            raise StoreBusy(
+                "redis",
+                f"all {MAX_CONNECTIONS} connections stayed busy for {self._slot_wait}s; "
+                "command not sent",
+            ) from None
+        try:
             return await awaitable
         except _ERRORS as e:
             raise StoreUnavailable("redis", _describe(e)) from e
+        finally:
+            self._slots.release()
+
+
+def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
+    head = None if head_text is None else IdRange.from_text(head_text)
+    step = int(stats.get("step", 0))
+    ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
+    return PoolSummary(depth, head, ids, stats)
 
 
 def _describe(e: BaseException) -> str:

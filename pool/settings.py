@@ -67,6 +67,10 @@ class Settings:
     # IDPOOL_PREFETCH_AT: fraction of the current range used before the next is fetched;
     # 1 turns the prefetch off (a single buffer, refilled when empty: requests then wait)
     prefetch_at: float = 0.1
+    # IDPOOL_RESERVE_SECONDS: each node keeps at least this many seconds of its own
+    # consumption per tag in memory. A new range needs Redis (for the high-water
+    # mark), so this is how long a node rides out Redis being down or failing over.
+    reserve_seconds: float = 30.0
     # IDPOOL_MAX_COUNT: largest count accepted by GET /ids/{tag}
     max_count: int = 10_000
     # IDPOOL_PRELOAD: run the preloader job inside each service process
@@ -86,12 +90,24 @@ class Settings:
     rate_window: float = 60.0
     # IDPOOL_PRELOAD_INTERVAL: seconds between preloader ticks
     preload_interval: float = 1.0
-    # IDPOOL_LEASE_SECONDS: how long one preloader holds a tag's refill lease
+    # IDPOOL_LEASE_SECONDS: how long the active preloader's lease lasts unless renewed
+    # (each tick renews it); a standby takes over this long after the holder died
     lease_seconds: float = 10.0
+    # IDPOOL_SWEEP_SECONDS: how often the active preloader reads every list's depth
+    # (one pipelined round) and fills those under IDPOOL_POOL_DEPTH; between sweeps
+    # it visits only the tags that moved
+    sweep_seconds: float = 60.0
+    # IDPOOL_REPORT_SECONDS: how often a node reports the IDs it handed out per tag
+    # (the consumption the pool is sized by)
+    report_seconds: float = 2.0
     # IDPOOL_STORE_TIMEOUT: seconds a single MySQL or Redis call may take
     store_timeout: float = 2.0
-    # IDPOOL_UNKNOWN_TAG_TTL: seconds an unknown tag is remembered as unknown
+    # IDPOOL_UNKNOWN_TAG_TTL: a request for a tag the node does not know makes it reload
+    # the ledger's tag list, at most once per this many seconds (however many names)
     unknown_tag_ttl: float = 1.0
+    # IDPOOL_IDLE_SECONDS: a tag not requested at a node for this long has its buffer
+    # returned to the pool and dropped there (0 keeps buffers until shutdown)
+    idle_seconds: float = 300.0
     # IDPOOL_ADMIN_TOKEN: bearer token for the admin API; empty turns the admin API off
     admin_token: str = field(default="", repr=False)
 
@@ -122,7 +138,12 @@ class Settings:
             (self.rate_window > 0, "IDPOOL_RATE_WINDOW must be positive"),
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
             (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
+            (self.sweep_seconds > 0, "IDPOOL_SWEEP_SECONDS must be positive"),
+            (self.report_seconds > 0, "IDPOOL_REPORT_SECONDS must be positive"),
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
+            (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
+            (self.idle_seconds >= 0, "IDPOOL_IDLE_SECONDS must be 0 or more"),
+            (self.reserve_seconds >= 0, "IDPOOL_RESERVE_SECONDS must be 0 or more"),
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
         ]
         for ok, message in checks:

@@ -63,6 +63,9 @@ CREATE TABLE IF NOT EXISTS idpool_leases (
     owner      TEXT NOT NULL,
     expires_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS idpool_moved (
+    tag TEXT NOT NULL PRIMARY KEY
+);
 """
 
 

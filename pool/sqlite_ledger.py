@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import StoreUnavailable, TagExists, UnknownTag
+from .errors import TagExhausted, TagExists, UnknownTag
 from .ledger import TagRow, step_bounds
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
@@ -61,7 +62,7 @@ class SqliteLedger:
             row = _select(conn, tag)
             # Written as max_id <= MAX_ID - step*n so the sum cannot leave 64 bits.
             if row.max_id > MAX_ID - row.step * ranges:
-                raise StoreUnavailable(self.name, f"tag {tag!r} has run out of 64-bit IDs")
+                raise TagExhausted(f"tag {tag!r} has run out of 64-bit IDs")
             end = row.max_id + row.step * ranges
             conn.execute(
                 "UPDATE idpool_tags SET max_id = ?, updated_at = ? WHERE tag = ?",
@@ -139,12 +140,18 @@ class SqliteLedger:
 
         return await self.file.write(op)
 
+    async def ping(self) -> None:
+        await self.file.read(lambda conn: conn.execute("SELECT 1").fetchone())
+
     async def get_tag(self, tag: str) -> TagRow:
         return await self.file.read(lambda conn: _select(conn, tag))
 
-    async def list_tags(self) -> list[TagRow]:
+    async def list_tags(self, names: Sequence[str] | None = None) -> list[TagRow]:
+        """Every tag's row, or only those of ``names``."""
+
         def op(conn: sqlite3.Connection) -> list[TagRow]:
             rows = conn.execute(f"SELECT {_COLUMNS} FROM idpool_tags ORDER BY tag").fetchall()
-            return [_row(r) for r in rows]
+            wanted = None if names is None else set(names)
+            return [_row(r) for r in rows if wanted is None or r[0] in wanted]
 
         return await self.file.read(op)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .ranges import IdRange
-from .redis_pool import PopResult, PushResult
+from .redis_pool import MAX_POP_RANGES, PoolSummary, PopResult, PushResult, summary
 from .settings import Settings
 from .sqlite_file import SqliteFile
 
@@ -62,19 +62,27 @@ class SqlitePool:
     async def check(self) -> None:
         await self.file.read(lambda conn: conn.execute("SELECT 1").fetchone())
 
-    async def pop(self, tag: str) -> PopResult:
-        """Take the head range of the tag's pool, or None when it is empty."""
+    async def pop(self, tag: str, ids: int = 1) -> PopResult:
+        """Take head ranges holding at least ``ids`` IDs (at least one range), or
+        none when the pool is empty."""
 
         def op(conn: sqlite3.Connection) -> PopResult:
-            # One write transaction: no other pop (any process) can take the same row.
-            head = conn.execute(
-                "SELECT seq, first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq LIMIT 1",
+            # One write transaction: no other pop (any process) can take the same rows.
+            rows = conn.execute(
+                "SELECT seq, first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq",
                 (tag,),
-            ).fetchone()
-            taken = None
-            if head is not None:
-                conn.execute("DELETE FROM idpool_pool WHERE tag = ? AND seq = ?", (tag, head[0]))
-                taken = IdRange(head[1], head[2] + 1)
+            )
+            taken: list[IdRange] = []
+            got = 0
+            for seq, first, last in rows:
+                if got >= ids or len(taken) >= MAX_POP_RANGES:
+                    break
+                taken.append(IdRange(first, last + 1))
+                got += last + 1 - first
+                last_seq = seq
+            if taken:
+                conn.execute("DELETE FROM idpool_pool WHERE tag = ? AND seq <= ?", (tag, last_seq))
+            conn.execute("INSERT OR IGNORE INTO idpool_moved (tag) VALUES (?)", (tag,))
             target = _stats(conn, tag).get("target_depth", "0")
             return PopResult(taken, [], _depth(conn, tag), int(target))
 
@@ -102,6 +110,20 @@ class SqlitePool:
 
     async def ranges(self, tag: str) -> list[IdRange]:
         return await self.file.read(lambda conn: _ranges(conn, tag))
+
+    async def summaries(self, tags: Sequence[str]) -> dict[str, PoolSummary]:
+        def op(conn: sqlite3.Connection) -> dict[str, PoolSummary]:
+            found = {}
+            for tag in tags:
+                head = conn.execute(
+                    "SELECT first_id, last_id FROM idpool_pool WHERE tag = ? ORDER BY seq LIMIT 1",
+                    (tag,),
+                ).fetchone()
+                text = None if head is None else f"{head[0]}-{head[1]}"
+                found[tag] = summary(_depth(conn, tag), text, _stats(conn, tag))
+            return found
+
+        return await self.file.read(op)
 
     async def tags(self) -> list[str]:
         def op(conn: sqlite3.Connection) -> list[str]:
@@ -136,18 +158,33 @@ class SqlitePool:
 
         return await self.file.write(op)
 
-    async def count_taken(self, tag: str, ids: int) -> None:
-        """Add to the tag's count of IDs taken by nodes (the consumption signal)."""
+    async def report_issued(self, counts: Mapping[str, int]) -> None:
+        """Add IDs a node handed out to each tag's ``issued`` count; mark them moved."""
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, 'taken', ?) "
+            conn.executemany(
+                "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, 'issued', ?) "
                 "ON CONFLICT (tag, field) DO UPDATE "
                 "SET value = CAST(CAST(value AS INTEGER) + excluded.value AS TEXT)",
-                (tag, str(ids)),
+                [(tag, str(ids)) for tag, ids in counts.items()],
+            )
+            conn.executemany(
+                "INSERT OR IGNORE INTO idpool_moved (tag) VALUES (?)", [(t,) for t in counts]
             )
 
-        await self.file.write(op)
+        if counts:
+            await self.file.write(op)
+
+    async def take_moved(self) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            tags = [t for (t,) in conn.execute("SELECT tag FROM idpool_moved ORDER BY tag")]
+            conn.execute("DELETE FROM idpool_moved")
+            return tags
+
+        return await self.file.write(op)
+
+    async def depths(self, tags: Sequence[str]) -> dict[str, int]:
+        return await self.file.read(lambda conn: {tag: _depth(conn, tag) for tag in tags})
 
     async def report_lifetime(self, tag: str, ids: int, seconds: float) -> None:
         await self.write_stats(tag, {"lifetime_ids": str(ids), "lifetime_s": f"{seconds:.3f}"})
@@ -156,10 +193,15 @@ class SqlitePool:
         return await self.file.read(lambda conn: _stats(conn, tag))
 
     async def write_stats(self, tag: str, fields: dict[str, str]) -> None:
-        def op(conn: sqlite3.Connection) -> None:
-            conn.executemany(_UPSERT_STAT, [(tag, k, v) for k, v in fields.items()])
+        await self.write_stats_many({tag: fields})
 
-        await self.file.write(op)
+    async def write_stats_many(self, figures: Mapping[str, dict[str, str]]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            rows = [(tag, k, v) for tag, fields in figures.items() for k, v in fields.items()]
+            conn.executemany(_UPSERT_STAT, rows)
+
+        if figures:
+            await self.file.write(op)
 
     async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
         """Read and clear the last reported range lifetime: one observation, one decision."""
@@ -177,25 +219,27 @@ class SqlitePool:
 
         return await self.file.write(op)
 
-    async def acquire_lease(self, tag: str, owner: str, seconds: float) -> bool:
+    async def lead(self, owner: str, seconds: float) -> bool:
+        """Become (or stay) the one active preloader, like the Redis lease."""
+
         def op(conn: sqlite3.Connection) -> bool:
             now = time.time()
-            # Like SET NX PX: taken only when nobody holds it, or the holder's ran out.
+            # "" is no tag's name: the preloader's own row in the leases table.
             held = conn.execute(
-                "SELECT 1 FROM idpool_leases WHERE tag = ? AND expires_at > ?", (tag, now)
+                "SELECT owner FROM idpool_leases WHERE tag = '' AND expires_at > ?", (now,)
             ).fetchone()
-            if held is not None:
+            if held is not None and held[0] != owner:
                 return False
             conn.execute(
-                "INSERT OR REPLACE INTO idpool_leases (tag, owner, expires_at) VALUES (?, ?, ?)",
-                (tag, owner, now + seconds),
+                "INSERT OR REPLACE INTO idpool_leases (tag, owner, expires_at) VALUES ('', ?, ?)",
+                (owner, now + seconds),
             )
             return True
 
         return await self.file.write(op)
 
-    async def release_lease(self, tag: str, owner: str) -> None:
+    async def resign(self, owner: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM idpool_leases WHERE tag = ? AND owner = ?", (tag, owner))
+            conn.execute("DELETE FROM idpool_leases WHERE tag = '' AND owner = ?", (owner,))
 
         await self.file.write(op)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .app import Running
 
 
+_ADD_FIELDS = frozenset({"tag", "step", "start", "description"})
+
+
 def _json(body: object, status_code: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
 
@@ -96,6 +99,14 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         body = await _body(request)
         if isinstance(body, Response):
             return body
+        unknown = sorted(set(body) - _ADD_FIELDS)
+        if unknown:
+            return _error(
+                400,
+                "bad_body",
+                f"unknown field {unknown[0]!r}: a new tag takes "
+                f"{', '.join(sorted(_ADD_FIELDS))} (only tag is required)",
+            )
         tag = body.get("tag")
         if not isinstance(tag, str) or not is_valid_tag(tag):
             return _error(400, "bad_tag", f"tag must be a string of {TAG_RULE}")

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from pool.claims import LedgerClaims
-from pool.errors import IdPoolError, UnknownTag
+from pool.errors import IdPoolError, TagExhausted, UnknownTag
 from pool.preloader import Preloader
 from pool.ranges import TAG_RULE, is_valid_tag
 from pool.settings import Settings
@@ -39,6 +39,7 @@ from pool.stores import LedgerStore, PoolStore, open_stores
 from . import admin, metrics, status, status_page
 from .buffer import Draining
 from .node import Node, RangeSource
+from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.app")
 
@@ -55,6 +56,7 @@ class Running:
     ledger: LedgerStore
     pool: PoolStore
     preloader: Preloader
+    store_reads: status.StoreReadsCache
 
 
 def json_response(body: object, status_code: int = 200) -> Response:
@@ -72,8 +74,22 @@ def _failure(tag: str, e: IdPoolError) -> Response:
         )
     if isinstance(e, Draining):
         return error(503, "draining", "this node is shutting down; retry on another node")
+    if isinstance(e, TagExhausted):
+        return error(503, "tag_exhausted", f"{e}; other tags are served as usual")
     logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
     return error(503, "unavailable", str(e))
+
+
+def _head_refused() -> Response:
+    # Starlette answers HEAD on every GET route by running the GET handler:
+    # here that would take IDs and throw them away.
+    response = error(
+        405,
+        "method_not_allowed",
+        "use GET: a HEAD here would use up IDs; probe /readyz or /healthz instead",
+    )
+    response.headers["allow"] = "GET"
+    return response
 
 
 def _bad_tag(tag: str) -> Response:
@@ -195,10 +211,12 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
     async def one_id(request: Request) -> Response:
         """What NodeApp's fast path leaves here: the first request for a tag, a
         wait for a range, a bad or unknown tag, a stopping node with no IDs left,
-        a HEAD or a root path (next_id then takes from memory without waiting)."""
+        or a root path (next_id then takes from memory without waiting)."""
         started = _clock()
         tag: str = request.path_params["tag"]
         node = state["run"].node
+        if request.method == "HEAD":
+            return _head_refused()
         if not is_valid_tag(tag):
             return _bad_tag(tag)
         try:
@@ -211,6 +229,8 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
     async def many_ids(request: Request) -> Response:
         started = _clock()
         tag: str = request.path_params["tag"]
+        if request.method == "HEAD":
+            return _head_refused()
         if not is_valid_tag(tag):
             return _bad_tag(tag)
         count = _parse_count(request, settings.max_count)
@@ -230,15 +250,16 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
 
     async def readyz(request: Request) -> Response:
         run = state.get("run")
-        if run is None or run.node.draining:
-            return error(503, "not_ready", "node is starting, draining or shutting down")
-        if run.node.source.starved:
-            return error(503, "not_ready", "no ID range can be had: see /status for the stores")
+        if run is None:
+            return error(503, "not_ready", "node is starting or shutting down")
+        why = run.node.not_ready()
+        if why is not None:
+            return error(503, "not_ready", f"{why}: see /status for the stores")
         return PlainTextResponse("ready")
 
     async def take_snapshot() -> status.Snapshot:
         run = state["run"]
-        return await status.snapshot(run.node, run.ledger, run.pool, run.preloader.wasted)
+        return status.assemble(run.node, await run.store_reads.get(), run.preloader.wasted)
 
     async def status_json(request: Request) -> Response:
         return json_response(await take_snapshot())
@@ -257,11 +278,22 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
         preloader = Preloader(settings, ledger, pool, claims)
         source = RangeSource(claims, pool, on_low=preloader.refill_soon)
         node = Node(
-            source, prefetch_at=settings.prefetch_at, unknown_tag_ttl=settings.unknown_tag_ttl
+            source,
+            prefetch_at=settings.prefetch_at,
+            tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl),
+            idle_seconds=settings.idle_seconds,
+            reserve_seconds=settings.reserve_seconds,
+            report_seconds=settings.report_seconds,
         )
-        state["run"] = Running(node, ledger, pool, preloader)
+        store_reads = status.StoreReadsCache(
+            lambda: status.read_stores(ledger, pool, sorted(node.buffers))
+        )
+        state["run"] = Running(node, ledger, pool, preloader, store_reads)
         app.node = node
-        sampler = asyncio.ensure_future(node.run_sampler())
+        background = [
+            asyncio.ensure_future(node.run_housekeeping()),
+            asyncio.ensure_future(node.health.run()),
+        ]
         try:
             if settings.preload:
                 preloader.start()
@@ -284,9 +316,10 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             )
         finally:
             app.node = None
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await preloader.close()
             await pool.close()
             await ledger.close()

@@ -11,6 +11,7 @@ import logging
 import logging.config
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -27,6 +28,8 @@ from service.status import snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+EXIT_CANNOT_LISTEN = 4
+LOG_LEVELS = ("debug", "info", "warning", "error")
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
@@ -80,17 +83,34 @@ def _integer(top: int) -> Callable[[str], int]:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    sub = parser.add_subparsers(dest="command", required=True)
-    embedded = argparse.ArgumentParser(add_help=False)
-    embedded.add_argument(
+def _common_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """--log-level and --embedded, taken before or after the subcommand.
+
+    On subcommands the default is SUPPRESS, so a value given before the
+    subcommand is not overwritten by the subparser's default.
+    """
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=default if default is argparse.SUPPRESS else "info",
+        help="debug, info, warning or error (default info)",
+    )
+    parser.add_argument(
         "--embedded",
         action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
         help=f"use the embedded ledger and pool (SQLite file ./{EMBEDDED_FILE}, or the one a "
         "sqlite:///path IDPOOL_MYSQL_URL names): one node, no MySQL or Redis",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
+    _common_options(parser, None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    embedded = argparse.ArgumentParser(add_help=False)
+    _common_options(embedded, argparse.SUPPRESS)
 
     serve = sub.add_parser(
         "serve", parents=[embedded], help="run a node (HTTP API; preloader inside by default)"
@@ -148,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreUnavailable as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except CannotListen as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
 
 
 def _choose_ledger(settings: Settings, embedded: bool) -> Settings:
@@ -175,6 +198,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         # The app factory reads the environment: hand it the ledger chosen here.
         os.environ["IDPOOL_MYSQL_URL"] = settings.mysql_url
     # Fail here, once, with a clear message, rather than in every worker.
+    _check_port(args.host, args.port)
     asyncio.run(_check_stores(settings))
     uvicorn.run(
         "service.app:create_app",
@@ -188,6 +212,25 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+class CannotListen(Exception):
+    """The address to serve on cannot be bound (in use, or not this machine's)."""
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind the address once, as uvicorn will, so a port in use is said plainly
+    rather than as a startup traceback with uvicorn's exit code."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {e.strerror}; "
+                "stop what uses it or choose another --port"
+            ) from None
 
 
 async def _check_stores(settings: Settings) -> None:
@@ -284,9 +327,9 @@ async def _pool_show(settings: Settings, args: argparse.Namespace) -> int:
     """The per-tag part of /status, from the stores (no node's buffers here)."""
     ledger, redis_pool = await open_stores(settings)
     try:
-        idle = Node(RangeSource(LedgerClaims(ledger, redis_pool), redis_pool), prefetch_at=0.1,
-                    unknown_tag_ttl=0)  # fmt: skip
-        snap = await snapshot(idle, ledger, redis_pool)
+        idle = Node(RangeSource(LedgerClaims(ledger, redis_pool), redis_pool), prefetch_at=0.1)
+        names = [row.tag for row in await ledger.list_tags()]
+        snap = await snapshot(idle, ledger, redis_pool, tags=names)
     finally:
         await redis_pool.close()
         await ledger.close()

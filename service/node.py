@@ -10,30 +10,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
-from pool.errors import IdPoolError, StoreUnavailable, UnknownTag
+from pool.errors import IdPoolError, MarkNotRaised, StoreBusy, StoreUnavailable, UnknownTag
 from pool.preloader import log_dropped, log_refused
 from pool.ranges import IdRange
 from pool.stores import PoolStore
 
 from .buffer import Draining, SegmentBuffer
+from .health import StoreHealth
 from .stats import SAMPLE_EVERY, NodeStats
+from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.node")
-
-_UNKNOWN_CACHE_LIMIT = 10_000
 
 
 class NoRangeAvailable(IdPoolError):
     """Neither store could supply a range; the message says which is down and why."""
 
     def __init__(self, tag: str, errors: list[StoreUnavailable]) -> None:
-        stores = " and ".join(e.store for e in errors)
+        stores = " and ".join(dict.fromkeys(e.store for e in errors))
         details = "; ".join(str(e) for e in errors)
         super().__init__(f"no ID range available for tag {tag!r}: {stores} down ({details})")
         self.stores = [e.store for e in errors]
@@ -46,45 +48,54 @@ class RangeSource:
         redis_pool: PoolStore | None,
         stats: NodeStats | None = None,
         on_low: Callable[[str], None] | None = None,
+        health: StoreHealth | None = None,
+        step_of: Callable[[str], int] = lambda tag: 1,
     ) -> None:
         self.claims = claims
         self.redis_pool = redis_pool
         self.stats = stats or NodeStats()
         self.on_low = on_low  # called when a tag's list runs low: refill it now
+        self.health = health or StoreHealth(claims.ledger, redis_pool)
+        self.step_of = step_of  # a tag's step as last known: sizes a batch's claim
         self._skip_redis_until = 0.0
         self._redis_error: StoreUnavailable | None = None
-        self.last_error: dict[str, tuple[float, str]] = {}  # store -> (unix time, detail)
         self._background: set[asyncio.Task[None]] = set()
-        # monotonic times of the last fetch that found a range / found none anywhere
-        self.last_fetched = 0.0
-        self.last_starved = 0.0
 
-    @property
-    def starved(self) -> bool:
-        """The latest fetch found no range in any store (readiness fails until one does)."""
-        return self.last_starved > self.last_fetched
+    async def fetch(self, tag: str, ids: int = 1) -> list[IdRange]:
+        """Ranges holding at least ``ids`` IDs (at least one range): one pop from
+        the pool, and for what it lacks one claim from the ledger.
 
-    async def fetch(self, tag: str) -> IdRange:
+        Raises NoRangeAvailable when neither store gives anything; returns what
+        the pool gave when only the claim failed (the caller asks again).
+        """
         errors: list[StoreUnavailable] = []
-        taken = await self._pop(tag, errors)
-        if taken is not None:
-            self.last_fetched = time.monotonic()
+        taken = await self._pop(tag, ids, errors)
+        missing = ids - sum(map(len, taken))
+        if missing <= 0 and taken:
             return taken
         try:
-            claim = await self.claims.claim(tag)
+            claim = await self.claims.claim(tag, math.ceil(max(missing, 1) / self.step_of(tag)))
         except StoreUnavailable as e:
             self._failed(e)
             errors.append(e)
-            self.last_starved = time.monotonic()
-            raise NoRangeAvailable(tag, errors) from e
-        self.last_fetched = time.monotonic()
+            if isinstance(e, MarkNotRaised):
+                self.stats.waste(tag, "mark_not_raised", len(e.wasted))
+                logger.error(
+                    "event=range_abandoned tag=%s range=%s reason=mark_not_raised detail=%r",
+                    tag,
+                    e.wasted.to_text(),
+                    e.detail,
+                )
+            if taken:
+                return taken
+            raise NoRangeAvailable(tag, self._with_probed(errors)) from e
+        self.health.answered(self.health.ledger_name)
         log_refused(logger, tag, claim.refused, claim.raised_to)
         for refused in claim.refused:
             self.stats.waste(tag, "stale_ledger", len(refused))
         self.stats.tags[tag].ranges_from_ledger += 1
         logger.info("event=range_taken tag=%s range=%s source=ledger", tag, claim.range.to_text())
-        self._count_taken(tag, len(claim.range))
-        return claim.range
+        return [*taken, claim.range]
 
     def report_finished(self, tag: str, ids: int, seconds: float) -> None:
         """A buffer used up a range: tell the preloader's dynamic step how long it lasted."""
@@ -108,46 +119,55 @@ class RangeSource:
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
 
-    def _count_taken(self, tag: str, ids: int) -> None:
-        if self.redis_pool is not None and time.monotonic() >= self._skip_redis_until:
-            self.spawn(self.redis_pool.count_taken(tag, ids))
+    def _with_probed(self, errors: list[StoreUnavailable]) -> list[StoreUnavailable]:
+        """The errors met, plus stores the health probe found down: a claim that
+        failed on Redis never asked MySQL, and the 503 should name both."""
+        named = {e.store for e in errors}
+        for store, (_, detail) in self.health.last_error.items():
+            if store not in named and not self.health.is_up(store):
+                errors.append(StoreUnavailable(store, detail))
+        return errors
 
     def _failed(self, e: StoreUnavailable) -> None:
-        self.stats.store_errors[e.store] += 1
-        self.last_error[e.store] = (time.time(), e.detail)
+        if not isinstance(e, StoreBusy):
+            self.stats.store_errors[e.store] += 1
+        self.health.failed(e)
 
-    async def _pop(self, tag: str, errors: list[StoreUnavailable]) -> IdRange | None:
+    async def _pop(self, tag: str, ids: int, errors: list[StoreUnavailable]) -> list[IdRange]:
         if self.redis_pool is None:
-            return None
+            return []
         if time.monotonic() < self._skip_redis_until and self._redis_error is not None:
             errors.append(self._redis_error)  # still counted as down, for the 503 message
-            return None
+            return []
         try:
-            result = await self.redis_pool.pop(tag)
+            result = await self.redis_pool.pop(tag, ids)
+        except StoreBusy as e:
+            errors.append(e)  # never sent: nothing was taken, and Redis is not at fault
+            return []
         except StoreUnavailable as e:
             # The pop may have happened: whatever it took is lost, never reused.
             self._skip_redis_until = time.monotonic() + REDIS_SKIP_SECONDS
             self._redis_error = e
-            self.claims.redis_failed()  # the claim that follows skips Redis too
+            self.claims.redis_failed()  # the claim that follows fails fast too
             self._failed(e)
             logger.warning("event=pool_pop_failed tag=%s detail=%r", tag, e.detail)
             errors.append(e)
-            return None
+            return []
+        if self.health.pool_name is not None:
+            self.health.answered(self.health.pool_name)
         log_dropped(logger, result.dropped)
         for item in result.dropped:
             dropped_tag, _, text = item.partition("=")
             self.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
-        # target_depth is 0 until a preloader has sized this tag's list (and for
-        # tags that do not exist): leave those to the preloader's next tick.
+        # target_depth is 0 until a preloader has sized this tag's list: leave
+        # those to the preloader's next tick.
         if self.on_low is not None and result.depth < result.target_depth / 2:
             self.on_low(tag)
-        if result.range is None:
-            return None
-        self.claims.observe(tag, result.range)
-        self.stats.tags[tag].ranges_from_pool += 1
-        logger.info("event=range_taken tag=%s range=%s source=pool", tag, result.range.to_text())
-        self._count_taken(tag, len(result.range))
-        return result.range
+        for taken in result.ranges:
+            self.claims.observe(tag, taken)
+            self.stats.tags[tag].ranges_from_pool += 1
+            logger.info("event=range_taken tag=%s range=%s source=pool", tag, taken.to_text())
+        return result.ranges
 
 
 @dataclass
@@ -157,32 +177,71 @@ class ShutdownReport:
 
 
 class Node:
-    def __init__(self, source: RangeSource, *, prefetch_at: float, unknown_tag_ttl: float) -> None:
+    def __init__(
+        self,
+        source: RangeSource,
+        *,
+        prefetch_at: float,
+        tags: TagDirectory | None = None,
+        idle_seconds: float = 0.0,
+        reserve_seconds: float = 0.0,
+        report_seconds: float = 2.0,
+    ) -> None:
         self.source = source
+        self.reserve_seconds = reserve_seconds
         self.stats = source.stats
+        self.health = source.health
         self.prefetch_at = prefetch_at
-        self.unknown_tag_ttl = unknown_tag_ttl
+        self.tags = tags or TagDirectory(source.claims.ledger)
+        source.step_of = self.tags.step
+        self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}
         self.draining = False
-        self._unknown_until: dict[str, float] = {}
+        self.report_seconds = report_seconds
+        self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
+        self._reported: dict[str, int] = {}  # tag -> its buffer's `issued` as last reported
+        self._unreported: Counter[str] = Counter()  # IDs handed out by buffers since dropped
         self._shutdown_report: ShutdownReport | None = None
 
-    def buffer(self, tag: str) -> SegmentBuffer:
-        """The tag's buffer, created on first use (tags added after start need no restart)."""
+    def not_ready(self) -> str | None:
+        """Why this node cannot serve now, or None when it can.
+
+        It can while Redis answers (ranges for any tag, from the pool or, fenced
+        by the mark in Redis, from the ledger) or while any buffer holds IDs.
+        Never about one tag: one tag's trouble must not take the node out.
+        """
+        if self.draining:
+            return "node is draining or shutting down"
+        if self.health.is_up(self.health.pool_name):
+            return None
+        if any(buf.in_memory for buf in self.buffers.values()):
+            return None
+        return f"no IDs in memory and {self.health.pool_name or 'the pool'} is not answering"
+
+    async def buffer(self, tag: str) -> SegmentBuffer:
+        """The tag's buffer, created on first use for a tag the ledger has."""
         buf = self.buffers.get(tag)
         if buf is not None:
             return buf
         if self.draining:
             raise Draining("node is shutting down")
-        until = self._unknown_until.get(tag)
-        if until is not None and time.monotonic() < until:
-            raise UnknownTag(tag)
-        buf = SegmentBuffer(tag, self.source.fetch, self.prefetch_at, self.source.report_finished)
-        self.buffers[tag] = buf
+        await self.tags.lookup(tag)  # raises UnknownTag: no buffer, no pop, no claim
+        buf = self.buffers.get(tag)  # another request may have made it meanwhile
+        if buf is None:
+            if self.draining:
+                raise Draining("node is shutting down")
+            buf = SegmentBuffer(
+                tag,
+                self.source.fetch,
+                self.prefetch_at,
+                self.source.report_finished,
+                self.reserve_seconds,
+            )
+            self.buffers[tag] = buf
         return buf
 
     async def next_id(self, tag: str) -> int:
-        buf = self.buffer(tag)
+        buf = await self.buffer(tag)
         try:
             return await buf.take_waiting()
         except UnknownTag:
@@ -190,31 +249,86 @@ class Node:
             raise
 
     async def next_ids(self, tag: str, count: int) -> list[int]:
-        buf = self.buffer(tag)
+        buf = await self.buffer(tag)
         try:
             return await buf.take_many_waiting(count)
         except UnknownTag:
             self._forget(tag, buf)
             raise
 
-    def sample(self, now: float | None = None) -> None:
-        """Record IDs issued per tag, for the consumption chart."""
-        now = time.time() if now is None else now
-        for tag, buf in self.buffers.items():
-            self.stats.tags[tag].history.append((now, buf.issued))
-
-    async def run_sampler(self) -> None:
-        while True:
-            self.sample()
-            await asyncio.sleep(SAMPLE_EVERY)
-
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
-        # Only a buffer that never held a range is dropped; the tag may be created later.
+        # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
         if buf.current is None and self.buffers.get(tag) is buf:
             del self.buffers[tag]
-        if len(self._unknown_until) >= _UNKNOWN_CACHE_LIMIT:
-            self._unknown_until.clear()
-        self._unknown_until[tag] = time.monotonic() + self.unknown_tag_ttl
+            self.stats.tags.pop(tag, None)
+        self.tags.rows.pop(tag, None)
+
+    def sample(self, now: float | None = None, mono: float | None = None) -> None:
+        """Record IDs issued per tag (the consumption chart); let idle buffers go."""
+        now = time.time() if now is None else now
+        mono = time.monotonic() if mono is None else mono
+        for tag, buf in list(self.buffers.items()):
+            issued = buf.issued
+            self.stats.tags[tag].history.append((now, issued))
+            seen, since = self._activity.get(tag, (-1, mono))
+            if issued != seen:
+                self._activity[tag] = (issued, mono)
+            elif self.idle_seconds and mono - since >= self.idle_seconds and not buf.fetching:
+                self._release_idle(tag, buf)
+
+    def _release_idle(self, tag: str, buf: SegmentBuffer) -> None:
+        """Return an idle tag's remainder to the pool and forget the tag here.
+
+        Removed from ``buffers`` and emptied in one synchronous step (no fetch
+        is under way), so no request can take an ID from what is returned; the
+        next request for the tag makes a new buffer.
+        """
+        del self.buffers[tag]
+        self._activity.pop(tag, None)
+        self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
+        remainder = buf.drain_now()
+        # Counters stay (one small entry per real tag); the chart's history goes.
+        self.stats.tags[tag].history.clear()
+        logger.info("event=buffer_released tag=%s reason=idle", tag)
+        if remainder:
+            self.source.spawn(self._return(tag, remainder, ShutdownReport()))
+
+    async def report(self) -> None:
+        """Tell the preloader how many IDs this node handed out per tag since the
+        last report: the consumption the pool is sized by. One round trip."""
+        pool = self.source.redis_pool
+        if pool is None:
+            return
+        dropped = dict(self._unreported)  # from buffers released as idle
+        seen = {t: (b, b.issued, self._reported.get(t, 0)) for t, b in self.buffers.items()}
+        counts = Counter(dropped)
+        for tag, (_, issued, base) in seen.items():
+            counts[tag] += issued - base
+        counts = Counter({tag: n for tag, n in counts.items() if n > 0})
+        if not counts:
+            return
+        try:
+            await pool.report_issued(counts)
+        except StoreUnavailable:
+            return  # sent again next time (if it landed after all, a rate reads high a while)
+        # Buffers may have been released meanwhile: take off exactly what was sent.
+        self._unreported.subtract(dropped)
+        for tag, (buf, issued, base) in seen.items():
+            if self.buffers.get(tag) is buf:
+                self._reported[tag] = issued
+            else:  # released: its count moved to _unreported, this part of it was sent
+                self._unreported[tag] -= issued - base
+        self._unreported = Counter({t: n for t, n in self._unreported.items() if n > 0})
+
+    async def run_housekeeping(self) -> None:
+        sampled = 0.0
+        while True:
+            now = time.monotonic()
+            if now - sampled >= SAMPLE_EVERY:
+                self.sample()
+                sampled = now
+            await self.report()
+            await asyncio.sleep(self.report_seconds)
 
     async def shutdown(self) -> ShutdownReport:
         """Stop serving, then push every unused remainder back to the pool, once.
@@ -229,6 +343,7 @@ class Node:
             remainder = await buf.drain()
             if remainder:
                 await self._return(tag, remainder, report)
+        await self.report()
         await self.source.close()
         return report
 
@@ -236,25 +351,38 @@ class Node:
         texts = ",".join(r.to_text() for r in remainder)
         ids = sum(map(len, remainder))
         pool = self.source.redis_pool
+        stats = self.stats.tags[tag]
         if pool is None:
             report.abandoned += [(tag, r) for r in remainder]
-            self.stats.waste(tag, "no_pool", ids)
+            stats.wasted["no_pool"] += ids
             logger.warning("event=range_abandoned tag=%s range=%s reason=no_pool", tag, texts)
             return
-        try:
-            result = await pool.push(tag, remainder, head=True)
-        except StoreUnavailable as e:
-            # Maybe pushed, maybe not: never retried, the remainder is waste.
+        for _ in range(_BUSY_RETRIES):
+            try:
+                result = await pool.push(tag, remainder, head=True)
+                break
+            except StoreBusy:
+                continue  # never sent: safe to send again
+            except StoreUnavailable as e:
+                # Maybe pushed, maybe not: never retried, the remainder is waste.
+                report.abandoned += [(tag, r) for r in remainder]
+                stats.wasted["push_outcome_unknown"] += ids
+                logger.error(
+                    "event=range_abandoned tag=%s range=%s reason=push_outcome_unknown detail=%r",
+                    tag,
+                    texts,
+                    e.detail,
+                )
+                return
+        else:
             report.abandoned += [(tag, r) for r in remainder]
-            self.stats.waste(tag, "push_outcome_unknown", ids)
-            logger.error(
-                "event=range_abandoned tag=%s range=%s reason=push_outcome_unknown detail=%r",
-                tag,
-                texts,
-                e.detail,
-            )
+            stats.wasted["push_not_sent"] += ids
+            logger.error("event=range_abandoned tag=%s range=%s reason=push_not_sent", tag, texts)
             return
         log_dropped(logger, result.dropped)
         report.returned += [(tag, r) for r in remainder]
-        self.stats.tags[tag].ids_returned += ids
+        stats.ids_returned += ids
         logger.info("event=range_returned tag=%s range=%s depth=%d", tag, texts, result.depth)
+
+
+_BUSY_RETRIES = 3  # a remainder push that found every connection busy is sent again

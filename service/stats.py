@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # Upper bounds, in seconds, of the request latency buckets.
@@ -55,7 +56,7 @@ class NodeStats:
         self.tags[tag].wasted[reason] += ids
 
 
-def rates(history: deque[tuple[float, int]]) -> list[tuple[float, float]]:
+def rates(history: Iterable[tuple[float, int]]) -> list[tuple[float, float]]:
     """(unix time, IDs/s over the interval ending then) between consecutive samples."""
     points = list(history)
     return [

@@ -6,19 +6,72 @@ it into Prometheus series, and `idpool pool show` prints the pool part of it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pool.errors import StoreUnavailable
-from pool.ranges import IdRange
-from pool.stores import LedgerStore, PoolStore, store_name
+from pool.ledger import TagRow
+from pool.redis_pool import PoolSummary
+from pool.stores import LedgerStore, PoolStore
 
 from .node import Node
 from .stats import rates
 
 Snapshot = dict[str, Any]
+STORE_READS_SECONDS = 1.0  # scrapes within this long share one round of store reads
+
+
+@dataclass
+class StoreView:
+    """What the stores said about some tags: ledger rows, list summaries, and
+    the errors met reading them."""
+
+    rows: dict[str, TagRow] = field(default_factory=dict)
+    pooled: dict[str, PoolSummary] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # store -> detail
+
+
+async def read_stores(
+    ledger: LedgerStore, pool: PoolStore | None, names: Sequence[str]
+) -> StoreView:
+    """O(1) reads per tag: the rows of ``names`` and one pipelined round of list
+    summaries (never a whole list)."""
+    view = StoreView()
+    try:
+        view.rows = {row.tag: row for row in await ledger.list_tags(names)}
+    except StoreUnavailable as e:
+        view.errors[e.store] = e.detail
+    if pool is not None:
+        try:
+            view.pooled = await pool.summaries(names)
+        except StoreUnavailable as e:
+            view.errors[e.store] = e.detail
+    return view
+
+
+class StoreReadsCache:
+    """One round of store reads at a time, reused for STORE_READS_SECONDS: however
+    many scrapers call, the stores see at most one round a second. The node's
+    own state (buffers, counters) is read fresh by every scrape."""
+
+    def __init__(self, read: Callable[[], Awaitable[StoreView]]) -> None:
+        self._read = read
+        self._task: asyncio.Task[StoreView] | None = None
+        self._started_at = -STORE_READS_SECONDS
+
+    async def get(self) -> StoreView:
+        task = self._task
+        stale = time.monotonic() - self._started_at >= STORE_READS_SECONDS
+        if task is None or (task.done() and stale):
+            self._started_at = time.monotonic()
+            task = self._task = asyncio.ensure_future(self._read())
+        # shield: a scraper that hangs up must not cancel the reads others wait on
+        return await asyncio.shield(task)
 
 
 async def snapshot(
@@ -26,42 +79,46 @@ async def snapshot(
     ledger: LedgerStore,
     pool: PoolStore | None,
     preloader_waste: Counter[tuple[str, str]] | None = None,
+    tags: list[str] | None = None,
 ) -> Snapshot:
+    """The node and the tags it serves (or ``tags``), read fresh from the stores."""
+    names = sorted(node.buffers) if tags is None else tags
+    return assemble(node, await read_stores(ledger, pool, names), preloader_waste, names)
+
+
+def assemble(
+    node: Node,
+    view: StoreView,
+    preloader_waste: Counter[tuple[str, str]] | None = None,
+    tags: list[str] | None = None,
+) -> Snapshot:
+    """The snapshot from the node's own state now and what the stores said.
+    Store health comes from the background probes, not from this call."""
+    names = sorted(node.buffers) if tags is None else tags
+    health = node.health
     stores: dict[str, dict[str, Any]] = {}
-    rows: dict[str, Any] = {}
-    ledger_name = store_name(ledger, "mysql")
-    try:
-        rows = {row.tag: row for row in await ledger.list_tags()}
-        stores[ledger_name] = {"up": True, "error": None}
-    except StoreUnavailable as e:
-        stores[ledger_name] = {"up": False, "error": e.detail}
-    names = sorted(set(rows) | set(node.buffers))
-    pooled: dict[str, tuple[list[IdRange], dict[str, str]]] = {}
-    if pool is not None:
-        pool_name = store_name(pool, "redis")
-        try:
-            for tag in names:
-                pooled[tag] = (await pool.ranges(tag), await pool.read_stats(tag))
-            stores[pool_name] = {"up": True, "error": None}
-        except StoreUnavailable as e:
-            stores[pool_name] = {"up": False, "error": e.detail}
-    for store, (when, detail) in node.source.last_error.items():
+    for store in filter(None, (health.ledger_name, health.pool_name)):
+        stores[store] = {"up": health.is_up(store), "error": None}
+    for store, detail in view.errors.items():
+        stores[store] = {"up": False, "error": detail}
+    for store, (when, detail) in health.last_error.items():
         stores.setdefault(store, {"up": True, "error": None})["last_error"] = {
             "at": when,
             "detail": detail,
         }
     waste = Counter[tuple[str, str]]() if preloader_waste is None else preloader_waste
-    tags = [_tag(node, tag, rows.get(tag), pooled.get(tag), waste) for tag in names]
+    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag), waste) for tag in names]
     return {
         "node": {
             "pid": os.getpid(),
             "started_at": node.stats.started_at,
             "uptime_s": round(time.time() - node.stats.started_at, 1),
             "draining": node.draining,
+            "ready": node.not_ready() is None,
             "store_errors": dict(node.stats.store_errors),
         },
         "stores": stores,
-        "tags": tags,
+        "tags": entries,
     }
 
 
@@ -69,13 +126,14 @@ def _tag(
     node: Node,
     tag: str,
     row: Any,
-    pooled: tuple[list[IdRange], dict[str, str]] | None,
+    pooled: PoolSummary | None,
     preloader_waste: Counter[tuple[str, str]],
 ) -> dict[str, Any]:
-    counters = node.stats.tags[tag]
+    counters = node.stats.tags.get(tag)
     buf = node.buffers.get(tag)
-    history = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(counters.history)]
-    wasted = Counter(counters.wasted)
+    history = () if counters is None else counters.history
+    points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
+    wasted = Counter[str]() if counters is None else Counter(counters.wasted)
     for (waste_tag, reason), ids in preloader_waste.items():
         if waste_tag == tag:
             wasted[reason] += ids
@@ -86,13 +144,13 @@ def _tag(
         "start_id": None if row is None else row.start_id,
         "buffer": None,
         "pool": None,
-        "rate": {"node_ids_per_s": history[-1]["ids_per_s"] if history else 0.0},
-        "history": history,
+        "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
+        "history": points,
         "counters": {
             "ids_issued": 0 if buf is None else buf.issued,
-            "ranges_from_pool": counters.ranges_from_pool,
-            "ranges_from_ledger": counters.ranges_from_ledger,
-            "ids_returned": counters.ids_returned,
+            "ranges_from_pool": 0 if counters is None else counters.ranges_from_pool,
+            "ranges_from_ledger": 0 if counters is None else counters.ranges_from_ledger,
+            "ids_returned": 0 if counters is None else counters.ids_returned,
             "ids_wasted": dict(wasted),
         },
     }
@@ -103,17 +161,18 @@ def _tag(
             "remaining": buf.remaining,
             "next": None if buf.next is None else buf.next.to_text(),
             "next_ready": buf.next is not None,
+            "ready": [r.to_text() for r in buf.ready],  # served after current, in order
+            "in_memory": buf.in_memory,
             "fetching": buf.fetching,
         }
     if pooled is not None:
-        ranges, stats = pooled
-        ids = sum(map(len, ranges))
+        stats = pooled.stats
         cluster_rate = float(stats["rate"]) if "rate" in stats else None
-        minutes = round(ids / cluster_rate / 60, 2) if cluster_rate else None
+        minutes = round(pooled.ids / cluster_rate / 60, 2) if cluster_rate else None
         entry["pool"] = {
-            "depth": len(ranges),
-            "ids": ids,
-            "head": ranges[0].to_text() if ranges else None,
+            "depth": pooled.depth,
+            "ids": pooled.ids,
+            "head": None if pooled.head is None else pooled.head.to_text(),
             "target_depth": int(stats["target_depth"]) if "target_depth" in stats else None,
             "minutes_of_supply": minutes,
         }

@@ -65,6 +65,15 @@ BAD_BODIES = [
 ]
 
 
+def test_an_unknown_field_is_refused_not_ignored(admin: TestClient, tag: str) -> None:
+    # "steps" for "step": silently created with the default step before.
+    r = admin.post("/admin/tags", json={"tag": tag, "steps": 5000}, headers=AUTH)
+    assert r.status_code == 400
+    assert r.json()["error"] == "bad_body" and "'steps'" in r.json()["message"]
+    listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+    assert all(t["tag"] != tag for t in listed)  # nothing was created
+
+
 @pytest.mark.parametrize("body", BAD_BODIES)
 def test_bad_create_bodies_are_400(admin: TestClient, body: bytes) -> None:
     r = admin.post("/admin/tags", content=body, headers=AUTH)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -9,9 +10,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ops.servers import TcpProxy
 from pool.ledger import Ledger
+from pool.ranges import MAX_ID
 from pool.redis_pool import RedisPool
 from pool.settings import Settings
+from pool.stores import open_stores
 from service.app import NodeApp, create_app
+from service.health import PROBE_EVERY
 
 from .conftest import TEST_DATABASE
 
@@ -33,6 +37,17 @@ def pool_ranges(settings: Settings, tag: str) -> list[str]:
             return [r.to_text() for r in await pool.ranges(tag)]
         finally:
             await pool.close()
+
+    return asyncio.run(go())
+
+
+def ledger_max_id(settings: Settings, tag: str) -> int:
+    async def go() -> int:
+        ledger = await Ledger.connect(settings)
+        try:
+            return (await ledger.get_tag(tag)).max_id
+        finally:
+            await ledger.close()
 
     return asyncio.run(go())
 
@@ -201,17 +216,29 @@ def proxied(settings: Settings) -> Iterator[tuple[Settings, TcpProxy, TcpProxy]]
     redis.cut()
 
 
-def test_redis_down_claims_from_mysql_without_failures(
+def test_redis_down_serves_the_buffers_and_never_claims_unfenced(
     proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
 ) -> None:
+    # A claim needs the high-water mark in Redis (issue 10, defect 1): while Redis
+    # is down a node serves what its buffers hold, then answers 503 naming Redis;
+    # it never serves a range MySQL could repeat after a rewind.
     s, _, redis = proxied
     add_tag(s, tag, step=10)
     with TestClient(create_app(s)) as c:
-        assert c.get(f"/id/{tag}").text == "1"
+        assert [c.get(f"/id/{tag}").text for _ in range(2)] == ["1", "2"]
+        asyncio.run(asyncio.sleep(0.3))  # let the prefetch (started at ID 2) land
+        claimed = ledger_max_id(s, tag)
         redis.cut()
-        responses = [c.get(f"/id/{tag}") for _ in range(60)]
-        assert [r.status_code for r in responses] == [200] * 60
-        assert [int(r.text) for r in responses] == list(range(2, 62))
+        responses = [c.get(f"/id/{tag}") for _ in range(25)]
+        served = [int(r.text) for r in responses if r.status_code == 200]
+        assert served == list(range(3, 21))  # both buffers, to the last ID
+        failed = [r for r in responses if r.status_code != 200]
+        assert {r.status_code for r in failed} == {503}
+        assert "redis" in failed[-1].json()["message"]
+        assert ledger_max_id(s, tag) == claimed  # nothing claimed without the mark
+        redis.restore()
+        asyncio.run(asyncio.sleep(1.1))  # the skip window after the last Redis error
+        assert int(c.get(f"/id/{tag}").text) > 20
 
 
 def test_mysql_down_serves_from_the_pool(
@@ -242,6 +269,7 @@ def test_both_down_is_503_naming_them_then_recovers(
         asyncio.run(asyncio.sleep(0.3))  # let the prefetch of the second range land
         mysql.cut()
         redis.cut()
+        asyncio.run(asyncio.sleep(PROBE_EVERY + 0.5))  # the health probe sees both go
         served = []
         for _ in range(20):
             r = c.get(f"/id/{tag}")
@@ -265,3 +293,137 @@ def test_both_down_is_503_naming_them_then_recovers(
         assert r.status_code == 200
         assert int(r.text) > max(served)
         assert c.get("/readyz").status_code == 200
+
+
+def wait_for_status(c: TestClient, path: str, status_code: int, seconds: float) -> float:
+    """Poll ``path`` until it answers ``status_code``; return how long that took."""
+    started = time.monotonic()
+    while c.get(path).status_code != status_code:
+        assert time.monotonic() - started < seconds, f"{path} not {status_code} in {seconds}s"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_readiness_comes_back_by_itself_when_the_stores_do(
+    proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
+) -> None:
+    # Issue 10, defect 2: one request for an unknown tag during a store blip left
+    # /readyz at 503 for good; a load balancer then sent the node no request that
+    # could have cleared it.
+    s, mysql, redis = proxied
+    with TestClient(create_app(s)) as c:
+        assert c.get("/readyz").status_code == 200
+        mysql.cut()
+        redis.cut()
+        assert c.get(f"/id/{tag}").status_code == 503
+        wait_for_status(c, "/readyz", 503, 5)  # no IDs in memory, no store: out
+        mysql.restore()
+        redis.restore()
+        # No ID request from here on, as behind HAProxy: the node must come back alone.
+        assert wait_for_status(c, "/readyz", 200, 5) < 5
+
+
+def test_one_exhausted_tag_fails_alone(settings: Settings, tag: str) -> None:
+    add_tag(settings, tag, step=10, start=MAX_ID - 14)  # 15 IDs left below 2^63
+    other = tag + "-other"
+    add_tag(settings, other, step=10)
+    with TestClient(create_app(settings)) as c:
+        answers = [c.get(f"/id/{tag}") for _ in range(25)]
+        served = [int(r.text) for r in answers if r.status_code == 200]
+        assert served == list(range(MAX_ID - 14, MAX_ID - 4))  # one whole range; no ID past
+        refused = answers[-1]
+        assert refused.status_code == 503 and refused.json()["error"] == "tag_exhausted"
+        assert c.get("/readyz").status_code == 200  # the node serves every other tag
+        assert c.get(f"/id/{other}").text == "1"
+
+
+def test_head_takes_no_id(client: TestClient, settings: Settings, tag: str) -> None:
+    add_tag(settings, tag)
+    for path in (f"/id/{tag}", f"/ids/{tag}?count=5", f"/api/segment/get/{tag}"):
+        r = client.head(path)
+        assert r.status_code == 405 and r.headers["allow"] == "GET"
+    assert client.get(f"/id/{tag}").text == "1"  # nothing was used up
+    for _ in range(3):
+        assert client.head(f"/id/{tag}").status_code == 405  # the fast path too
+    assert client.get(f"/id/{tag}").text == "2"
+
+
+class CountingLedger:
+    """The real ledger, counting list_tags calls and every claim."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.listed = 0
+        self.claims: list[int] = []  # steps claimed, per claim
+
+    async def list_tags(self, names: object = None) -> object:
+        self.listed += names is None
+        return await self.ledger.list_tags(names)  # type: ignore[arg-type]
+
+    async def claim(self, tag: str, ranges: int = 1) -> object:
+        self.claims.append(ranges)
+        return await self.ledger.claim(tag, ranges)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ledger, name)
+
+
+def counted_stores(counted: list[CountingLedger]) -> object:
+    async def opener(settings: Settings) -> object:
+        ledger, pool = await open_stores(settings)
+        counted.append(CountingLedger(ledger))  # type: ignore[arg-type]
+        return counted[-1], pool
+
+    return opener
+
+
+def test_a_flood_of_made_up_tags_costs_nothing_per_name(settings: Settings, tag: str) -> None:
+    # Issue 10, defect 4: every unknown name got a buffer (kept on a store error),
+    # a history, a range pop and a MySQL lookup.
+    add_tag(settings, tag, step=1000)
+    counted: list[CountingLedger] = []
+    app = create_app(settings.with_changes(unknown_tag_ttl=1.0), stores=counted_stores(counted))
+    with TestClient(app) as c:
+        assert c.get(f"/id/{tag}").text == "1"
+        listed_before = counted[0].listed
+        started = time.monotonic()
+        names = [f"nosuch{i}-{tag}" for i in range(400)]
+        answers = [c.get(f"/id/{name}") for name in names]
+        assert {r.status_code for r in answers} == {404}
+        assert answers[0].json()["error"] == "unknown_tag"
+        seconds = time.monotonic() - started
+        # at most one reload of the tag list a second, however many names
+        assert counted[0].listed - listed_before <= seconds / 1.0 + 1
+        node = app.node
+        assert node is not None and set(node.buffers) == {tag} and set(node.stats.tags) == {tag}
+        assert len(counted[0].claims) == 1  # the real tag's only; no pop or claim per name
+        assert c.get(f"/id/{tag}").text == "2"
+
+
+def test_made_up_tags_during_a_mysql_cut_leave_nothing_behind(
+    proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
+) -> None:
+    s, mysql, _ = proxied
+    add_tag(s, tag, step=1000)
+    app = create_app(s)
+    with TestClient(app) as c:
+        assert c.get(f"/id/{tag}").text == "1"
+        mysql.cut()
+        time.sleep(1.1)  # past the tag list's reload interval: names make it reload (and fail)
+        answers = [c.get(f"/id/cut{i}-{tag}") for i in range(200)]
+        assert {r.status_code for r in answers} == {503}
+        assert "mysql" in answers[-1].json()["message"]
+        node = app.node
+        assert node is not None and set(node.buffers) == {tag} and set(node.stats.tags) == {tag}
+        assert [c.get(f"/id/{tag}").status_code for _ in range(50)] == [200] * 50
+
+
+def test_a_batch_larger_than_a_range_is_one_claim(settings: Settings, tag: str) -> None:
+    # Issue 10, defect 8: count=10000 at step 10 made a thousand sequential claims.
+    add_tag(settings, tag, step=10)
+    counted: list[CountingLedger] = []
+    with TestClient(create_app(settings, stores=counted_stores(counted))) as c:
+        ids = c.get(f"/ids/{tag}?count=10000").json()["ids"]
+        assert ids == list(range(1, 10001))
+        assert counted[0].claims[0] == 1000  # one claim of 1,000 steps (later: the reserve's)
+        assert c.get(f"/id/{tag}").text == "10001"

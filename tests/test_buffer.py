@@ -22,7 +22,8 @@ class FakeSupply:
         self.fail: BaseException | None = None
         self.gate: asyncio.Event | None = None
 
-    async def __call__(self, tag: str) -> IdRange:
+    async def __call__(self, tag: str, ids: int = 1) -> list[IdRange]:
+        """Whole ranges of `step` holding at least `ids` IDs, as a pool pop gives."""
         self.calls += 1
         if self.gate is not None:
             await self.gate.wait()
@@ -30,9 +31,11 @@ class FakeSupply:
             await asyncio.sleep(self.delay)
         if self.fail is not None:
             raise self.fail
-        r = IdRange(self.next_start, self.next_start + self.step)
-        self.next_start = r.end
-        return r
+        ranges = []
+        while not ranges or sum(map(len, ranges)) < ids:
+            ranges.append(IdRange(self.next_start, self.next_start + self.step))
+            self.next_start = ranges[-1].end
+        return ranges
 
 
 async def test_switch_has_no_gap_and_no_repeat() -> None:
@@ -154,3 +157,61 @@ async def test_drain_waits_for_a_fetch_under_way() -> None:
     assert not draining.done()
     supply.gate.set()
     assert await draining == [IdRange(5, 11), IdRange(11, 21)]
+
+
+async def test_a_batch_caught_by_a_drain_hands_out_nothing_and_loses_nothing() -> None:
+    # Issue 10, defect 6: the batch took 1-10, waited for more, got 503 from the
+    # drain, and 1-10 were neither served nor returned.
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=1.0)  # no prefetch: the batch must wait
+    assert await buf.take_waiting() == 1
+    supply.gate = asyncio.Event()
+    batch = asyncio.ensure_future(buf.take_many_waiting(15))  # 9 in memory, 6 missing
+    await asyncio.sleep(0.01)
+    draining = asyncio.ensure_future(buf.drain())
+    await asyncio.sleep(0.01)
+    supply.gate.set()
+    remainder = await draining
+    outcome = await asyncio.gather(batch, return_exceptions=True)
+    served = outcome[0] if isinstance(outcome[0], list) else []
+    returned = {i for r in remainder for i in range(r.start, r.end)}
+    assert not served or len(served) == 15  # a batch is served whole or not at all
+    assert returned.isdisjoint(served)
+    assert returned | set(served) == set(range(2, 21))  # every ID after 1: served or returned
+
+
+async def test_a_failed_batch_takes_nothing() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=1.0)
+    assert await buf.take_waiting() == 1
+    supply.fail = StoreUnavailable("redis", "down")
+    with pytest.raises(StoreUnavailable):
+        await buf.take_many_waiting(15)
+    assert buf.in_memory == 9 and await buf.take_waiting() == 2  # 2-10 are still there
+
+
+async def test_a_batch_larger_than_the_buffer_is_one_fetch() -> None:
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=1.0)
+    assert await buf.take_waiting() == 1
+    calls = supply.calls
+    ids = await buf.take_many_waiting(10_000)
+    assert ids == list(range(2, 10_002))
+    assert supply.calls == calls + 1  # not a thousand fetches of 10
+
+
+async def test_the_reserve_holds_seconds_of_this_buffers_consumption() -> None:
+    # A new range needs Redis: the reserve is what a node serves while Redis is out.
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1, reserve_seconds=2.0)
+    plain = SegmentBuffer("p", FakeSupply(step=10), prefetch_at=0.1)
+    for _ in range(40):
+        await buf.take_waiting()
+        await plain.take_waiting()
+        await asyncio.sleep(0.005)  # some hundred IDs/s
+    await asyncio.sleep(0.05)  # the last fetch lands
+    assert buf.rate > 20
+    assert buf.in_memory >= buf.rate * 2.0 - 10  # two seconds' worth, give or take a range
+    assert plain.in_memory <= 20  # Leaf's double buffer alone: two ranges at most
+    ids = [await buf.take_waiting() for _ in range(200)]
+    assert len(set(ids)) == 200 and ids == sorted(ids)

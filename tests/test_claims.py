@@ -4,10 +4,12 @@ import pymysql
 import pytest
 
 from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
-from pool.errors import StaleLedger, StartBelowIssued, StoreUnavailable
+from pool.errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreUnavailable
 from pool.ledger import TABLE, Ledger
+from pool.preloader import Preloader
 from pool.ranges import IdRange
 from pool.redis_pool import RedisPool
+from pool.settings import Settings
 
 from .conftest import TEST_DATABASE
 
@@ -134,27 +136,75 @@ class HungRedis:
         raise StoreUnavailable("redis", "TimeoutError: Timeout reading")
 
 
-async def test_hung_redis_costs_a_claim_one_timeout_not_two(ledger: Ledger, tag: str) -> None:
-    # ops/faults redis-hang: each fetch waited for the pop, the mark's read and its
-    # raise to time out in turn (3 x IDPOOL_STORE_TIMEOUT) while clients stalled.
+async def test_no_claim_without_the_shared_mark(ledger: Ledger, tag: str) -> None:
+    # A claim the mark does not fence could be repeated by a rewound MySQL to a
+    # process that reads the old mark: with Redis unreadable nothing is claimed.
     await ledger.add_tag(tag, step=10, start=1)
     now = [100.0]
     redis = HungRedis()
     claims = LedgerClaims(ledger, redis, clock=lambda: now[0])  # type: ignore[arg-type]
-    first = await claims.claim(tag)
-    assert redis.calls == ["high_water"]  # the raise is skipped once the read failed
-    second = await claims.claim(tag)
-    assert redis.calls == ["high_water"]  # within the skip window Redis is left alone
-    assert second.range.start == first.range.end  # and the in-memory mark still guards
+    with pytest.raises(StoreUnavailable):
+        await claims.claim(tag)
+    assert redis.calls == ["high_water"]
+    # Within the skip window it fails at once: a hung Redis costs one timeout, not one per fetch.
+    with pytest.raises(StoreUnavailable, match="just failed"):
+        await claims.claim(tag)
+    assert redis.calls == ["high_water"]
     now[0] += REDIS_SKIP_SECONDS
-    await claims.claim(tag)
+    with pytest.raises(StoreUnavailable):
+        await claims.claim(tag)
     assert redis.calls == ["high_water", "high_water"]  # then Redis is tried again
+    assert (await ledger.get_tag(tag)).max_id == 1  # and MySQL was never claimed from
 
 
-async def test_a_failed_pop_makes_the_next_claim_skip_redis(ledger: Ledger, tag: str) -> None:
+async def test_a_failed_pop_makes_the_next_claim_fail_fast(ledger: Ledger, tag: str) -> None:
     await ledger.add_tag(tag, step=10, start=1)
     redis = HungRedis()
     claims = LedgerClaims(ledger, redis)  # type: ignore[arg-type]
     claims.redis_failed()  # what RangeSource does when a pop fails
-    await claims.claim(tag)
+    with pytest.raises(StoreUnavailable):
+        await claims.claim(tag)
     assert redis.calls == []
+    assert (await ledger.get_tag(tag)).max_id == 1
+
+
+class MarkLost:
+    """Reads the real mark; every raise fails after it may have reached Redis."""
+
+    def __init__(self, pool: RedisPool) -> None:
+        self.pool = pool
+
+    async def high_water(self, tag: str) -> int:
+        return await self.pool.high_water(tag)
+
+    async def raise_high_water(self, tag: str, value: int) -> int:
+        raise StoreUnavailable("redis", "ConnectionError: reset by peer")
+
+
+async def test_a_claim_whose_mark_was_not_raised_is_given_up(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    claims = LedgerClaims(ledger, MarkLost(redis_pool))  # type: ignore[arg-type]
+    with pytest.raises(MarkNotRaised) as caught:
+        await claims.claim(tag)
+    assert caught.value.wasted == IdRange(1, 11)  # claimed, unfenced: never to be served
+
+
+async def test_double_fault_redis_blip_then_mysql_rewind_repeats_nothing(
+    ledger: Ledger, redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    # Issue 10, defect 1: a process whose Redis just failed went on claiming and
+    # pushing into the shared list without raising the shared mark; MySQL then
+    # went back in time and another process's claim passed the stale mark.
+    await ledger.add_tag(tag, step=100, start=1)
+    first = LedgerClaims(ledger, redis_pool)
+    await first.claim(tag)  # [1, 101): the shared mark is 101
+    preloader = Preloader(settings, ledger, redis_pool, first)
+    first.redis_failed()  # a blip: this process skips Redis for a while
+    await preloader.refill_tag(await ledger.get_tag(tag))
+    served = [r for r in await redis_pool.ranges(tag)]  # what nodes will pop and serve
+    rewind_ledger(tag, 101)  # failover to a replica that missed the refill's claim
+    other = await LedgerClaims(ledger, redis_pool).claim(tag)
+    for r in served:
+        assert r.end <= other.range.start or other.range.end <= r.start, (r, other.range)

@@ -113,3 +113,66 @@ def test_access_log_is_kept_at_any_log_level() -> None:
 
     assert logging_config("warning", True)["loggers"]["uvicorn.access"] == {"level": "INFO"}
     assert "uvicorn.access" not in logging_config("warning")["loggers"]
+
+
+def test_a_bad_log_level_is_a_usage_error_not_a_traceback(settings: Settings) -> None:
+    r = idpool(settings, "--log-level", "nonsense", "tag", "list")
+    assert r.returncode == 2 and "invalid choice: 'nonsense'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_common_options_are_taken_after_the_subcommand_too(settings: Settings) -> None:
+    after = idpool(settings, "tag", "list", "--log-level", "warning")
+    assert after.returncode == 0, after.stderr
+    # --embedded parses in both places (and is then refused beside a MySQL URL, as documented)
+    for args in (("--embedded", "tag", "list"), ("tag", "list", "--embedded")):
+        r = idpool(settings, *args)
+        assert r.returncode == 2 and "two different ledgers" in r.stderr, r.stderr
+
+
+def test_a_port_in_use_is_said_plainly(settings: Settings) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = idpool(settings, "serve", "--port", str(port))
+    assert r.returncode == 4, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_sigterm_stops_a_node_without_an_error_line(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    import signal
+    import time
+    import urllib.request
+
+    from ops.processes import wait_for_port
+
+    assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD_INTERVAL="0.05",  # the preloader is mid-tick when SIGTERM lands
+    )
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for_port(port, 30)
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/id/{tag}", timeout=10).read()
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    text = log.read_text()
+    assert "event=node_stopped" in text
+    assert " ERROR " not in text and "Traceback" not in text, text

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pool.errors import StoreUnavailable, TagExists, UnknownTag
+from pool.errors import StoreUnavailable, TagExhausted, TagExists, UnknownTag
 from pool.ledger import Ledger
 from pool.ranges import MAX_ID, IdRange
 from pool.settings import Settings
@@ -137,7 +137,7 @@ async def test_a_tag_never_claims_past_64_bits(ledger: LedgerStore, tag: str) ->
     await ledger.add_tag(tag, step=10, start=MAX_ID - 25)
     assert await ledger.claim(tag) == IdRange(MAX_ID - 25, MAX_ID - 15)
     assert await ledger.claim(tag) == IdRange(MAX_ID - 15, MAX_ID - 5)
-    with pytest.raises(StoreUnavailable, match="run out of 64-bit IDs"):
+    with pytest.raises(TagExhausted, match="run out of 64-bit IDs"):
         await ledger.claim(tag)
     assert (await ledger.get_tag(tag)).max_id == MAX_ID - 5
 

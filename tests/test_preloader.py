@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from pool.claims import LedgerClaims
 from pool.errors import StoreUnavailable
 from pool.ledger import Ledger
 from pool.preloader import Preloader
@@ -31,17 +32,24 @@ async def test_refill_tops_up_to_depth_with_one_claim(
     assert await redis_pool.high_water(tag) == 501
 
 
-async def test_many_preloaders_at_once_do_not_overfill(
+async def test_one_preloader_leads_the_others_stand_by(
     settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    row = await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1)
     s = settings.with_changes(pool_depth=5)
     preloaders = [Preloader(s, ledger, redis_pool) for _ in range(8)]
     for _ in range(3):
-        await asyncio.gather(*(p.refill_tag(row) for p in preloaders))
+        await asyncio.gather(*(p.refill_all() for p in preloaders))
+    assert [p.leading for p in preloaders].count(True) == 1
     assert await redis_pool.depth(tag) == 5
     ranges = await redis_pool.ranges(tag)
     assert ranges == IdRange(1, 51).split(10)
+    leader = next(p for p in preloaders if p.leading)
+    await leader.close()  # hands the lease on at once
+    await redis_pool.pop(tag)
+    standby = next(p for p in preloaders if p is not leader)
+    await standby.refill_all()
+    assert standby.leading and await redis_pool.depth(tag) == 5
 
 
 class AmbiguousPush(RedisPool):
@@ -111,7 +119,7 @@ async def test_depth_follows_the_consumption_rate(
     pre = Preloader(s, ledger, redis_pool)
     assert len((await pre.refill_tag(row)).pushed) == 2  # no rate yet: the minimum
     await asyncio.sleep(0.5)
-    await redis_pool.count_taken(tag, 1000)  # nodes took 1,000 IDs in ~0.5 s: ~2,000/s
+    await redis_pool.report_issued({tag: 1000})  # nodes handed out 1,000 IDs in ~0.5 s
     report = await pre.refill_tag(row)
     stats = await redis_pool.read_stats(tag)
     rate = float(stats["rate"])
@@ -156,8 +164,76 @@ async def test_refill_soon_fills_without_waiting_for_a_tick(
 ) -> None:
     await ledger.add_tag(tag, step=10, start=1)
     pre = Preloader(settings.with_changes(pool_depth=3), ledger, redis_pool)
+    pre.refill_soon(tag)  # not the active preloader (yet): left to the one that is
+    await asyncio.sleep(0.05)
+    assert await redis_pool.depth(tag) == 0
+    await pre.refill_all()  # takes the lease and fills the list
+    assert pre.leading and (await ledger.get_tag(tag)).max_id == 31
+    await redis_pool.pop(tag, 30)  # a surge empties it
     pre.refill_soon(tag)
     pre.refill_soon(tag)  # rate-limited: one refill
     await pre.close()  # waits for the urgent refill
     assert await redis_pool.depth(tag) == 3
-    assert (await ledger.get_tag(tag)).max_id == 31
+    assert (await ledger.get_tag(tag)).max_id == 61
+
+
+class CountingPool:
+    """The real pool, recording which tags each tick reads."""
+
+    def __init__(self, pool: RedisPool) -> None:
+        self.pool = pool
+        self.visited: list[str] = []
+
+    async def summaries(self, tags: Sequence[str]) -> object:
+        self.visited += tags
+        return await self.pool.summaries(tags)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.pool, name)
+
+
+async def test_a_tick_visits_only_the_tags_that_moved(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    # Issue 11: every preloader visited every tag every second (six round trips
+    # each): 1,000 idle tags cost a node half a core.
+    tags = [f"{tag}-{i:03d}" for i in range(300)]
+    for name in tags:
+        await ledger.add_tag(name, step=10, start=1)
+    counting = CountingPool(redis_pool)
+    s = settings.with_changes(pool_depth=2, step_seconds=0)
+    pre = Preloader(s, ledger, counting, LedgerClaims(ledger, redis_pool))  # type: ignore[arg-type]
+    await pre.refill_all()  # takes the lease: the first sweep fills every list
+    assert set(tags) <= set(counting.visited)
+    assert all(n == 2 for n in (await redis_pool.depths(tags)).values())
+    counting.visited.clear()
+    await pre.refill_all()
+    await pre.refill_all()
+    assert counting.visited == []  # nothing moved: nothing read per tag
+    await redis_pool.pop(tags[7])  # a node takes a range
+    await redis_pool.report_issued({tags[9]: 5})  # another hands out IDs
+    await pre.refill_all()
+    assert sorted(counting.visited) == [tags[7], tags[9]]
+    assert await redis_pool.depth(tags[7]) == 2  # refilled
+    await pre.close()
+
+
+async def test_the_rate_is_ids_handed_out_not_ranges_taken(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    # Issue 11: 3 IDs served after a restart made it claim 484,000 and publish
+    # "266 IDs/s": ranges taken were counted as consumption.
+    await ledger.add_tag(tag, step=100_000, start=1)
+    s = settings.with_changes(pool_depth=2, pool_seconds=600, step_seconds=0, rate_window=1.0)
+    pre = Preloader(s, ledger, redis_pool)
+    await pre.refill_all()
+    for _ in range(3):
+        await redis_pool.pop(tag)  # nodes take whole ranges of 100,000 ...
+        await redis_pool.report_issued({tag: 1})  # ... and hand out one ID each
+        await asyncio.sleep(0.4)
+        await pre.refill_all()
+    stats = await redis_pool.read_stats(tag)
+    assert float(stats["rate"]) < 1.0  # 3 IDs in about a second
+    assert stats["target_depth"] == "2"  # the minimum: no supply sized for a burst
+    assert (await ledger.get_tag(tag)).max_id == 1 + 5 * 100_000  # 2 + the 3 taken
+    await pre.close()

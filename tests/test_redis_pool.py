@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -15,10 +16,10 @@ from redis.backoff import NoBackoff
 
 from ops.processes import free_port
 from ops.servers import RedisServer
-from pool.errors import StoreUnavailable
+from pool.errors import StoreBusy, StoreUnavailable
 from pool.keys import Keys
 from pool.ranges import IdRange
-from pool.redis_pool import RedisPool, make_client
+from pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
 from pool.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -49,15 +50,6 @@ async def test_high_water_mark_only_rises_even_past_2_pow_53(
     assert await redis_pool.raise_high_water(tag, big) == big
     assert await redis_pool.raise_high_water(tag, big - 1) == big  # a double would say equal
     assert await redis_pool.high_water(tag) == big
-
-
-async def test_lease_has_one_owner(redis_pool: RedisPool, tag: str) -> None:
-    assert await redis_pool.acquire_lease(tag, "a", 5)
-    assert not await redis_pool.acquire_lease(tag, "b", 5)
-    await redis_pool.release_lease(tag, "b")  # not b's: stays
-    assert not await redis_pool.acquire_lease(tag, "b", 5)
-    await redis_pool.release_lease(tag, "a")
-    assert await redis_pool.acquire_lease(tag, "b", 5)
 
 
 def test_client_never_retries_a_command(settings: Settings) -> None:
@@ -253,3 +245,40 @@ async def test_a_push_whose_reply_is_lost_lands_once(settings: Settings, tag: st
         assert plain.lrange(keys.pool(other), 0, -1) == ["1-10", "11-20", "11-20"]
     finally:
         proxy.close()
+
+
+async def test_a_full_connection_pool_waits_rather_than_failing(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    # Issue 10, defect 3: redis-py's pool raised MaxConnectionsError at once when
+    # 32 commands were in flight; idpool took it for a Redis fault, skipped Redis
+    # for all tags and abandoned pushes that were never sent.
+    ranges = [IdRange(i * 10 + 1, i * 10 + 11) for i in range(300)]
+    await asyncio.gather(*(redis_pool.push(tag, [r], head=False) for r in ranges))
+    assert sorted(await redis_pool.ranges(tag), key=lambda r: r.start) == ranges
+    popped = await asyncio.gather(*(redis_pool.pop(tag) for _ in range(300)))
+    assert sorted(p.range.start for p in popped if p.range is not None) == [
+        r.start for r in ranges
+    ]
+
+
+async def test_a_command_that_never_got_a_connection_is_busy_not_unknown(
+    redis_server: RedisServer, settings: Settings, tag: str
+) -> None:
+    private = settings.with_changes(redis_url=redis_server.url, store_timeout=0.5)
+    # a slot is waited for 0.1 s, less than the 0.5 s the hung commands hold theirs
+    pool = RedisPool(make_client(private), Keys(private.redis_prefix), slot_wait=0.1)
+    try:
+        await pool.check()
+        redis_server.pause()  # every command now hangs until its socket timeout
+        hung = [asyncio.ensure_future(pool.depth(tag)) for _ in range(MAX_CONNECTIONS)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(StoreBusy, match="not sent"):
+            await pool.push(tag, [IdRange(1, 11)], head=False)
+        outcomes = await asyncio.gather(*hung, return_exceptions=True)
+        assert all(type(o) is StoreUnavailable for o in outcomes)  # sent, then timed out
+    finally:
+        redis_server.resume()
+        await pool.close()
+    check = redis.Redis.from_url(redis_server.url)
+    assert check.llen(pool.keys.pool(tag)) == 0  # the push was never sent

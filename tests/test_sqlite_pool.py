@@ -72,27 +72,35 @@ async def test_high_water_mark_only_rises(pool: PoolStore, tag: str) -> None:
 
 
 async def test_consumption_and_lifetime_figures(pool: PoolStore, tag: str) -> None:
-    await pool.count_taken(tag, 100)
-    await pool.count_taken(tag, 250)
+    await pool.report_issued({tag: 100})
+    await pool.report_issued({tag: 250})
     await pool.report_lifetime(tag, 1000, 12.5)
     stats = await pool.read_stats(tag)
-    assert (stats["taken"], stats["lifetime_ids"], stats["lifetime_s"]) == ("350", "1000", "12.500")
+    figures = (stats["issued"], stats["lifetime_ids"], stats["lifetime_s"])
+    assert figures == ("350", "1000", "12.500")
     assert await pool.take_lifetime(tag) == (1000, 12.5)
     assert await pool.take_lifetime(tag) is None  # one observation, one decision
-    assert (await pool.read_stats(tag))["taken"] == "350"
+    assert (await pool.read_stats(tag))["issued"] == "350"
 
 
-async def test_lease_is_held_by_one_owner_until_released_or_expired(
-    pool: PoolStore, tag: str
-) -> None:
-    assert await pool.acquire_lease(tag, "a", 10)
-    assert not await pool.acquire_lease(tag, "b", 10)
-    await pool.release_lease(tag, "b")  # not b's: stays
-    assert not await pool.acquire_lease(tag, "b", 10)
-    await pool.release_lease(tag, "a")
-    assert await pool.acquire_lease(tag, "b", 0.1)
+async def test_moved_tags_are_read_once(pool: PoolStore, tag: str) -> None:
+    await pool.report_issued({tag + "a": 1})
+    await pool.push(tag + "b", [IdRange(1, 11)], head=False)
+    await pool.pop(tag + "b")
+    assert await pool.take_moved() == [tag + "a", tag + "b"]
+    assert await pool.take_moved() == []
+
+
+async def test_one_active_preloader_until_it_resigns_or_expires(pool: PoolStore) -> None:
+    assert await pool.lead("a", 10)
+    assert not await pool.lead("b", 10)
+    assert await pool.lead("a", 10)  # renewed by its holder
+    await pool.resign("b")  # not b's: stays
+    assert not await pool.lead("b", 10)
+    await pool.resign("a")
+    assert await pool.lead("b", 0.1)
     await asyncio.sleep(0.2)
-    assert await pool.acquire_lease(tag, "c", 10)
+    assert await pool.lead("c", 10)
 
 
 async def test_concurrent_pops_never_share_a_range(pool: PoolStore, tag: str) -> None:

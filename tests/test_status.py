@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -13,8 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from ops.processes import NodeProcess, env_with
+from pool.ranges import IdRange
+from pool.redis_pool import RedisPool
 from pool.settings import Settings
 from service.app import create_app
+from service.status import StoreReadsCache, StoreView
 
 from .test_app import add_tag
 
@@ -118,3 +122,49 @@ def test_status_page_in_a_real_browser(settings: Settings, tag: str, tmp_path: P
         assert fields[f"tags.{i}.{path}"] == ("-" if value is None else str(value)), path
     assert fields[f"tags.{i}.counters.ids_issued"] == "7"
     assert fields["stores.mysql.up"] == "up" and fields["stores.redis.up"] == "up"
+
+
+def test_a_scrape_reads_each_list_in_constant_time(
+    settings: Settings, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 10, defect 5: /status and /metrics read whole lists (LRANGE 0 -1) and
+    # parsed them on the event loop; 10,000 ranges a tag stalled /id for 200 ms.
+    add_tag(settings, tag, step=100)
+
+    async def fill() -> None:
+        pool = RedisPool.from_settings(settings)
+        ranges = [IdRange(1_000_001 + 100 * i, 1_000_101 + 100 * i) for i in range(10_000)]
+        await pool.push(tag, ranges, head=False)
+        await pool.write_stats(tag, {"step": "100", "rate": "100.0", "target_depth": "4"})
+        await pool.close()
+
+    asyncio.run(fill())
+
+    async def whole_list(self: RedisPool, tag: str) -> list[IdRange]:
+        raise AssertionError("a scrape read a whole list")
+
+    monkeypatch.setattr(RedisPool, "ranges", whole_list)
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/id/{tag}").text == "1000001"  # from the pool's head
+        entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
+        depth = entry["pool"]["depth"]
+        assert 9_990 <= depth < 10_000  # the node took what its reserve wanted
+        assert entry["pool"]["ids"] == depth * 100
+        assert entry["pool"]["minutes_of_supply"] == round(depth * 100 / 100.0 / 60, 2)
+        assert "idpool_pool_depth" in c.get("/metrics").text
+
+
+@pytest.mark.anyio
+async def test_concurrent_scrapes_share_one_round_of_store_reads() -> None:
+    reads = 0
+
+    async def read() -> StoreView:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(0.05)
+        return StoreView(errors={"redis": f"read {reads}"})
+
+    cache = StoreReadsCache(read)
+    answers = await asyncio.gather(*(cache.get() for _ in range(20)))
+    assert reads == 1 and all(a.errors == {"redis": "read 1"} for a in answers)
+    assert (await cache.get()).errors == {"redis": "read 1"}  # within a second: shared

@@ -160,9 +160,7 @@ def classic_leaf() -> NodeApp:
     async def lifespan(app: NodeApp) -> AsyncIterator[None]:
         ledger = await Ledger.connect(settings)
         source = RangeSource(LedgerClaims(ledger, None), None)  # no Redis tier at all
-        node = state["node"] = app.node = Node(
-            source, prefetch_at=settings.prefetch_at, unknown_tag_ttl=settings.unknown_tag_ttl
-        )
+        node = state["node"] = app.node = Node(source, prefetch_at=settings.prefetch_at)
         yield
         with contextlib.suppress(IdPoolError):
             await node.shutdown()  # no pool to return to: remainders are waste, as in Leaf

@@ -29,8 +29,8 @@ def steady_take(calls: int = 2_000_000, repeat: int = 7) -> dict[str, float]:
     """``buf.take()`` inside one range (no switch), best of ``repeat`` loops, the
     loop's own cost included; the empty loop is reported beside it."""
 
-    async def fetch(tag: str) -> IdRange:
-        return IdRange(1, 1 + 10 * calls * repeat)  # one range that outlasts every loop
+    async def fetch(tag: str, ids: int) -> list[IdRange]:
+        return [IdRange(1, 1 + 10 * calls * repeat)]  # one range that outlasts every loop
 
     # prefetch_at=1: no prefetch, which would need an event loop; the test costs the same
     buf = SegmentBuffer("micro", fetch, prefetch_at=1.0)
@@ -49,11 +49,11 @@ def switching_take(ids: int = 2_000_000, step: int = 1000) -> dict[str, float]:
     async def run() -> float:
         next_start = 1
 
-        async def fetch(tag: str) -> IdRange:
+        async def fetch(tag: str, ids: int) -> list[IdRange]:
             nonlocal next_start
             r = IdRange(next_start, next_start + step)
             next_start = r.end
-            return r
+            return [r]
 
         buf = SegmentBuffer("micro", fetch, prefetch_at=0.1)
         await buf.take_waiting()

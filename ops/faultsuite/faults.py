@@ -7,7 +7,9 @@ refuse to start, which is documented behaviour, not the hazard under test.
 
 from __future__ import annotations
 
+import http.client
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,6 +185,79 @@ def mysql_replica_failover(cluster: Cluster, rng: random.Random, hold: float) ->
     cluster.note(f"old primary rebuilt as a replica :{pair.replica.port} of the new one")
 
 
+def redis_blip_mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """Two faults at once: a Redis blip (every process's claims skip Redis for a
+    moment), then MySQL goes back to before the claims made meanwhile.
+
+    A claim made while Redis was skipped, and pushed or served without raising
+    the shared high-water mark, would be claimed again from the rewound MySQL by
+    a process reading the stale mark (500 IDs twice in the review's reproduction).
+    """
+    dumped = cluster.ledger_max_id()
+    dump = cluster.mysql_dump()
+    wait_for(lambda: cluster.ledger_max_id() > dumped, 20.0)
+    cluster.store("redis", "pause")
+    time.sleep(min(hold, 0.8))  # shorter than a store timeout: a blip, not an outage
+    cluster.store("redis", "resume")
+    time.sleep(0.3)  # claims in the skip window that follows
+    cluster.mysql_restore(dump)
+    if wait_for(lambda: cluster.ledger_max_id() != dumped, 20.0):
+        cluster.note(f"ledger claimed again: max_id now {cluster.ledger_max_id()}")
+
+
+def unknown_tag_flood_mysql_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """MariaDB down, and meanwhile a client floods every node with made-up tag
+    names; the real tag must be served from the pool throughout."""
+    flood = TagFlood(cluster.ports, seed=rng.randrange(2**31))
+    cluster.store("mariadb", "stop")
+    flood.start()
+    try:
+        time.sleep(hold)
+    finally:
+        sent = flood.stop()
+        cluster.note(f"flood of made-up tags: {sent} requests")
+        cluster.store("mariadb", "start")
+
+
+class TagFlood:
+    """Threads sending GET /id/{random name} to every node, bounded in time and count."""
+
+    def __init__(self, ports: list[int], seed: int, threads: int = 4, limit: int = 200_000) -> None:
+        self.ports = ports
+        self.seed = seed
+        self.threads = threads
+        self.limit = limit
+        self.sent = 0
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for i in range(self.threads):
+            worker = threading.Thread(target=self._run, args=(self.seed + i,), daemon=True)
+            worker.start()
+            self._workers.append(worker)
+
+    def stop(self) -> int:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(10)
+        return self.sent
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        conns: dict[int, http.client.HTTPConnection] = {}
+        while not self._stop.is_set() and self.sent < self.limit:
+            port = rng.choice(self.ports)
+            name = f"flood-{rng.getrandbits(64):016x}"
+            try:
+                conn = conns.setdefault(port, http.client.HTTPConnection("127.0.0.1", port, 2))
+                conn.request("GET", f"/id/{name}")
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                conns.pop(port, None)  # a node restarting: open a new connection next time
+            self.sent += 1
+
+
 def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -239,29 +314,30 @@ SCENARIOS = (
         expect_events=("range_abandoned",),
     ),
     # expect_events below: proof that the nodes or the preloader saw the outage
+    # (store_down: a node's background health probe found the store gone)
     Scenario(
         "redis-hang",
         "Redis SIGSTOP for HOLD seconds, then SIGCONT",
         (redis_hang,),
-        expect_events=("pool_pop_failed",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "redis-down",
         "Redis shut down for HOLD seconds, then started",
         (redis_down,),
-        expect_events=("pool_pop_failed",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "mysql-down",
         "MariaDB shut down for HOLD seconds, then started",
         (mysql_down,),
-        expect_events=("preload_skipped",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "mysql-hang",
         "MariaDB SIGSTOP for HOLD seconds, then SIGCONT",
         (mysql_hang,),
-        expect_events=("preload_skipped",),
+        expect_events=("store_down",),
     ),
     Scenario(
         "mysql-rewind",
@@ -276,12 +352,32 @@ SCENARIOS = (
         ),
     ),
     Scenario(
+        "redis-blip-mysql-rewind",
+        "two faults: Redis paused under a second (claims skip it), then the ledger row "
+        "restored from a dump taken before",
+        (redis_blip_mysql_rewind,),
+        expect_events=("stale_ledger",),
+        env=(
+            ("IDPOOL_POOL_SECONDS", "2"),
+            ("IDPOOL_POOL_DEPTH", "5"),
+            ("IDPOOL_MAX_POOL_DEPTH", "20"),
+        ),
+    ),
+    Scenario(
+        "unknown-tag-flood",
+        "MariaDB shut down for HOLD seconds while clients flood every node with made-up tags",
+        (unknown_tag_flood_mysql_down,),
+        expect_events=("store_down",),
+    ),
+    Scenario(
         "both-down",
         "Redis and MariaDB shut down for HOLD seconds (nodes serve their buffers), then started",
         (both_down,),
         tolerated=frozenset({"503 unavailable"}),
         expect_events=("request_failed",),
         names_down=("mysql", "redis"),
+        # no reserve beyond Leaf's two ranges, so the buffers run dry within the hold
+        env=(("IDPOOL_RESERVE_SECONDS", "0"),),
     ),
     Scenario(
         "redis-sentinel",
@@ -323,6 +419,8 @@ SCENARIOS = (
             mysql_down,
             mysql_hang,
             mysql_rewind,
+            redis_blip_mysql_rewind,
+            unknown_tag_flood_mysql_down,
         ),
         tolerated=NODE_GONE | DRAINING,
     ),

@@ -247,6 +247,7 @@ def render(outcome: Outcome, hold_note: str) -> str:
                 "request_failed",
                 "preload_failed",
                 "preload_skipped",
+                "store_down",
             )
         ),
         f"   took {outcome.seconds:.1f} s",

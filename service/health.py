@@ -1,0 +1,67 @@
+"""Whether each store answers, probed in the background.
+
+Readiness (``/readyz``) is read from here, never from what one request or one
+tag went through: a node that a load balancer takes out gets no requests, so a
+state that only a request could clear would keep it out for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+
+from pool.errors import StoreBusy, StoreUnavailable
+from pool.stores import LedgerStore, PoolStore, store_name
+
+PROBE_EVERY = 1.0  # seconds between probes of each store
+
+logger = logging.getLogger("idpool.health")
+
+
+class StoreHealth:
+    def __init__(self, ledger: LedgerStore, pool: PoolStore | None) -> None:
+        self.ledger = ledger
+        self.pool = pool
+        self.ledger_name = store_name(ledger, "mysql")
+        self.pool_name = None if pool is None else store_name(pool, "redis")
+        # store -> answered its latest probe (or call); unknown stores count as up
+        self.up: dict[str, bool] = {}
+        self.last_error: dict[str, tuple[float, str]] = {}  # store -> (unix time, detail)
+
+    def failed(self, e: StoreUnavailable) -> None:
+        if isinstance(e, StoreBusy):
+            return  # every connection in use: the store answers, this process is busy
+        if self.up.get(e.store, True):
+            logger.warning("event=store_down store=%s detail=%r", e.store, e.detail)
+        self.up[e.store] = False
+        self.last_error[e.store] = (time.time(), e.detail)
+
+    def answered(self, store: str) -> None:
+        if self.up.get(store) is False:
+            logger.info("event=store_up store=%s", store)
+        self.up[store] = True
+
+    def is_up(self, store: str | None) -> bool:
+        return store is not None and self.up.get(store, True)
+
+    async def probe(self) -> None:
+        """Probe both stores at once (a hung one must not delay the other's answer)."""
+        probes = [self._probe(self.ledger_name, self.ledger.ping())]
+        if self.pool is not None and self.pool_name is not None:
+            probes.append(self._probe(self.pool_name, self.pool.check()))
+        await asyncio.gather(*probes)
+
+    async def run(self) -> None:
+        while True:
+            await self.probe()
+            await asyncio.sleep(PROBE_EVERY)
+
+    async def _probe(self, store: str, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except StoreUnavailable as e:
+            self.failed(e)
+        else:
+            self.answered(store)
