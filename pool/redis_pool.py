@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from .errors import StoreBusy, StoreUnavailable
 from .keys import Keys
 from .ranges import IdRange
+from .sentinel import sentinel_client
 from .settings import Settings
 
 # Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
@@ -170,8 +171,7 @@ class PushResult(NamedTuple):
 
 
 def make_client(settings: Settings) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        settings.redis_url,
+    options: dict[str, Any] = dict(
         socket_timeout=settings.store_timeout,
         socket_connect_timeout=settings.store_timeout,
         # At most once: see the module docstring.
@@ -181,6 +181,10 @@ def make_client(settings: Settings) -> aioredis.Redis:
         decode_responses=True,
         max_connections=MAX_CONNECTIONS,
     )
+    sentinel = settings.sentinel_params()
+    if sentinel is not None:  # redis+sentinel://: follow the master (pool/sentinel.py)
+        return sentinel_client(sentinel, **options)
+    return aioredis.Redis.from_url(settings.redis_url, **options)
 
 
 class RedisPool:
