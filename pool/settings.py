@@ -58,6 +58,10 @@ class Settings:
     # Sentinel: redis+sentinel://[:password@]host1:26379,host2:26379/mymaster/db
     # (password: the data nodes'; ?sentinel_password=...: the Sentinels', if they have one)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # IDPOOL_REDIS_MARK_REPLICAS: replicas that must acknowledge (WAIT) a raised
+    # high-water mark before the range it covers is served; 0 does not wait. Set it
+    # to 1 under Sentinel so a failover to a lagging replica cannot lose a mark.
+    redis_mark_replicas: int = 0
     # IDPOOL_REDIS_PREFIX: first part of every Redis key (see pool/keys.py)
     redis_prefix: str = "idpool"
     # IDPOOL_CREATE_DATABASE: `serve` and `preload` create the database and table if missing
@@ -145,6 +149,7 @@ class Settings:
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
             (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
             (self.sweep_seconds > 0, "IDPOOL_SWEEP_SECONDS must be positive"),
+            (self.redis_mark_replicas >= 0, "IDPOOL_REDIS_MARK_REPLICAS must be 0 or more"),
             (self.report_seconds > 0, "IDPOOL_REPORT_SECONDS must be positive"),
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
             (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
