@@ -388,6 +388,8 @@ SCENARIOS = (
         topology="sentinel",
         tolerated=frozenset({"503 unavailable"}),
         failure_budget=5.0,
+        # a mark counts once the replica has it: the failover cannot lose one
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
     ),
     Scenario(
         "redis-sentinel-return",
@@ -398,6 +400,8 @@ SCENARIOS = (
         topology="sentinel",
         tolerated=frozenset({"503 unavailable"}),
         failure_budget=5.0,
+        # a mark counts once the replica has it: the failover cannot lose one
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
     ),
     Scenario(
         "mysql-replica",
