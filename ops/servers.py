@@ -83,9 +83,17 @@ class RedisServer(ServerProcess):
 
 
 class MariaServer(ServerProcess):
-    """A mariadbd of its own (own datadir, port and socket): stoppable, unlike the shared one."""
+    """A mariadbd of its own (own datadir, port and socket): stoppable, unlike the shared one.
+
+    ``args`` are more mariadbd options (``--server-id=1``, ``--log-bin=...`` for a
+    replication primary); without a ``--log-bin`` the binary log is off.
+    """
 
     stop_timeout = 60.0
+
+    def __init__(self, directory: Path, *args: str) -> None:
+        super().__init__(directory)
+        self.args = args
 
     def url(self, database: str) -> str:
         return f"mysql://root@127.0.0.1:{self.port}/{database}"
@@ -125,7 +133,8 @@ class MariaServer(ServerProcess):
                 f"--log-error={self.dir / 'mysqld.err'}",
                 "--innodb-buffer-pool-size=32M",
                 "--innodb-log-file-size=16M",
-                "--skip-log-bin",
+                *(() if any(a.startswith("--log-bin") for a in self.args) else ("--skip-log-bin",)),
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -139,7 +148,7 @@ class TcpProxy:
     refuses new ones until `restore()`, like a store that went away."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
+        self.target_port = target_port  # change it with retarget()
         self.port = free_port()
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
@@ -169,6 +178,13 @@ class TcpProxy:
             self._conns.clear()
 
     close = cut
+
+    def retarget(self, target_port: int) -> None:
+        """Point the address at another server, as a virtual IP or proxy moves in a
+        failover: every open connection is dropped, new ones reach the new target."""
+        self.cut()
+        self.target_port = target_port
+        self.restore()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:

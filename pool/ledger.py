@@ -8,6 +8,7 @@ no ID at or above ``max_id`` has. ``max_id`` only ever grows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -403,7 +404,16 @@ class Ledger:
                 finally:
                     pool.release(conn)
         except _CONNECTION_ERRORS as e:
+            await self._drop_idle(pool)
             raise StoreUnavailable("mysql", _describe(e)) from e
+
+    async def _drop_idle(self, pool: Any) -> None:
+        """After a connection error, close the idle connections too: behind a virtual
+        IP or proxy that moved to a promoted replica they lead to the old server, and
+        one that hangs (no RST from a vanished host) would cost a call a timeout each."""
+        with contextlib.suppress(*_CONNECTION_ERRORS):
+            async with asyncio.timeout(self._timeout):
+                await pool.clear()
 
 
 _DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from .errors import StoreBusy, StoreUnavailable
 from .keys import Keys
 from .ranges import IdRange
+from .sentinel import sentinel_client
 from .settings import Settings
 
 # Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
@@ -171,8 +172,7 @@ class PushResult(NamedTuple):
 
 
 def make_client(settings: Settings) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
-        settings.redis_url,
+    options: dict[str, Any] = dict(
         socket_timeout=settings.store_timeout,
         socket_connect_timeout=settings.store_timeout,
         # At most once: see the module docstring.
@@ -182,12 +182,18 @@ def make_client(settings: Settings) -> aioredis.Redis:
         decode_responses=True,
         max_connections=MAX_CONNECTIONS,
     )
+    sentinel = settings.sentinel_params()
+    if sentinel is not None:  # redis+sentinel://: follow the master (pool/sentinel.py)
+        return sentinel_client(sentinel, **options)
+    return aioredis.Redis.from_url(settings.redis_url, **options)
 
 
 class RedisPool:
     name = "redis"  # in /status, /metrics and 503 messages
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, slot_wait: float = 2.0) -> None:
+    def __init__(
+        self, client: aioredis.Redis, keys: Keys, slot_wait: float = 2.0, mark_replicas: int = 0
+    ) -> None:
         self.client = client
         self.keys = keys
         self._pop = client.register_script(_POP)
@@ -198,11 +204,18 @@ class RedisPool:
         self._take_moved = client.register_script(_TAKE_MOVED)
         self._closed = False
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        # replicas that must have a raised high-water mark before it counts (WAIT)
+        self._mark_replicas = mark_replicas
         self._slot_wait = slot_wait  # how long a command waits for a free connection
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisPool:
-        return cls(make_client(settings), Keys(settings.redis_prefix), settings.store_timeout)
+        return cls(
+            make_client(settings),
+            Keys(settings.redis_prefix),
+            settings.store_timeout,
+            settings.redis_mark_replicas,
+        )
 
     async def close(self) -> None:
         if self._closed:
@@ -290,7 +303,20 @@ class RedisPool:
         return int(value) if value else 0
 
     async def raise_high_water(self, tag: str, value: int) -> int:
-        return int(await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)]))
+        """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
+        for, it counts only once that many replicas have it: a failover to a replica
+        without it would leave ranges already served above the shared mark."""
+        mark = int(await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)]))
+        if self._mark_replicas:
+            ms = max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
+            acked = int(await self._plain(self.client.wait(self._mark_replicas, ms)))
+            if acked < self._mark_replicas:
+                raise StoreUnavailable(
+                    "redis",
+                    f"high-water mark reached {acked} of {self._mark_replicas} replicas in {ms} ms "
+                    "(IDPOOL_REDIS_MARK_REPLICAS)",
+                )
+        return mark
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
         """Add IDs a node handed out to each tag's ``issued`` count (the consumption

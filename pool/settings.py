@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from .errors import ConfigError
 
@@ -28,13 +28,40 @@ class MysqlParams:
 
 
 @dataclass(frozen=True)
+class SentinelParams:
+    """A ``redis+sentinel://`` URL: where the Sentinels are, and what to ask them for."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str  # the master's name in the Sentinels' configuration (`sentinel monitor NAME`)
+    db: int
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # of the data nodes
+    sentinel_password: str | None = field(default=None, repr=False)  # of the Sentinels
+
+
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+_SENTINEL_FORM = (
+    "IDPOOL_REDIS_URL: a Sentinel URL looks like "
+    "redis+sentinel://[:password@]host1:26379,host2:26379/mymaster[/db]"
+    "[?sentinel_password=...]"
+)
+
+
+@dataclass(frozen=True)
 class Settings:
     # IDPOOL_MYSQL_URL: the ledger; mysql://user:password@host:port/database, or
     # sqlite:///path/file.db for the embedded mode (one node; ledger and pool in that
     # file, Redis not used). Never chosen unless named here or by `serve --embedded`.
     mysql_url: str = field(default="mysql://root@127.0.0.1:3306/idpool", repr=False)
-    # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db
+    # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db, or behind
+    # Sentinel: redis+sentinel://[:password@]host1:26379,host2:26379/mymaster/db
+    # (password: the data nodes'; ?sentinel_password=...: the Sentinels', if they have one)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
+    # IDPOOL_REDIS_MARK_REPLICAS: replicas that must acknowledge (WAIT) a raised
+    # high-water mark before the range it covers is served; 0 does not wait. Set it
+    # to 1 under Sentinel so a failover to a lagging replica cannot lose a mark.
+    redis_mark_replicas: int = 0
     # IDPOOL_REDIS_PREFIX: first part of every Redis key (see pool/keys.py)
     redis_prefix: str = "idpool"
     # IDPOOL_CREATE_DATABASE: `serve` and `preload` create the database and table if missing
@@ -128,6 +155,7 @@ class Settings:
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
             (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
             (self.sweep_seconds > 0, "IDPOOL_SWEEP_SECONDS must be positive"),
+            (self.redis_mark_replicas >= 0, "IDPOOL_REDIS_MARK_REPLICAS must be 0 or more"),
             (self.report_seconds > 0, "IDPOOL_REPORT_SECONDS must be positive"),
             (self.store_timeout > 0, "IDPOOL_STORE_TIMEOUT must be positive"),
             (self.unknown_tag_ttl >= 0, "IDPOOL_UNKNOWN_TAG_TTL must be 0 or more"),
@@ -143,8 +171,13 @@ class Settings:
                 raise ConfigError(message)
         if self.sqlite_path() is None:
             self.mysql_params()  # raises ConfigError on a bad URL
-        if urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
-            raise ConfigError("IDPOOL_REDIS_URL must start with redis://, rediss:// or unix://")
+        scheme = _split_redis_url(self.redis_url).scheme
+        if scheme == SENTINEL_SCHEME:
+            self.sentinel_params()  # raises ConfigError on a bad URL
+        elif scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                "IDPOOL_REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://"
+            )
         return self
 
     def with_changes(self, **changes: Any) -> Settings:
@@ -187,6 +220,70 @@ class Settings:
             password=unquote(url.password or ""),
             database=database,
         )
+
+    def sentinel_params(self) -> SentinelParams | None:
+        """The Sentinels and master name of a ``redis+sentinel://`` URL, else None."""
+        if _split_redis_url(self.redis_url).scheme != SENTINEL_SCHEME:
+            return None
+        return parse_sentinel_url(self.redis_url)
+
+
+def parse_sentinel_url(text: str) -> SentinelParams:
+    """``redis+sentinel://[[user]:password@]host[:port],host[:port]/service[/db][?query]``.
+
+    Raises ConfigError naming IDPOOL_REDIS_URL. Ports default to 26379; the only
+    query parameter is ``sentinel_password`` (the Sentinels' own ``requirepass``).
+    """
+    url = _split_redis_url(text)
+    if url.scheme != SENTINEL_SCHEME or url.fragment:
+        raise ConfigError(_SENTINEL_FORM)
+    userinfo, _, hostlist = url.netloc.rpartition("@")
+    username = password = None
+    if userinfo:
+        user, _, secret = userinfo.partition(":")
+        username, password = unquote(user) or None, unquote(secret) or None
+    sentinels = tuple(_host_port(part) for part in hostlist.split(","))
+    parts = url.path.strip("/").split("/") if url.path.strip("/") else []
+    if not sentinels or not 1 <= len(parts) <= 2 or not parts[0]:
+        raise ConfigError(_SENTINEL_FORM + ": name the master after the hosts (/mymaster)")
+    service = unquote(parts[0])
+    db_text = parts[1] if len(parts) == 2 else "0"
+    if not db_text.isdigit():
+        raise ConfigError(f"IDPOOL_REDIS_URL: database number {db_text!r} is not a number")
+    sentinel_password = None
+    for item in url.query.split("&") if url.query else []:
+        key, eq, value = item.partition("=")
+        if key != "sentinel_password" or not eq:
+            raise ConfigError(
+                f"IDPOOL_REDIS_URL: unknown query parameter {key!r} "
+                "(a Sentinel URL takes only ?sentinel_password=...)"
+            )
+        sentinel_password = unquote(value) or None
+    return SentinelParams(sentinels, service, int(db_text), username, password, sentinel_password)
+
+
+def _split_redis_url(text: str) -> SplitResult:
+    try:
+        return urlsplit(text)
+    except ValueError as e:  # e.g. an unclosed [ of an IPv6 address
+        raise ConfigError(f"IDPOOL_REDIS_URL is not a URL: {e}") from None
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, port_text = text, ""
+    if text.startswith("["):  # [::1]:26379
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {text!r}")
+        port_text = rest[1:]
+    elif ":" in text:
+        host, _, port_text = text.rpartition(":")
+    if not host or (port_text and not port_text.isdigit()):
+        raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {text!r}")
+    port = int(port_text) if port_text else SENTINEL_PORT
+    if not 0 < port < 65536:
+        raise ConfigError(_SENTINEL_FORM + f": bad port in {text!r}")
+    return host, port
 
 
 def _parse(name: str, raw: str, kind: type) -> Any:

@@ -325,3 +325,34 @@ async def test_tokens_are_stored_hashed_listed_and_revoked(ledger: LedgerStore, 
     assert [t.token_id for t in await ledger.list_tokens(tag)] == [other_id]
     with pytest.raises(UnknownTag):
         await ledger.add_token(tag + "nope", "abcd", hash_token("x"))
+
+
+async def test_reconnects_when_the_server_behind_the_address_changes(
+    settings: Settings, tag: str
+) -> None:
+    """A virtual IP or proxy moved to a promoted replica drops every connection;
+    the next claim opens a new one instead of failing on an old one, forever."""
+    from ops.servers import TcpProxy
+
+    from .conftest import TEST_DATABASE
+
+    server_port = int(MYSQL_SERVER.rsplit(":", 1)[1])
+    proxy = TcpProxy(server_port)
+    url = f"mysql://root@127.0.0.1:{proxy.port}/{TEST_DATABASE}"
+    led = await Ledger.connect(settings.with_changes(mysql_url=url))
+    try:
+        await led.add_tag(tag, step=10, start=1)
+        await asyncio.gather(*(led.claim(tag) for _ in range(4)))  # several idle connections
+        for _ in range(3):
+            proxy.retarget(server_port)  # every connection cut, as by a failover
+            await asyncio.sleep(0.1)
+            before = (await led.get_tag(tag)).max_id
+            assert await led.claim(tag) == IdRange(before, before + 10)
+        proxy.cut()
+        with pytest.raises(StoreUnavailable):
+            await led.claim(tag)
+        proxy.restore()
+        assert (await led.claim(tag)).start > before
+    finally:
+        await led.close()
+        proxy.close()

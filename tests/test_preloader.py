@@ -233,7 +233,7 @@ async def test_the_rate_is_ids_handed_out_not_ranges_taken(
         await asyncio.sleep(0.4)
         await pre.refill_all()
     stats = await redis_pool.read_stats(tag)
-    assert float(stats["rate"]) < 1.0  # 3 IDs in about a second
+    assert float(stats["rate"]) < 10  # 3 IDs in about a second; ranges taken read 250,000/s
     assert stats["target_depth"] == "2"  # the minimum: no supply sized for a burst
     assert (await ledger.get_tag(tag)).max_id == 1 + 5 * 100_000  # 2 + the 3 taken
     await pre.close()

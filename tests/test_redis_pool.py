@@ -257,9 +257,7 @@ async def test_a_full_connection_pool_waits_rather_than_failing(
     await asyncio.gather(*(redis_pool.push(tag, [r], head=False) for r in ranges))
     assert sorted(await redis_pool.ranges(tag), key=lambda r: r.start) == ranges
     popped = await asyncio.gather(*(redis_pool.pop(tag) for _ in range(300)))
-    assert sorted(p.range.start for p in popped if p.range is not None) == [
-        r.start for r in ranges
-    ]
+    assert sorted(p.range.start for p in popped if p.range is not None) == [r.start for r in ranges]
 
 
 async def test_a_command_that_never_got_a_connection_is_busy_not_unknown(
@@ -282,3 +280,29 @@ async def test_a_command_that_never_got_a_connection_is_busy_not_unknown(
         await pool.close()
     check = redis.Redis.from_url(redis_server.url)
     assert check.llen(pool.keys.pool(tag)) == 0  # the push was never sent
+
+
+async def test_a_mark_waits_for_a_replica_when_asked(
+    redis_server: RedisServer, settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # Under Sentinel a failover to a replica that lacks a raise would leave served
+    # ranges above the shared mark; IDPOOL_REDIS_MARK_REPLICAS=1 makes a raise count
+    # only once a replica has it.
+    private = settings.with_changes(redis_url=redis_server.url, redis_mark_replicas=1)
+    pool = RedisPool.from_settings(private.with_changes(store_timeout=0.3))
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
+            await pool.raise_high_water(tag, 100)  # no replica: not counted
+        replica = RedisServer(
+            tmp_path / "replica", "--replicaof", "127.0.0.1", str(redis_server.port)
+        )
+        replica.start()
+        try:
+            check = redis.Redis.from_url(replica.url)
+            _wait_until(lambda: check.info("replication")["master_link_status"] == "up")
+            assert await pool.raise_high_water(tag, 200) == 200
+            assert check.get(pool.keys.hwm(tag)) == b"200"
+        finally:
+            replica.kill9()
+    finally:
+        await pool.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from redis import Redis
 
 from ops.processes import NodeProcess, PreloaderProcess, env_with
+from ops.replication import MariaPair, RedisSentinelGroup
 from ops.servers import MariaServer, RedisServer
 
 STEP = 1000
@@ -68,15 +69,16 @@ class Run:
 @dataclass
 class Cluster:
     directory: Path
-    maria: MariaServer
+    maria: MariaServer | MariaPair  # a pair: primary + replica behind a proxy
     tag: str
     redis_mode: str = "aof"
     nodes: int = 3
+    sentinel: bool = False  # Redis as primary + replica + three Sentinels
     # A database per scenario: a preloader fills every tag of its database, and
     # must not refill the tags of scenarios that are over.
     database: str = "idpool_faults"
     env_overrides: dict[str, str] = field(default_factory=dict)
-    redis: RedisServer = field(init=False)
+    redis: RedisServer | RedisSentinelGroup = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
     killed_logs: set[Path] = field(init=False, default_factory=set)
@@ -87,7 +89,11 @@ class Cluster:
 
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.redis = RedisServer(self.directory / "redis", *REDIS_MODES[self.redis_mode])
+        args = REDIS_MODES[self.redis_mode]
+        if self.sentinel:
+            self.redis = RedisSentinelGroup(self.directory / "redis", *args)
+        else:
+            self.redis = RedisServer(self.directory / "redis", *args)
 
     @property
     def env(self) -> dict[str, str]:
@@ -149,7 +155,16 @@ class Cluster:
     # -- store faults ---------------------------------------------------------
 
     def redis_client(self) -> Redis:
+        """A client of the (current master) Redis."""
         return Redis(port=self.redis.port, socket_timeout=5)
+
+    def sentinel_group(self) -> RedisSentinelGroup:
+        assert isinstance(self.redis, RedisSentinelGroup), "a Sentinel scenario's fault"
+        return self.redis
+
+    def maria_pair(self) -> MariaPair:
+        assert isinstance(self.maria, MariaPair), "a MariaDB replication scenario's fault"
+        return self.maria
 
     def redis_snapshot(self) -> Path:
         """SAVE now and keep a copy of the dump, to restore later."""
@@ -161,6 +176,7 @@ class Cluster:
 
     def redis_restart_from(self, snapshot: Path) -> None:
         """kill -9 Redis and start it on the old snapshot."""
+        assert isinstance(self.redis, RedisServer)
         self.redis.kill9()
         shutil.copy(snapshot, self.redis.dir / "dump.rdb")
         self.redis.start()
@@ -170,12 +186,17 @@ class Cluster:
         """``action`` (kill9, stop, start, pause, resume) on the scenario's Redis or
         the run's MariaDB, noted on the timeline."""
         server = self.redis if name == "redis" else self.maria
+        assert isinstance(server, MariaServer | RedisServer), "a single server's fault"
         getattr(server, action)()
         self.note(f"{name} {_ACTIONS[action]}")
 
     def ensure_stores_up(self) -> None:
         """After a fault went wrong: both stores running again, so the scenario can end."""
+        if isinstance(self.redis, RedisSentinelGroup):
+            self.redis.ensure_up()
         for name, server in (("redis", self.redis), ("mariadb", self.maria)):
+            if isinstance(server, RedisSentinelGroup):
+                continue
             if server.proc is None:
                 self.store(name, "start")
             else:
@@ -255,6 +276,8 @@ class Cluster:
                     proc.proc.kill()
                 proc.proc.wait()
                 proc.proc = None
-        if self.redis.proc is not None:
+        if isinstance(self.redis, RedisSentinelGroup):
+            self.redis.stop()
+        elif self.redis.proc is not None:
             self.redis.resume()  # a paused server ignores SIGTERM until it runs again
             self.redis.stop()

@@ -108,6 +108,83 @@ def mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
         cluster.note(f"ledger claimed again: max_id now {cluster.ledger_max_id()}")
 
 
+def redis_sentinel_failover(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """Lagging replica, primary kill -9, Sentinel promotes the replica; the old
+    primary stays down ``hold`` seconds, then comes back (Sentinel makes it a replica)."""
+    _redis_failover(cluster, hold, back_during_failover=False)
+
+
+def redis_sentinel_return(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """The same, but the old primary restarts (with its AOF, as a master) as soon as
+    the Sentinels see it down, while they fail over."""
+    _redis_failover(cluster, hold, back_during_failover=True)
+
+
+def _redis_failover(cluster: Cluster, hold: float, back_during_failover: bool) -> None:
+    group = cluster.sentinel_group()
+    group.wait_replicated(group.replica(), 30.0)  # each failover starts from a synced replica
+    replica = group.lag_replica()
+    cluster.note(f"redis replica :{replica.port} lagging (REPLICAOF a port nobody listens on)")
+    # under Sentinel's +fix-slave-config delay (~8 s), which would end the lag
+    time.sleep(min(hold, 3.0))
+    behind = group.replica_offset_behind()
+    old = group.master()
+    old.kill9()
+    killed = time.monotonic()
+    cluster.note(f"redis primary :{old.port} kill -9; the replica lacks {behind} bytes of stream")
+    if back_during_failover:
+        seen = group.wait_failover_started(30.0)
+        old.start()
+        cluster.note(
+            f"Sentinels saw the primary down after {seen:.1f}s; old primary restarted "
+            "at once (a master again, its AOF data, a new run_id)"
+        )
+    group.wait_master(replica.port, 30.0)
+    cluster.note(
+        f"every Sentinel names the lagging replica :{replica.port} master, "
+        f"{time.monotonic() - killed:.1f}s after the kill"
+    )
+    if not back_during_failover:
+        time.sleep(hold)
+        old.start()
+        # Sentinel turns it into a replica ~8-15 s later (+convert-to-slave); the next
+        # failover waits for that, not this one
+        cluster.note(f"old primary :{old.port} restarted (Sentinel will make it a replica)")
+        return
+    group.wait_replicated(old, 30.0)
+    cluster.note(f"old primary :{old.port} is a replica in sync (Sentinel converted it)")
+
+
+def mysql_replica_failover(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """Lagging binlog replica, primary kill -9, replica promoted as it is and the proxy
+    switched to it; ``hold`` seconds later the old primary is rebuilt as a replica."""
+    pair = cluster.maria_pair()
+    pair.wait_replicated(30.0)
+    pair.lag_replica()
+    before = cluster.ledger_max_id()
+    cluster.note(f"mariadb replica :{pair.replica.port} lagging (STOP SLAVE SQL_THREAD)")
+    time.sleep(min(hold, 5.0))
+    wait_for(lambda: cluster.ledger_max_id() > before, 20.0)  # claims the replica lacks
+    query = f"SELECT max_id FROM idpool_tags WHERE tag = '{cluster.tag}'"
+    on_replica = int(pair.sql(pair.replica, query, cluster.database).strip() or 0)
+    on_primary = cluster.ledger_max_id()
+    pair.primary.kill9()
+    cluster.note(
+        f"mariadb primary kill -9: max_id {on_primary} there, {on_replica} on the replica "
+        f"({on_primary - on_replica:,} IDs behind)"
+    )
+    time.sleep(0.5)  # an orchestrator's detection time
+    pair.promote_replica()
+    cluster.note(f"replica :{pair.primary.port} promoted as it was; proxy switched to it")
+    if wait_for(lambda: cluster.ledger_max_id() != on_replica, 20.0):
+        cluster.note(
+            f"ledger claimed on the promoted replica: max_id now {cluster.ledger_max_id()}"
+        )
+    time.sleep(hold)
+    pair.rebuild_replica()
+    cluster.note(f"old primary rebuilt as a replica :{pair.replica.port} of the new one")
+
+
 def redis_blip_mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
     """Two faults at once: a Redis blip (every process's claims skip Redis for a
     moment), then MySQL goes back to before the claims made meanwhile.
@@ -202,6 +279,12 @@ class Scenario:
     # Requests may fail on every node (both stores down); they must fail with a 503
     # whose message names every store in ``names_down``, and succeed again after.
     names_down: tuple[str, ...] = ()
+    # Stores of the scenario: "single" (one Redis, the run's MariaDB), "sentinel"
+    # (Redis primary + replica + three Sentinels) or "mysql-replica" (a MariaDB
+    # primary + binlog replica of the scenario's own, behind a TCP proxy).
+    topology: str = "single"
+    # Seconds in a row that requests may fail on every node (a failover); 0: none may
+    failure_budget: float = 0.0
 
 
 SCENARIOS = (
@@ -295,6 +378,38 @@ SCENARIOS = (
         names_down=("mysql", "redis"),
         # no reserve beyond Leaf's two ranges, so the buffers run dry within the hold
         env=(("IDPOOL_RESERVE_SECONDS", "0"),),
+    ),
+    Scenario(
+        "redis-sentinel",
+        "Redis primary + replica + 3 Sentinels: replica made to lag, primary kill -9, "
+        "Sentinel promotes the lagging replica; the old primary is back HOLD s later",
+        (redis_sentinel_failover,),
+        expect_events=("range_abandoned",),
+        topology="sentinel",
+        tolerated=frozenset({"503 unavailable"}),
+        failure_budget=5.0,
+        # a mark counts once the replica has it: the failover cannot lose one
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
+    ),
+    Scenario(
+        "redis-sentinel-return",
+        "as redis-sentinel, but the old primary restarts (a master, with its AOF) while "
+        "the Sentinels fail over, and is turned into a replica",
+        (redis_sentinel_return,),
+        expect_events=("range_abandoned",),
+        topology="sentinel",
+        tolerated=frozenset({"503 unavailable"}),
+        failure_budget=5.0,
+        # a mark counts once the replica has it: the failover cannot lose one
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
+    ),
+    Scenario(
+        "mysql-replica",
+        "MariaDB primary + binlog replica behind a TCP proxy: replica lagging (SQL thread "
+        "stopped), primary kill -9, replica promoted as it is, proxy switched to it",
+        (mysql_replica_failover,),
+        expect_events=("stale_ledger",),
+        topology="mysql-replica",
     ),
     Scenario(
         "mixed",

@@ -114,6 +114,7 @@ class IdBitmap:
 class Tally:
     requests: int = 0  # requests that got their IDs (possibly after retries)
     failed_requests: int = 0  # requests that got no ID after MAX_ATTEMPTS
+    failed_at: list[float] = field(default_factory=list)  # when each failed, s from `origin`
     failed_attempts: Counter[str] = field(default_factory=Counter)  # status -> attempts
     max_latency: float = 0.0  # longest single attempt, seconds
     max_latency_at: float = 0.0  # when it ended, seconds from `origin`
@@ -122,6 +123,17 @@ class Tally:
     requests_since_failure: int = 0  # requests served after the last failed attempt
     # attempts per latency bucket: upper bound in seconds -> count
     histogram: Counter[float] = field(default_factory=Counter)
+
+    def failure_windows(self, gap: float = 1.0) -> list[tuple[float, float]]:
+        """Stretches of time in which requests failed (failures ``gap`` s apart or less
+        are one stretch), as (first, last) seconds from the clients' origin."""
+        windows: list[tuple[float, float]] = []
+        for t in sorted(self.failed_at):
+            if windows and t - windows[-1][1] <= gap:
+                windows[-1] = (windows[-1][0], t)
+            else:
+                windows.append((t, t))
+        return windows
 
     def quantile(self, q: float) -> float:
         """Upper bound of the bucket holding the q-quantile of attempt latencies."""
@@ -195,6 +207,7 @@ class Clients:
             else:
                 with self.lock:
                     self.tally.failed_requests += 1
+                    self.tally.failed_at.append(time.monotonic() - self.origin)
             next_at = max(next_at + self.per_thread_interval, time.monotonic() - 1.0)
             pause = next_at - time.monotonic()
             if pause > 0:

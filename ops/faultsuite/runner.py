@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ops.replication import MariaPair
 from ops.servers import MariaServer
 
 from .accounting import Accounting, account, parse_ranges
@@ -76,17 +77,23 @@ def run_scenario(
     seconds: float,
 ) -> Outcome:
     tag = f"{scenario.name}-{rng.randrange(10**6):06d}"
+    started = time.monotonic()
+    ledger: MariaServer | MariaPair = maria
+    if scenario.topology == "mysql-replica":
+        ledger = MariaPair(directory / scenario.name / "mariadb")
     cluster = Cluster(
         directory / scenario.name,
-        maria,
+        ledger,
         tag,
         scenario.redis_mode,
         args.nodes,
+        sentinel=scenario.topology == "sentinel",
         database="faults_" + scenario.name.replace("-", "_"),
         env_overrides=dict(scenario.env),
     )
-    started = time.monotonic()
     try:
+        if isinstance(ledger, MariaPair):
+            ledger.start()
         cluster.start()
         start_id, _ = cluster.ledger_row()
         bitmap = IdBitmap(start_id)
@@ -124,6 +131,8 @@ def run_scenario(
         result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
+        if isinstance(ledger, MariaPair):
+            ledger.stop()
     outcome = Outcome(
         scenario,
         time.monotonic() - started,
@@ -158,8 +167,14 @@ def judge(outcome: Outcome) -> list[str]:
         failures.append(f"{acc.pool_overlaps_issued} IDs handed out are still in the Redis list")
     if acc.beyond_ledger:
         failures.append(f"{acc.beyond_ledger} IDs handed out at or above the ledger's max_id")
+    windows = tally.failure_windows()
+    longest = max((b - a for a, b in windows), default=0.0)
     if tally.failed_requests and not scenario.names_down:
-        failures.append(f"{tally.failed_requests} requests failed on every node they tried")
+        if not scenario.failure_budget or longest > scenario.failure_budget:
+            failures.append(
+                f"{tally.failed_requests} requests failed on every node they tried "
+                f"(longest stretch {longest:.1f} s; allowed {scenario.failure_budget:g} s)"
+            )
     for status, message in tally.messages.items():
         missing = [store for store in scenario.names_down if store not in message]
         if status.startswith("503 unavailable") and missing:
@@ -211,7 +226,11 @@ def render(outcome: Outcome, hold_note: str) -> str:
     lines += [
         f"   failed attempts (retried on another node): {failed}; "
         f"requests failed on every node: {tally.failed_requests}; "
-        f"served after the last failure: {tally.requests_since_failure:,}",
+        f"served after the last failure: {tally.requests_since_failure:,}"
+        + "".join(
+            f"\n   requests failed from t={a:.1f} to t={b:.1f} s"
+            for a, b in tally.failure_windows()
+        ),
         *(f"   first {k} message: {m[:160]!r}" for k, m in sorted(tally.messages.items())),
         f"   longest stall: {tally.max_latency:.3f} s (one attempt, at "
         f"t={tally.max_latency_at:.1f}); longest request with retries: "
@@ -322,14 +341,14 @@ def run(
 def summarize(outcomes: list[Outcome]) -> str:
     lines = [
         "== summary",
-        f"   {'scenario':<16} {'handed out':>12} {'dup':>4} {'wasted':>10} "
+        f"   {'scenario':<21} {'handed out':>12} {'dup':>4} {'wasted':>10} "
         f"{'failed att.':>11} {'failed req.':>11} {'max stall':>9}  verdict",
     ]
     for o in outcomes:
         a, t = o.accounting, o.tally
         wasted = sum(a.wasted.values()) + sum(b - x for x, b in a.unattributed)
         lines.append(
-            f"   {o.scenario.name:<16} {a.issued:>12,} {a.total_duplicates:>4} {wasted:>10,} "
+            f"   {o.scenario.name:<21} {a.issued:>12,} {a.total_duplicates:>4} {wasted:>10,} "
             f"{sum(t.failed_attempts.values()):>11} {t.failed_requests:>11} "
             f"{t.max_latency:>8.3f}s  {'FAIL' if o.failures else 'ok'}"
         )
