@@ -55,11 +55,15 @@ class StaleLedger(IdPoolError):
     """
 
 
-class StoreBusy(StoreUnavailable):
+class StoreNotSent(StoreUnavailable):
+    """The command never left this process (no connection could be made): unlike
+    its parent, not ambiguous. A push that was not sent may be sent again."""
+
+
+class StoreBusy(StoreNotSent):
     """Every connection to the store stayed busy: the command was never sent.
 
-    Unlike its parent this outcome is not ambiguous (nothing reached the store),
-    and it says nothing about the store's health: no Redis skip, no waste.
+    It says nothing about the store's health either: no Redis skip, no waste.
     """
 
 

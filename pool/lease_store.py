@@ -21,7 +21,7 @@ Numbers stay decimal strings inside Lua (doubles lose 64-bit precision): ``end``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
@@ -117,7 +117,14 @@ class Recorded(NamedTuple):
 
 
 class LeaseStore:
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl_seconds: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        ttl_seconds: int,
+        send: Callable[[Any], Awaitable[Any]] | None = None,
+    ) -> None:
+        self._send = send
         self.client = client
         self.keys = keys
         self.ttl_seconds = ttl_seconds
@@ -159,7 +166,10 @@ class LeaseStore:
         return Returned(found_tag, pushed, list(dropped))
 
     async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
-        # Run once, never retried here (the client is built with retries off).
+        # Run once, never retried here (the client is built with retries off),
+        # through the pool's connection slots when it has them.
+        if self._send is not None:
+            return await self._send(script(keys=keys, args=args))
         try:
             return await script(keys=keys, args=args)
         except (RedisError, OSError, TimeoutError) as e:

@@ -36,7 +36,7 @@ from typing import TypeVar
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
-from .errors import IdPoolError, MarkNotRaised, StoreBusy, StoreUnavailable
+from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable
 from .ledger import TagRow
 from .ranges import IdRange
 from .redis_pool import PoolSummary, PushResult
@@ -268,6 +268,10 @@ class Preloader:
         # takes a range of a million and serves three used three).
         # Rounded as published, so `rate` and `target_depth` in the hash agree exactly.
         rate = round(meter.add(time.monotonic(), int(stats.get("issued", 0))), 3)
+        if not meter.ready and "rate" in stats:
+            # A preloader that just took over has one sample: keep the last
+            # published rate rather than publish 0 and shrink the pool.
+            rate = float(stats["rate"])
         if s.step_seconds > 0 and "lifetime_ids" in stats:
             seen = await self.redis_pool.take_lifetime(tag)
             if seen is not None:
@@ -310,7 +314,7 @@ class Preloader:
         logger.info("event=range_claimed tag=%s range=%s for=pool", tag, claim.range.to_text())
         try:
             result = await self._push(tag, ranges)
-        except StoreBusy:
+        except StoreNotSent:
             report.abandoned = ranges
             self.wasted[tag, "push_not_sent"] += len(claim.range)
             logger.error(
@@ -344,11 +348,11 @@ class Preloader:
         )
 
     async def _push(self, tag: str, ranges: list[IdRange]) -> PushResult:
-        """Push, sending again only what was never sent (every connection busy)."""
+        """Push, sending again only what was never sent (no connection, or all busy)."""
         for _ in range(_BUSY_RETRIES - 1):
             try:
                 return await self.redis_pool.push(tag, ranges, head=False)
-            except StoreBusy:
+            except StoreNotSent:
                 continue
         return await self.redis_pool.push(tag, ranges, head=False)
 

@@ -24,9 +24,10 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from .errors import StoreBusy, StoreUnavailable
+from .errors import StoreBusy, StoreNotSent, StoreUnavailable
 from .keys import Keys
 from .ranges import IdRange
 from .sentinel import sentinel_client
@@ -226,10 +227,12 @@ class RedisPool:
     async def check(self) -> None:
         """Raise StoreUnavailable (naming IDPOOL_REDIS_URL) unless Redis answers."""
         try:
-            await self.client.ping()
-        except _ERRORS as e:
+            await self._plain(self.client.ping())
+        except StoreBusy:
+            raise  # it answers; this process is busy
+        except StoreUnavailable as e:
             raise StoreUnavailable(
-                "redis", f"no answer from Redis (check IDPOOL_REDIS_URL): {_describe(e)}"
+                "redis", f"no answer from Redis (check IDPOOL_REDIS_URL): {e.detail}"
             ) from e
 
     def _pool_args(self, tag: str) -> tuple[list[str], list[str]]:
@@ -444,9 +447,16 @@ class RedisPool:
         try:
             return await awaitable
         except _ERRORS as e:
+            if _never_sent(e):
+                raise StoreNotSent("redis", _describe(e)) from e
             raise StoreUnavailable("redis", _describe(e)) from e
         finally:
             self._slots.release()
+
+    async def send(self, awaitable: Any) -> Any:
+        """Run one Redis call as every call here runs: at most once, waiting for a
+        free connection, errors as StoreUnavailable (for the lease store)."""
+        return await self._plain(awaitable)
 
 
 def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
@@ -454,6 +464,12 @@ def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSum
     step = int(stats.get("step", 0))
     ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
     return PoolSummary(depth, head, ids, stats)
+
+
+def _never_sent(e: BaseException) -> bool:
+    """redis-py failed to open the connection, so the command was never written:
+    its connect errors read "Error N connecting to ..." or "Timeout connecting to"."""
+    return isinstance(e, RedisConnectionError) and "connecting to" in str(e)
 
 
 def _describe(e: BaseException) -> str:

@@ -42,6 +42,11 @@ class RateMeter:
         (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
         return (n1 - n0) / max(t1 - t0, min(self.window, MIN_SPAN))
 
+    @property
+    def ready(self) -> bool:
+        """Two samples at least: a rate can be read (a new meter has none yet)."""
+        return len(self._samples) >= 2
+
     def history(self) -> list[tuple[float, int]]:
         return list(self._samples)
 

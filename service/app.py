@@ -330,11 +330,29 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
     async def status_json(request: Request) -> Response:
         return json_response(await take_snapshot())
 
+    # The page and the exposition, rendered at most once a second however many
+    # scrapers ask: rendering runs on the event loop, and four scrapers in a
+    # tight loop rendering every time took most of it from /id. (/status.json
+    # is built fresh: tools account for IDs from it.)
+    rendered: dict[str, tuple[float, bytes]] = {}
+
+    async def render_once_a_second(name: str, render: Callable[[], Awaitable[bytes]]) -> bytes:
+        made = rendered.get(name)
+        if made is None or time.monotonic() - made[0] >= status.STORE_READS_SECONDS:
+            made = rendered[name] = (time.monotonic(), await render())
+        return made[1]
+
     async def status_html(request: Request) -> Response:
-        return HTMLResponse(status_page.render(await take_snapshot()))
+        async def render() -> bytes:
+            return status_page.render(await take_snapshot()).encode()
+
+        return HTMLResponse(await render_once_a_second("status", render))
 
     async def metrics_text(request: Request) -> Response:
-        body = metrics.render(await take_snapshot(), state["run"].node.stats)
+        async def render() -> bytes:
+            return metrics.render(await take_snapshot(), state["run"].node.stats)
+
+        body = await render_once_a_second("metrics", render)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     api_document = orjson.dumps(openapi.document(settings.max_count))

@@ -109,7 +109,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         store = stores.get(id(pool))
         if store is None:
             store = stores[id(pool)] = LeaseStore(
-                pool.client, pool.keys, settings.client_lease_seconds
+                pool.client, pool.keys, settings.client_lease_seconds, pool.send
             )
         return store
 

@@ -203,7 +203,8 @@ async def test_a_batch_larger_than_the_buffer_is_one_fetch() -> None:
 async def test_the_reserve_holds_seconds_of_this_buffers_consumption() -> None:
     # A new range needs Redis: the reserve is what a node serves while Redis is out.
     supply = FakeSupply(step=10)
-    buf = SegmentBuffer("t", supply, prefetch_at=0.1, reserve_seconds=2.0)
+    # rate_span 0.05 s: the default 5 s, on this test's compressed clock
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1, reserve_seconds=2.0, rate_span=0.05)
     plain = SegmentBuffer("p", FakeSupply(step=10), prefetch_at=0.1)
     for _ in range(40):
         await buf.take_waiting()
@@ -215,3 +216,16 @@ async def test_the_reserve_holds_seconds_of_this_buffers_consumption() -> None:
     assert plain.in_memory <= 20  # Leaf's double buffer alone: two ranges at most
     ids = [await buf.take_waiting() for _ in range(200)]
     assert len(set(ids)) == 200 and ids == sorted(ids)
+
+
+async def test_one_large_batch_does_not_read_as_a_huge_rate() -> None:
+    # One /ids?count=10000 measured over 50 ms read as 200,000 IDs/s: the node then
+    # held a reserve of millions.
+    supply = FakeSupply(step=10)
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1, reserve_seconds=30.0)
+    await buf.take_waiting()
+    for _ in range(3):
+        await buf.take_many_waiting(10_000)
+    await asyncio.sleep(0.05)
+    assert buf.rate == 0.0  # not measured over less than MIN_RATE_SPAN
+    assert buf.in_memory < 20_000
