@@ -464,3 +464,21 @@ def test_a_tag_created_a_moment_ago_is_served_at_once(settings: Settings, tag: s
         assert c.get(f"/id/nosuch-{tag}").status_code == 404
         add_tag(settings, tag + "-new")
         assert c.get(f"/id/{tag}-new").text == "1"  # one lookup by name, not a 30 s wait
+
+
+def test_a_remainder_push_that_could_not_connect_is_not_sent_not_unknown(
+    proxied: tuple[Settings, TcpProxy, TcpProxy], tag: str
+) -> None:
+    # Issue 10: a push refused at connect was logged push_outcome_unknown, as if it
+    # might have landed; it never left the process.
+    s, _, redis = proxied
+    add_tag(s, tag, step=100)
+    app = create_app(s)
+    with TestClient(app) as c:
+        assert c.get(f"/id/{tag}").text == "1"
+        node = app.node
+        assert node is not None
+        redis.cut()  # connections dropped, new ones refused
+        time.sleep(PROBE_EVERY + 0.5)  # its health probe failed: the node knows Redis is gone
+    wasted = node.stats.tags[tag].wasted
+    assert wasted["push_not_sent"] > 0 and wasted["push_outcome_unknown"] == 0, dict(wasted)
