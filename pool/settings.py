@@ -109,8 +109,9 @@ class Settings:
     # IDPOOL_UNKNOWN_TAG_TTL: a request for a tag the node does not know makes it reload
     # the ledger's tag list, at most once per this many seconds (however many names)
     unknown_tag_ttl: float = 1.0
-    # IDPOOL_TAG_RELOAD_SECONDS: how often a node reads the ledger's tag list again;
-    # a tag disabled by an operator stops being served at every node within this
+    # IDPOOL_TAG_RELOAD_SECONDS: how often a node reads again the rows of the tags it
+    # serves and every token; a tag disabled by an operator stops being served at
+    # every node that serves it within this (the whole list is read once a minute)
     tag_reload_seconds: float = 5.0
     # IDPOOL_IDLE_SECONDS: a tag not requested at a node for this long has its buffer
     # returned to the pool and dropped there (0 keeps buffers until shutdown)

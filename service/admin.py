@@ -199,10 +199,10 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
             if disabled is True:
                 row, drained = await disable_tag(run.ledger, run.pool, tag)
                 _count_drained(run, tag, drained)
-                await run.node.refresh_tags()  # this node stops at once; others within seconds
+                await run.node.refresh_tags(tag)  # this node stops at once; others within seconds
             elif disabled is False:
                 row = await enable_tag(run.ledger, tag)
-                await run.node.refresh_tags()
+                await run.node.refresh_tags(tag)
         except UnknownTag:
             return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
         except StartBelowIssued as e:

@@ -319,10 +319,16 @@ class Node:
         if remainder:
             self.source.spawn(self._return(tag, remainder, ShutdownReport()))
 
-    async def refresh_tags(self) -> None:
-        """Read the ledger's tag list again and stop serving tags disabled since."""
+    async def refresh_tags(self, changed: str | None = None) -> None:
+        """Read the ledger's tag list again and stop serving tags disabled since.
+
+        The tags served here (and ``changed``, one an operator just changed
+        through this node) every time; the whole list once a minute."""
+        full = self.tags.full_at
+        whole = full is None or time.monotonic() - full >= _FULL_TAG_RELOAD_SECONDS
+        names = set(self.buffers) if changed is None else {*self.buffers, changed}
         try:
-            await self.tags.refresh()
+            await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:
             return  # the copy stands; tried again next time
         for tag in self.tags.disabled() & set(self.buffers):
@@ -519,6 +525,7 @@ class Node:
 
 _BUSY_RETRIES = 3  # a remainder push that was never sent is sent again, this often
 _RETURNS_AT_ONCE = 16  # remainder pushes in flight at shutdown
+_FULL_TAG_RELOAD_SECONDS = 60.0  # the whole tag list; the served tags every reload
 MAX_HEARTBEAT_TAGS = 100  # tags named in a heartbeat: the cluster view's tag rows
 
 

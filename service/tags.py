@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 from pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from pool.ledger import TagRow
 from pool.stores import LedgerStore
+from pool.tokens import TokenRow
 
 UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
 MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
@@ -41,6 +42,7 @@ class TagDirectory:
         self.tokens: dict[str, frozenset[str]] = {}
         self._clock = clock
         self._loaded_at: float | None = None  # when the last reload was started
+        self.full_at: float | None = None  # when the last whole list was read
         self._loading: asyncio.Task[None] | None = None
         self._error: StoreUnavailable | None = None  # the last reload's failure
         self._unknown: OrderedDict[str, float] = OrderedDict()  # name -> known unknown until
@@ -121,10 +123,19 @@ class TagDirectory:
         # shield: a client that hangs up must not cancel a reload others wait on
         await asyncio.shield(self._loading)
 
-    async def refresh(self) -> None:
+    async def refresh(self, names: Sequence[str] | None = None) -> None:
         """Read the ledger's list again now (the node's periodic reload, which
-        makes disabled tags stop). Not counted against ``min_interval``: that
-        limit is for misses, and a miss right after must still find a new tag."""
+        makes disabled tags stop), or only the rows of ``names`` (the tags this
+        node serves: a list of 10,000 rows every few seconds on every node cost
+        more than everything else at idle) and every token. Not counted against
+        ``min_interval``: that limit is for misses."""
+        if names is not None:
+            rows = await self.ledger.list_tags(names)
+            tokens = await self.ledger.list_tokens()
+            # In one synchronous step, as a full reload: rows and tokens agree.
+            self.rows.update((row.tag, row) for row in rows)
+            self.tokens = _hashes(tokens)
+            return
         if self._loading is None:
             self._loading = asyncio.ensure_future(self._load())
         await asyncio.shield(self._loading)
@@ -139,9 +150,14 @@ class TagDirectory:
         finally:
             self._loading = None
         self._error = None
-        hashes: dict[str, set[str]] = {}
-        for token in tokens:
-            hashes.setdefault(token.tag, set()).add(token.token_hash)
         # Both in one synchronous step: no request sees new rows with old tokens.
         self.rows = {row.tag: row for row in rows}
-        self.tokens = {tag: frozenset(found) for tag, found in hashes.items()}
+        self.tokens = _hashes(tokens)
+        self.full_at = self._clock()
+
+
+def _hashes(tokens: Iterable[TokenRow]) -> dict[str, frozenset[str]]:
+    found: dict[str, set[str]] = {}
+    for token in tokens:
+        found.setdefault(token.tag, set()).add(token.token_hash)
+    return {tag: frozenset(hashes) for tag, hashes in found.items()}
