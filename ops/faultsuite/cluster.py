@@ -78,6 +78,7 @@ class Cluster:
     # must not refill the tags of scenarios that are over.
     database: str = "idpool_faults"
     env_overrides: dict[str, str] = field(default_factory=dict)
+    idle_tags: int = 0  # tags nobody asks for, beside the scenario's
     redis: RedisServer | RedisSentinelGroup = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
@@ -116,6 +117,8 @@ class Cluster:
             check=True,
             stdout=subprocess.DEVNULL,
         )
+        if self.idle_tags:
+            self.add_idle_tags(self.idle_tags)
         self.node_procs = [
             NodeProcess(self.env, self.directory / f"node{i}") for i in range(self.nodes)
         ]
@@ -125,6 +128,18 @@ class Cluster:
         for proc in [*self.node_procs, self.preloader]:
             proc.wait_ready(60)
         self.note("cluster up")
+
+    def add_idle_tags(self, count: int) -> None:
+        """Tags nobody asks for, in the ledger beside the scenario's tag (issue 11:
+        the suite must pass with a thousand of them configured)."""
+        rows = ", ".join(
+            f"('idle-{i:05d}', 1, {STEP}, {STEP}, 1000000, 1)" for i in range(count)
+        )
+        insert = (
+            "INSERT INTO idpool_tags (tag, max_id, step, min_step, max_step, start_id) "
+            f"VALUES {rows}"
+        )
+        subprocess.run(self.maria.client() + ["-e", insert, self.database], check=True)
 
     def note(self, what: str) -> None:
         self.events.append((time.monotonic() - self.started_at, what))

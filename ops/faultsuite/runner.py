@@ -90,6 +90,7 @@ def run_scenario(
         sentinel=scenario.topology == "sentinel",
         database="faults_" + scenario.name.replace("-", "_"),
         env_overrides=dict(scenario.env),
+        idle_tags=args.idle_tags,
     )
     try:
         if isinstance(ledger, MariaPair):
@@ -278,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rate", type=float, default=200.0, help="requests per second, all clients (default 200)"
     )
+    parser.add_argument(
+        "--idle-tags",
+        type=int,
+        default=0,
+        help="also configure this many tags nobody asks for (default 0; issue 11: 1000)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep logs and data here (default: temp)")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
     return parser
@@ -305,7 +312,7 @@ def run(
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {len(scenarios)} scenarios, "
             f"{args.nodes} nodes + 1 standalone preloader each, {args.clients} client threads "
             f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), step {STEP}, "
-            f"seed {args.seed}; logs in {workdir}"
+            f"seed {args.seed}; {args.idle_tags} idle tags beside; logs in {workdir}"
             + ("" if args.workdir else " (removed at the end if every scenario passed)"),
         ]
     )
