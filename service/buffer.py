@@ -27,8 +27,9 @@ Finished = Callable[[str, int, float], None]
 _NEVER = MAX_ID + 1  # a trigger no ID reaches (an int: int-to-float compares cost more)
 RETRY_BACKOFF = 0.2  # seconds between background fetches after a failed one
 # seconds: a buffer's rate (which sizes its reserve) is measured over at least this
-# long; over 50 ms one batch of 10,000 read as 200,000 IDs/s, a reserve of millions
-MIN_RATE_SPAN = 5.0
+# long; over 50 ms one batch of 10,000 read as 200,000 IDs/s, a reserve of millions.
+# Not much longer: a node must have its reserve soon after it starts.
+MIN_RATE_SPAN = 1.0
 
 
 class Draining(IdPoolError):

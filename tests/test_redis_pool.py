@@ -289,7 +289,7 @@ async def test_a_mark_waits_for_a_replica_when_asked(
     # ranges above the shared mark; IDPOOL_REDIS_MARK_REPLICAS=1 makes a raise count
     # only once a replica has it.
     private = settings.with_changes(redis_url=redis_server.url, redis_mark_replicas=1)
-    pool = RedisPool.from_settings(private.with_changes(store_timeout=0.3))
+    pool = RedisPool.from_settings(private.with_changes(store_timeout=2.0))  # WAIT up to 1 s
     try:
         with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
             await pool.raise_high_water(tag, 100)  # no replica: not counted
