@@ -32,7 +32,7 @@ _COLUMNS = (
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
-    tag         VARCHAR(64)  NOT NULL PRIMARY KEY,
+    tag         VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
     max_id      BIGINT       NOT NULL COMMENT 'first ID not yet claimed',
     step        INT          NOT NULL COMMENT 'IDs per range (adapted by the preloader)',
     min_step    INT          NOT NULL COMMENT 'dynamic step never goes below',
@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 TOKENS = "idpool_tokens"
 TOKENS_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TOKENS} (
-    tag        VARCHAR(64)  NOT NULL,
+    tag        VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     token_id   VARCHAR(16)  NOT NULL COMMENT 'names the token; not secret',
     token_hash CHAR(64)     NOT NULL COMMENT 'hex SHA-256 of the token (never the token)',
     created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
@@ -176,6 +176,8 @@ class Ledger:
                 await cur.execute(TOKENS_SCHEMA)
                 for column, definition in _MIGRATIONS:
                     await _add_column(cur, column, definition)
+                for table in (TABLE, TOKENS):
+                    await _exact_tag_names(cur, table)
 
         await self._run(op)
 
@@ -429,6 +431,28 @@ def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
         raise TagExhausted(f"tag {tag!r} has run out of {bound}")
     # Written as start < end_id - ids so the sum cannot leave 64 bits.
     return IdRange(start, start + ids if start < end_id - ids else end_id)
+
+
+async def _exact_tag_names(cur: Any, table: str) -> None:
+    """Make ``tag`` compare byte for byte in a table made before it did.
+
+    With the database's default collation (case-insensitive) ``tag = 'ORDERS'``
+    found the row ``orders``: a node then served ``ORDERS`` as a tag of its own,
+    with its own token set (none), disabled flag and high-water mark, all while
+    claiming from ``orders``'s row. Rows cannot clash: the old collation already
+    refused two names that differ only in case.
+    """
+    await cur.execute(
+        "SELECT COLLATION_NAME FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'tag'",
+        (table,),
+    )
+    row = await cur.fetchone()
+    if row is not None and row[0] != "utf8mb4_bin":
+        await cur.execute(
+            f"ALTER TABLE {table} MODIFY tag VARCHAR(64) "
+            "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+        )
 
 
 async def _add_column(cur: Any, column: str, definition: str) -> None:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote_plus
 
 from pool.claims import LedgerClaims, create_tag, disable_tag, enable_tag, move_start
 from pool.errors import ConfigError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
@@ -37,21 +37,30 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
-_TOKEN_IN_QUERY = re.compile(r"(?i)([?&]token=)[^&\s\"]*")
+_QUERY_PARAMETER = re.compile(r"([?&])([^=&\s\"]*)=([^&\s\"]*)")
+
+
+def _redact(text: str) -> str:
+    """Blank the value of every query parameter named ``token`` however its name is
+    spelled on the wire (``%74oken`` is ``token`` to Starlette too)."""
+
+    def blank(m: re.Match[str]) -> str:
+        if unquote_plus(m.group(2)).lower() != "token":
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}=[redacted]"
+
+    return _QUERY_PARAMETER.sub(blank, text) if "=" in text else text
 
 
 class RedactTokens(logging.Filter):
-    """Blank ``token=`` query parameters in every line (uvicorn's access log
+    """Blank ``token`` query parameters in every line (uvicorn's access log
     writes the full path): a tag's token must never reach a log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(
-                _TOKEN_IN_QUERY.sub(r"\1[redacted]", a) if isinstance(a, str) else a
-                for a in record.args
-            )
+            record.args = tuple(_redact(a) if isinstance(a, str) else a for a in record.args)
         if isinstance(record.msg, str):
-            record.msg = _TOKEN_IN_QUERY.sub(r"\1[redacted]", record.msg)
+            record.msg = _redact(record.msg)
         return True
 
 

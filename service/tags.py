@@ -101,6 +101,8 @@ class TagDirectory:
                         tokens = await self.ledger.list_tokens(tag)
                     except UnknownTag:
                         return None
+                    if row.tag != tag:
+                        return None  # another spelling of a tag is not that tag
                     # Its tokens before its row: a tag found this way is never served open.
                     if tokens:
                         self.tokens[tag] = frozenset(t.token_hash for t in tokens)

@@ -4,7 +4,7 @@ import pymysql
 import pytest
 
 from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
-from pool.errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreUnavailable
+from pool.errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreUnavailable, UnknownTag
 from pool.ledger import TABLE, Ledger
 from pool.preloader import Preloader
 from pool.ranges import IdRange
@@ -208,3 +208,28 @@ async def test_double_fault_redis_blip_then_mysql_rewind_repeats_nothing(
     other = await LedgerClaims(ledger, redis_pool).claim(tag)
     for r in served:
         assert r.end <= other.range.start or other.range.end <= r.start, (r, other.range)
+
+
+async def test_tag_names_compare_exactly_even_in_an_old_table(ledger: Ledger, tag: str) -> None:
+    # With the database's case-insensitive collation, ORDERS found the row orders:
+    # a node served it as a tag of its own, without orders's tokens or disabled flag.
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=TEST_DATABASE, autocommit=True)
+    conn.cursor().execute(
+        f"ALTER TABLE {TABLE} MODIFY tag VARCHAR(64) "
+        "CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL"
+    )  # a table made before tag names compared exactly
+    await ledger.ensure_schema()  # what every start does
+    cursor = conn.cursor()
+    cursor.execute(
+        "SELECT COLLATION_NAME FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND COLUMN_NAME = 'tag'",
+        (TEST_DATABASE, TABLE),
+    )
+    assert cursor.fetchone() == ("utf8mb4_bin",)
+    conn.close()
+    await ledger.add_tag(tag, step=10, start=1)
+    with pytest.raises(UnknownTag):
+        await ledger.get_tag(tag.upper())
+    with pytest.raises(UnknownTag):
+        await ledger.claim(tag.upper())
+    await ledger.add_tag(tag.upper(), step=10, start=1)  # another tag, of its own

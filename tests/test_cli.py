@@ -237,3 +237,13 @@ def test_tokens_in_query_strings_never_reach_a_log_line() -> None:
     assert RedactTokens().filter(record)
     line = record.getMessage()
     assert "s3cr3t" not in line and "count=3&token=[redacted]&x=1" in line
+
+
+def test_a_token_is_redacted_however_its_name_is_spelled() -> None:
+    # Starlette decodes %74oken to token and accepts it: the log must not show it.
+    from service.cli import _redact
+
+    for query in ("%74oken=s3cr3t", "TOKEN=s3cr3t", "to%6Ben=s3cr3t&count=3", "x=1&token=s3cr3t"):
+        line = _redact(f'"GET /id/orders?{query} HTTP/1.1" 200')
+        assert "s3cr3t" not in line and "[redacted]" in line, line
+    assert _redact("GET /ids/orders?count=3") == "GET /ids/orders?count=3"
