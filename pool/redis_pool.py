@@ -113,11 +113,13 @@ return {dropped, n}
 # KEYS[1] = hwm; ARGV[1] = candidate. Decimal strings without leading zeros
 # compare by length then text (Lua numbers are doubles and lose 64-bit precision).
 _RAISE_HWM = """
+local online = 0
+for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
 local cur = redis.call('GET', KEYS[1])
 local new = ARGV[1]
-if cur and (#cur > #new or (#cur == #new and cur >= new)) then return cur end
+if cur and (#cur > #new or (#cur == #new and cur >= new)) then return {cur, online} end
 redis.call('SET', KEYS[1], new)
-return new
+return {new, online}
 """
 
 # KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
@@ -309,17 +311,21 @@ class RedisPool:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for, it counts only once that many replicas have it: a failover to a replica
         without it would leave ranges already served above the shared mark."""
-        mark = int(await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)]))
-        if self._mark_replicas:
+        mark, online = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
+        # Only replicas that are online count: with none (the replica was just
+        # promoted, or is down) there is nothing a failover could promote, and
+        # waiting for one would stop every claim until a new replica has synced.
+        wanted = min(self._mark_replicas, int(online))
+        if wanted:
             ms = max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
-            acked = int(await self._plain(self.client.wait(self._mark_replicas, ms)))
-            if acked < self._mark_replicas:
+            acked = int(await self._plain(self.client.wait(wanted, ms)))
+            if acked < wanted:
                 raise StoreUnavailable(
                     "redis",
-                    f"high-water mark reached {acked} of {self._mark_replicas} replicas in {ms} ms "
+                    f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
                     "(IDPOOL_REDIS_MARK_REPLICAS)",
                 )
-        return mark
+        return int(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
         """Add IDs a node handed out to each tag's ``issued`` count (the consumption

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from html import escape
+from collections.abc import Callable
 from typing import Any
 
 from .status import RUNWAY_SHORT_S, Snapshot
@@ -86,7 +87,8 @@ def _cluster(snap: Snapshot) -> str:
             + f'<td class="l">{"this node" if n["this"] else ""}</td></tr>'
         )
     tags = []
-    for i, t in enumerate(view["tags"]):
+    # tags with a problem first, then the busiest
+    for i, t in _first(view["tags"], lambda t: len(t["problems"]) * 1e18 + (t["ids_per_s"] or 0)):
         p = f"cluster.tags.{i}"
         wasted = ", ".join(f"{reason} {ids}" for reason, ids in sorted(t["wasted"].items()))
         depth = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
@@ -117,6 +119,26 @@ def _cluster(snap: Snapshot) -> str:
     )
 
 
+PAGE_TAGS = 20  # rows per table: the page stays a few KB however many tags
+
+
+def _first(
+    items: list[dict[str, Any]], busy: Callable[[dict[str, Any]], float]
+) -> list[tuple[int, dict[str, Any]]]:
+    """The PAGE_TAGS busiest rows, with their index in the snapshot (data-field)."""
+    ranked = sorted(enumerate(items), key=lambda pair: -busy(pair[1]))[:PAGE_TAGS]
+    return sorted(ranked, key=lambda pair: pair[0])
+
+
+def _more(total: int) -> str:
+    if total <= PAGE_TAGS:
+        return ""
+    return (
+        f'<div class="muted">the {PAGE_TAGS} busiest of {total} tags; every tag is in '
+        '<a href="/status.json">/status.json</a></div>'
+    )
+
+
 def render(snap: Snapshot) -> str:
     node = snap["node"]
     stores = "".join(
@@ -127,7 +149,7 @@ def render(snap: Snapshot) -> str:
         for name, h in snap["stores"].items()
     )
     rows = []
-    for i, t in enumerate(snap["tags"]):
+    for i, t in _first(snap["tags"], lambda t: t["rate"]["node_ids_per_s"]):
         p = f"tags.{i}"
         buf = t["buffer"] or {}
         pool = t["pool"] or {}
@@ -171,5 +193,6 @@ def render(snap: Snapshot) -> str:
         f"<h2>Stores</h2><ul>{stores}</ul>"
         f"{_cluster(snap)}"
         f"<h2>Tags at this node</h2><table>{head}{''.join(rows)}</table>"
+        f"{_more(len(snap['tags']))}"
         "</body></html>"
     )
