@@ -8,8 +8,8 @@ place in the JSON. No script, no external asset; it refreshes every 5 seconds.
 from __future__ import annotations
 
 import time
-from html import escape
 from collections.abc import Callable
+from html import escape
 from typing import Any
 
 from .status import RUNWAY_SHORT_S, Snapshot
