@@ -297,14 +297,7 @@ class Preloader:
             claim = await self.claims.claim(tag, need)
         except MarkNotRaised as e:
             # Claimed but unfenced: never pushed (a rewound MySQL could repeat it).
-            report.abandoned = [e.wasted]
-            self.wasted[tag, "mark_not_raised"] += len(e.wasted)
-            logger.error(
-                "event=range_abandoned tag=%s range=%s reason=mark_not_raised detail=%r",
-                tag,
-                e.wasted.to_text(),
-                e.detail,
-            )
+            self._abandon(report, tag, e.wasted, [e.wasted], "mark_not_raised", e.detail)
             raise
         log_refused(logger, tag, claim.refused, claim.raised_to)
         for refused in claim.refused:
@@ -314,25 +307,12 @@ class Preloader:
         logger.info("event=range_claimed tag=%s range=%s for=pool", tag, claim.range.to_text())
         try:
             result = await self._push(tag, ranges)
-        except StoreNotSent:
-            report.abandoned = ranges
-            self.wasted[tag, "push_not_sent"] += len(claim.range)
-            logger.error(
-                "event=range_abandoned tag=%s range=%s reason=push_not_sent",
-                tag,
-                claim.range.to_text(),
-            )
+        except StoreNotSent as e:
+            self._abandon(report, tag, claim.range, ranges, "push_not_sent", e.detail)
             return
         except StoreUnavailable as e:
             # Maybe pushed, maybe not: never push again; count the range as waste.
-            report.abandoned = ranges
-            self.wasted[tag, "push_outcome_unknown"] += len(claim.range)
-            logger.error(
-                "event=range_abandoned tag=%s range=%s reason=push_outcome_unknown detail=%r",
-                tag,
-                claim.range.to_text(),
-                e.detail,
-            )
+            self._abandon(report, tag, claim.range, ranges, "push_outcome_unknown", e.detail)
             return
         log_dropped(logger, result.dropped)
         for item in result.dropped:
@@ -345,6 +325,26 @@ class Preloader:
             claim.range.to_text(),
             len(ranges),
             result.depth,
+        )
+
+    def _abandon(
+        self,
+        report: RefillReport,
+        tag: str,
+        claimed: IdRange,
+        ranges: list[IdRange],
+        reason: str,
+        detail: str,
+    ) -> None:
+        """Give up a claimed range: counted and logged as waste, never pushed."""
+        report.abandoned = ranges
+        self.wasted[tag, reason] += len(claimed)
+        logger.error(
+            "event=range_abandoned tag=%s range=%s reason=%s detail=%r",
+            tag,
+            claimed.to_text(),
+            reason,
+            detail,
         )
 
     async def _push(self, tag: str, ranges: list[IdRange]) -> PushResult:
