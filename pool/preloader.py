@@ -178,7 +178,9 @@ class Preloader:
         """Moved tags, tags that moved within the rate window (every few seconds,
         so their published rate follows them down), and at a sweep every list
         under the minimum. Raises StoreUnavailable."""
-        for tag in await self.redis_pool.take_moved():
+        taken = await self.redis_pool.take_moved()
+        self._count_dropped(taken.dropped)
+        for tag in taken.tags:
             self._moved_at[tag] = now
         window = self.settings.rate_window
         visit = set()
@@ -303,7 +305,8 @@ class Preloader:
         for refused in claim.refused:
             self.wasted[tag, "stale_ledger"] += len(refused)
         # The ledger's step may have changed since list_tags(): split by what was claimed.
-        ranges = claim.range.split(len(claim.range) // need)
+        # At a tag's bound the claim may be short: never a size of 0.
+        ranges = claim.range.split(-(-len(claim.range) // need))
         logger.info("event=range_claimed tag=%s range=%s for=pool", tag, claim.range.to_text())
         try:
             result = await self._push(tag, ranges)
@@ -314,10 +317,7 @@ class Preloader:
             # Maybe pushed, maybe not: never push again; count the range as waste.
             self._abandon(report, tag, claim.range, ranges, "push_outcome_unknown", e.detail)
             return
-        log_dropped(logger, result.dropped)
-        for item in result.dropped:
-            dropped_tag, _, text = item.partition("=")
-            self.wasted[dropped_tag, "redis_new_incarnation"] += len(IdRange.from_text(text))
+        self._count_dropped(result.dropped)
         report.pushed = ranges
         logger.info(
             "event=ranges_pushed tag=%s range=%s ranges=%d depth=%d",
@@ -326,6 +326,13 @@ class Preloader:
             len(ranges),
             result.depth,
         )
+
+    def _count_dropped(self, dropped: list[str]) -> None:
+        """Ranges a new Redis incarnation held when it was cleaned: logged, waste."""
+        log_dropped(logger, dropped)
+        for item in dropped:
+            tag, _, text = item.partition("=")
+            self.wasted[tag, "redis_new_incarnation"] += len(IdRange.from_text(text))
 
     def _abandon(
         self,

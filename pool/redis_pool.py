@@ -137,13 +137,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS[1] = moved set. Read and empty it in one step: a tag added meanwhile is
-# either read now or left for the next tick, never lost.
-_TAKE_MOVED = """
-local tags = redis.call('SMEMBERS', KEYS[1])
-redis.call('DEL', KEYS[1])
-return tags
+# KEYS[3] = moved set. Read and empty it in one step: a tag added meanwhile is
+# either read now or left for the next tick, never lost. A pool script too: the
+# active preloader's tick cleans a new Redis incarnation within a second, even
+# when no node pops (nodes may live on their reserve for a while).
+_TAKE_MOVED = (
+    _PRELUDE
+    + """
+local dropped = ensure_clean()
+local tags = redis.call('SMEMBERS', KEYS[3])
+redis.call('DEL', KEYS[3])
+return {dropped, tags}
 """
+)
 
 _ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -158,6 +164,11 @@ class PopResult(NamedTuple):
     def range(self) -> IdRange | None:
         """The first range taken, or None when the list was empty."""
         return self.ranges[0] if self.ranges else None
+
+
+class Moved(NamedTuple):
+    tags: list[str]  # tags that moved since the last read
+    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
 
 
 class PoolSummary(NamedTuple):
@@ -338,9 +349,12 @@ class RedisPool:
             pipe.sadd(self.keys.moved, *counts)
             await self._plain(pipe.execute())
 
-    async def take_moved(self) -> list[str]:
+    async def take_moved(self) -> Moved:
         """The tags that moved since the last call (read and emptied at once)."""
-        return sorted(await self._call(self._take_moved, [self.keys.moved], []))
+        keys, args = self._pool_args("")
+        keys[2] = self.keys.moved
+        dropped, tags = await self._call(self._take_moved, keys, args)
+        return Moved(sorted(tags), list(dropped))
 
     async def depths(self, tags: Sequence[str]) -> dict[str, int]:
         """Each list's depth: one LLEN per tag, in one round trip."""

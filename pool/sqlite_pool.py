@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .ranges import IdRange
-from .redis_pool import MAX_POP_RANGES, PoolSummary, PopResult, PushResult, summary
+from .redis_pool import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 from .settings import Settings
 from .sqlite_file import SqliteFile
 
@@ -187,11 +187,11 @@ class SqlitePool:
         if counts:
             await self.file.write(op)
 
-    async def take_moved(self) -> list[str]:
-        def op(conn: sqlite3.Connection) -> list[str]:
+    async def take_moved(self) -> Moved:
+        def op(conn: sqlite3.Connection) -> Moved:
             tags = [t for (t,) in conn.execute("SELECT tag FROM idpool_moved ORDER BY tag")]
             conn.execute("DELETE FROM idpool_moved")
-            return tags
+            return Moved(tags, [])
 
         return await self.file.write(op)
 

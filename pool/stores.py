@@ -14,7 +14,7 @@ from typing import Protocol
 
 from .ledger import Ledger, TagRow
 from .ranges import IdRange
-from .redis_pool import PoolSummary, PopResult, PushResult, RedisPool
+from .redis_pool import Moved, PoolSummary, PopResult, PushResult, RedisPool
 from .settings import Settings
 from .sqlite_ledger import SqliteLedger
 from .sqlite_pool import SqlitePool
@@ -85,7 +85,7 @@ class PoolStore(Protocol):
 
     async def report_issued(self, counts: Mapping[str, int]) -> None: ...
 
-    async def take_moved(self) -> list[str]: ...
+    async def take_moved(self) -> Moved: ...
 
     async def depths(self, tags: Sequence[str]) -> dict[str, int]: ...
 

@@ -87,8 +87,8 @@ async def test_moved_tags_are_read_once(pool: PoolStore, tag: str) -> None:
     await pool.report_issued({tag + "a": 1})
     await pool.push(tag + "b", [IdRange(1, 11)], head=False)
     await pool.pop(tag + "b")
-    assert await pool.take_moved() == [tag + "a", tag + "b"]
-    assert await pool.take_moved() == []
+    assert (await pool.take_moved()).tags == [tag + "a", tag + "b"]
+    assert (await pool.take_moved()).tags == []
 
 
 async def test_one_active_preloader_until_it_resigns_or_expires(pool: PoolStore) -> None:

@@ -305,7 +305,7 @@ def test_cluster_view_shows_every_live_node_and_a_draining_one(
     finally:
         for node in nodes:
             if node.proc is not None:
-                node.stop()
+                node.stop(timeout=60)  # uvicorn may wait out 30 s of open connections
     fields = dict(re.findall(r'data-field="([^"]+)">([^<]*)<', dom))
     states = [v for k, v in fields.items() if re.fullmatch(r"cluster\.nodes\.\d+\.problems", k)]
     assert sorted(states) == ["draining", "ok", "ok"]
