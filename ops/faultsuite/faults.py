@@ -55,8 +55,16 @@ def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    redis = cluster.redis_client()
+    key = f"idpool:pool:{cluster.tag}"
+    # The hazard needs a snapshot that lists ranges nodes pop afterwards. Nodes
+    # fetch their reserve in large pops, so the list is often empty: wait for one.
+    wait_for(lambda: bool(redis.llen(key)), 20.0)
     snapshot = cluster.redis_snapshot()
+    head = redis.lindex(key, 0)
     time.sleep(hold)  # traffic goes on: nodes pop ranges the snapshot still lists
+    if not wait_for(lambda: redis.lindex(key, 0) != head, 20.0):
+        cluster.note("the snapshot's head range was not popped before the restart")
     cluster.redis_restart_from(snapshot)
 
 
