@@ -69,7 +69,6 @@ _MIGRATIONS = [
     ),
     ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
 ]
-_SYNTAX_ERROR = 1064  # MySQL (not MariaDB) has no ADD COLUMN IF NOT EXISTS
 _DUPLICATE_COLUMN = 1060
 
 # pymysql raises these when the server is gone or the socket broke.
@@ -166,12 +165,21 @@ class Ledger:
             return
         pool, self._pool = self._pool, None
         pool.close()
-        await pool.wait_closed()
+        try:
+            # A connection still held (a query stuck on the server) must not hold
+            # up the stop: past the store timeout, close every connection at once.
+            await asyncio.wait_for(pool.wait_closed(), self._timeout)
+        except TimeoutError:
+            pool.terminate()
+            await pool.wait_closed()
 
     async def ensure_schema(self) -> None:
         async def op(cur: Any) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "table already exists" is the normal case
+                # A migration that cannot get its metadata lock soon gives up (the
+                # start fails and is retried) rather than queue every query behind it.
+                await cur.execute("SET SESSION lock_wait_timeout = 10")
                 await cur.execute(SCHEMA)
                 await cur.execute(TOKENS_SCHEMA)
                 for column, definition in _MIGRATIONS:
@@ -456,24 +464,21 @@ async def _exact_tag_names(cur: Any, table: str) -> None:
 
 
 async def _add_column(cur: Any, column: str, definition: str) -> None:
+    """Add a column a table made by an older idpool lacks. Look first: any ALTER,
+    even one that changes nothing, waits for an exclusive metadata lock, and every
+    query on the table queues behind it, so no node start may run one needlessly."""
+    await cur.execute(
+        "SELECT 1 FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = %s",
+        (TABLE, column),
+    )
+    if await cur.fetchone() is not None:
+        return
     try:
-        await cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {column} {definition}")
-    except pymysql.err.MySQLError as e:
-        if e.args[0] != _SYNTAX_ERROR:
+        await cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} {definition}")
+    except pymysql.err.MySQLError as dup:
+        if dup.args[0] != _DUPLICATE_COLUMN:  # a node that added it meanwhile
             raise
-        # MySQL: look first; a node that added it meanwhile makes ours a duplicate.
-        await cur.execute(
-            "SELECT 1 FROM information_schema.COLUMNS "
-            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = %s",
-            (TABLE, column),
-        )
-        if await cur.fetchone() is not None:
-            return
-        try:
-            await cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} {definition}")
-        except pymysql.err.MySQLError as dup:
-            if dup.args[0] != _DUPLICATE_COLUMN:
-                raise
 
 
 def _describe(e: BaseException) -> str:

@@ -14,7 +14,6 @@ before Starlette's routing (the fast path); the routes answer everything else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -418,8 +417,9 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             app.node = None
             for task in background:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Not waited for without a bound: aiomysql lets a query run on past its
+            # cancellation, and one stuck on the server must not stall the stop.
+            await asyncio.wait(background, timeout=settings.store_timeout)
             await node.leave()  # after the heartbeats stopped: none can re-register it
             await preloader.close()
             await pool.close()
