@@ -21,7 +21,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreBusy, StoreUnavailable
+from .errors import (
+    MarkNotRaised,
+    StaleLedger,
+    StartBelowIssued,
+    StoreBusy,
+    StoreSkipped,
+    StoreUnavailable,
+)
 from .ledger import TagRow
 from .ranges import MAX_ID, IdRange
 from .stores import LedgerStore, PoolStore
@@ -102,7 +109,7 @@ class LedgerClaims:
         if self.redis_pool is None:
             return 0  # classic mode (no pool tier): the in-memory mark only
         if self._redis_skipped():
-            raise StoreUnavailable(
+            raise StoreSkipped(
                 "redis", "a claim needs the high-water mark in Redis, which just failed"
             )
         try:

@@ -60,6 +60,11 @@ class StoreNotSent(StoreUnavailable):
     its parent, not ambiguous. A push that was not sent may be sent again."""
 
 
+class StoreSkipped(StoreNotSent):
+    """Not tried: the store failed a moment ago (the one-second Redis skip). Says
+    nothing new about its health."""
+
+
 class StoreBusy(StoreNotSent):
     """Every connection to the store stayed busy: the command was never sent.
 

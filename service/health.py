@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from pool.errors import StoreBusy, StoreUnavailable
+from pool.errors import StoreBusy, StoreSkipped, StoreUnavailable
 from pool.stores import LedgerStore, PoolStore, store_name
 
 PROBE_EVERY = 1.0  # seconds between probes of each store
@@ -31,8 +31,8 @@ class StoreHealth:
         self.last_error: dict[str, tuple[float, str]] = {}  # store -> (unix time, detail)
 
     def failed(self, e: StoreUnavailable) -> None:
-        if isinstance(e, StoreBusy):
-            return  # every connection in use: the store answers, this process is busy
+        if isinstance(e, StoreBusy | StoreSkipped):
+            return  # busy (the store answers) or not tried: nothing new about its health
         if self.up.get(e.store, True):
             logger.warning("event=store_down store=%s detail=%r", e.store, e.detail)
         self.up[e.store] = False

@@ -23,6 +23,7 @@ from pool.errors import (
     MarkNotRaised,
     StoreBusy,
     StoreNotSent,
+    StoreSkipped,
     StoreUnavailable,
     UnknownTag,
 )
@@ -140,7 +141,7 @@ class RangeSource:
         return errors
 
     def _failed(self, e: StoreUnavailable) -> None:
-        if not isinstance(e, StoreBusy):
+        if not isinstance(e, StoreBusy | StoreSkipped):
             self.stats.store_errors[e.store] += 1
         self.health.failed(e)
 

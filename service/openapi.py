@@ -28,8 +28,18 @@ _ERROR: Schema = {
 }
 _TAG_ROW: Schema = {
     "type": "object",
-    "required": ["tag", "max_id", "step", "min_step", "max_step", "start_id", "max",
-                 "ids_left", "disabled", "description"],  # fmt: skip
+    "required": [
+        "tag",
+        "max_id",
+        "step",
+        "min_step",
+        "max_step",
+        "start_id",
+        "max",
+        "ids_left",
+        "disabled",
+        "description",
+    ],  # fmt: skip
     "properties": {
         "tag": {"type": "string"},
         "max_id": {"type": "integer", "description": "first ID not yet claimed"},
@@ -125,8 +135,10 @@ def _op(summary: str, answers: list[tuple[str, Schema]], **more: Any) -> Schema:
 def _one_id(summary: str) -> Schema:
     return _op(
         summary,
-        [_ok("one ID, as decimal text", "text/plain", {"type": "string", "pattern": "^[0-9]+$"}),
-         *_ID_ERRORS],  # fmt: skip
+        [
+            _ok("one ID, as decimal text", "text/plain", {"type": "string", "pattern": "^[0-9]+$"}),
+            *_ID_ERRORS,
+        ],  # fmt: skip
         parameters=[_TAG_PARAM, _TOKEN_PARAM],
         security=_TAG_SECURITY,
     )
@@ -185,15 +197,19 @@ def document(max_count: int) -> Schema:
                 "get": _op(
                     "A batch of IDs, increasing within each range",
                     [
-                        _ok("the IDs", "application/json", {
-                            "type": "object",
-                            "required": ["tag", "ids"],
-                            "properties": {
-                                "tag": {"type": "string"},
-                                "ids": {"type": "array", "items": {"type": "integer"}},
+                        _ok(
+                            "the IDs",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tag", "ids"],
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "ids": {"type": "array", "items": {"type": "integer"}},
+                                },
+                                "additionalProperties": False,
                             },
-                            "additionalProperties": False,
-                        }),
+                        ),
                         *_ID_ERRORS,
                     ],  # fmt: skip
                     security=_TAG_SECURITY,
@@ -213,33 +229,47 @@ def document(max_count: int) -> Schema:
                 "post": _op(
                     "Lease whole ranges covering about count IDs, for a client library",
                     [
-                        _ok("the leases", "application/json", {
-                            "type": "object",
-                            "required": ["tag", "count", "leases"],
-                            "properties": {
-                                "tag": {"type": "string"},
-                                "count": {"type": "integer"},
-                                "leases": {"type": "array", "items": {
-                                    "type": "object",
-                                    "required": ["lease", "first", "last"],
-                                    "properties": {"lease": {"type": "string"},
-                                                   "first": {"type": "integer"},
-                                                   "last": {"type": "integer"}},
-                                }},
+                        _ok(
+                            "the leases",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tag", "count", "leases"],
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "count": {"type": "integer"},
+                                    "leases": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["lease", "first", "last"],
+                                            "properties": {
+                                                "lease": {"type": "string"},
+                                                "first": {"type": "integer"},
+                                                "last": {"type": "integer"},
+                                            },
+                                        },
+                                    },
+                                },
                             },
-                        }),
+                        ),
                         *_ID_ERRORS[:-1],
-                        _error("503", "unavailable", "tag_exhausted", "draining",
-                               "leases_unavailable"),
+                        _error(
+                            "503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"
+                        ),
                     ],  # fmt: skip
                     security=_TAG_SECURITY,
                     parameters=[
                         _TAG_PARAM,
                         _TOKEN_PARAM,
-                        {"name": "count", "in": "query", "required": False,
-                         "description": "IDs wanted (clamped to IDPOOL_CLIENT_MAX_COUNT); "
-                         "none: one range",
-                         "schema": {"type": "integer", "minimum": 1}},
+                        {
+                            "name": "count",
+                            "in": "query",
+                            "required": False,
+                            "description": "IDs wanted (clamped to IDPOOL_CLIENT_MAX_COUNT); "
+                            "none: one range",
+                            "schema": {"type": "integer", "minimum": 1},
+                        },
                     ],  # fmt: skip
                 )
             },
@@ -247,34 +277,52 @@ def document(max_count: int) -> Schema:
                 "post": _op(
                     "Give back the unused tail of a lease, once",
                     [
-                        _ok("what was returned", "application/json", {
-                            "type": "object",
-                            "required": ["lease", "tag", "returned", "count"],
-                            "properties": {
-                                "lease": {"type": "string"},
-                                "tag": {"type": "string"},
-                                "returned": {
-                                    "type": "object", "nullable": True,
-                                    "properties": {"first": {"type": "integer"},
-                                                   "last": {"type": "integer"}},
+                        _ok(
+                            "what was returned",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["lease", "tag", "returned", "count"],
+                                "properties": {
+                                    "lease": {"type": "string"},
+                                    "tag": {"type": "string"},
+                                    "returned": {
+                                        "type": "object",
+                                        "nullable": True,
+                                        "properties": {
+                                            "first": {"type": "integer"},
+                                            "last": {"type": "integer"},
+                                        },
+                                    },
+                                    "count": {"type": "integer"},
                                 },
-                                "count": {"type": "integer"},
                             },
-                        }),
-                        _error("400", "bad_body", "bad_lease", "bad_from", "bad_tag",
-                               "outside_lease", "wrong_tag"),
+                        ),
+                        _error(
+                            "400",
+                            "bad_body",
+                            "bad_lease",
+                            "bad_from",
+                            "bad_tag",
+                            "outside_lease",
+                            "wrong_tag",
+                        ),
                         _error("404", "not_found"),
                         _error("405", "method_not_allowed"),
                         _error("409", "unknown_lease", "already_returned"),
                         _error("503", "unavailable", "leases_unavailable"),
                     ],  # fmt: skip
-                    requestBody=_body({
-                        "type": "object",
-                        "required": ["lease", "from"],
-                        "properties": {"lease": {"type": "string"},
-                                       "from": {"type": "integer"},
-                                       "tag": {"type": "string"}},
-                    }),  # fmt: skip
+                    requestBody=_body(
+                        {
+                            "type": "object",
+                            "required": ["lease", "from"],
+                            "properties": {
+                                "lease": {"type": "string"},
+                                "from": {"type": "integer"},
+                                "tag": {"type": "string"},
+                            },
+                        }
+                    ),  # fmt: skip
                 )
             },
             "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
@@ -291,29 +339,51 @@ def document(max_count: int) -> Schema:
             "/status.json": {
                 "get": _op(
                     "The status page's data",
-                    [_ok("snapshot", "application/json", {
-                        "type": "object", "required": ["node", "stores", "tags"],
-                    })],  # fmt: skip
+                    [
+                        _ok(
+                            "snapshot",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["node", "stores", "tags"],
+                            },
+                        )
+                    ],  # fmt: skip
                 )
             },
             "/openapi.json": {
-                "get": _op("This document", [_ok("OpenAPI 3.0", "application/json",
-                                                  {"type": "object"})])  # fmt: skip
+                "get": _op(
+                    "This document", [_ok("OpenAPI 3.0", "application/json", {"type": "object"})]
+                )  # fmt: skip
             },
             "/admin/tags": {
                 "get": _admin(
                     "List tags",
-                    [_ok("every tag", "application/json", {
-                        "type": "object", "required": ["tags"],
-                        "properties": {"tags": {"type": "array", "items": tag_row}},
-                    })],  # fmt: skip
+                    [
+                        _ok(
+                            "every tag",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tags"],
+                                "properties": {"tags": {"type": "array", "items": tag_row}},
+                            },
+                        )
+                    ],  # fmt: skip
                 ),
                 "post": _admin(
                     "Create a tag",
                     [
                         _ok("created", "application/json", tag_row, "201"),
-                        _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_max",
-                               "bad_description"),
+                        _error(
+                            "400",
+                            "bad_body",
+                            "bad_tag",
+                            "bad_step",
+                            "bad_start",
+                            "bad_max",
+                            "bad_description",
+                        ),
                         _error("409", "tag_exists"),
                     ],  # fmt: skip
                     requestBody=_body(new_tag),
@@ -324,8 +394,9 @@ def document(max_count: int) -> Schema:
                     "Change the step, move the start forward, disable or enable",
                     [
                         _ok("the row after the change", "application/json", tag_row),
-                        _error("400", "bad_body", "bad_tag", "bad_step", "bad_start",
-                               "bad_disabled"),
+                        _error(
+                            "400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"
+                        ),
                         _error("409", "start_below_issued"),
                     ],  # fmt: skip
                     parameters=[_TAG_PARAM],
@@ -336,15 +407,21 @@ def document(max_count: int) -> Schema:
                 "post": _admin(
                     "Make a token for the tag; from then on the tag needs one",
                     [
-                        _ok("the token: shown this once, stored only hashed",
-                            "application/json", {
+                        _ok(
+                            "the token: shown this once, stored only hashed",
+                            "application/json",
+                            {
                                 "type": "object",
                                 "required": ["tag", "id", "token", "created_at"],
-                                "properties": {"tag": {"type": "string"},
-                                               "id": {"type": "string"},
-                                               "token": {"type": "string"},
-                                               "created_at": {"type": "string"}},
-                            }, "201"),
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "id": {"type": "string"},
+                                    "token": {"type": "string"},
+                                    "created_at": {"type": "string"},
+                                },
+                            },
+                            "201",
+                        ),
                         _error("400", "bad_tag"),
                     ],  # fmt: skip
                     parameters=[_TAG_PARAM],
@@ -352,16 +429,28 @@ def document(max_count: int) -> Schema:
                 "get": _admin(
                     "The tag's token ids (never the tokens)",
                     [
-                        _ok("token ids", "application/json", {
-                            "type": "object",
-                            "required": ["tag", "tokens"],
-                            "properties": {"tag": {"type": "string"}, "tokens": {
-                                "type": "array",
-                                "items": {"type": "object", "required": ["id", "created_at"],
-                                          "properties": {"id": {"type": "string"},
-                                                         "created_at": {"type": "string"}}},
-                            }},
-                        }),
+                        _ok(
+                            "token ids",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tag", "tokens"],
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "tokens": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["id", "created_at"],
+                                            "properties": {
+                                                "id": {"type": "string"},
+                                                "created_at": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                        ),
                         _error("400", "bad_tag"),
                     ],  # fmt: skip
                     parameters=[_TAG_PARAM],
@@ -371,29 +460,49 @@ def document(max_count: int) -> Schema:
                 "delete": _admin(
                     "Revoke one token",
                     [
-                        _ok("revoked", "application/json", {
-                            "type": "object", "required": ["tag", "revoked"],
-                            "properties": {"tag": {"type": "string"},
-                                           "revoked": {"type": "string"}},
-                        }),
+                        _ok(
+                            "revoked",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tag", "revoked"],
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "revoked": {"type": "string"},
+                                },
+                            },
+                        ),
                         _error("400", "bad_tag"),
                     ],  # fmt: skip
                     parameters=[
                         _TAG_PARAM,
-                        {"name": "token_id", "in": "path", "required": True,
-                         "schema": {"type": "string"}},
+                        {
+                            "name": "token_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
                     ],  # fmt: skip
                 ),
             },
             "/admin/drain": {
                 "post": _admin(
                     "Stop serving here and return the remainders to the pool",
-                    [_ok("what was returned or abandoned", "application/json", {
-                        "type": "object",
-                        "required": ["draining", "returned", "abandoned"],
-                        "properties": {"draining": {"type": "boolean"},
-                                       "returned": ranges, "abandoned": ranges},
-                    })],  # fmt: skip
+                    [
+                        _ok(
+                            "what was returned or abandoned",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["draining", "returned", "abandoned"],
+                                "properties": {
+                                    "draining": {"type": "boolean"},
+                                    "returned": ranges,
+                                    "abandoned": ranges,
+                                },
+                            },
+                        )
+                    ],  # fmt: skip
                 )
             },
         },

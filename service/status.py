@@ -179,8 +179,7 @@ def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:
     return {
         "nodes": nodes,
         "tags": [
-            _cluster_tag(tag, view.rows.get(tag), view.pooled.get(tag))
-            for tag in view.cluster_tags
+            _cluster_tag(tag, view.rows.get(tag), view.pooled.get(tag)) for tag in view.cluster_tags
         ],
     }
 

@@ -42,10 +42,7 @@ def _runway(seconds: float | None) -> str:
 def _runway_cell(seconds: float | None, field: str) -> str:
     short = seconds is not None and seconds < RUNWAY_SHORT_S
     klass = ' class="down"' if short else ""
-    return (
-        f'<td{klass} data-value="{seconds}" data-field="{escape(field)}">'
-        f"{_runway(seconds)}</td>"
-    )
+    return f'<td{klass} data-value="{seconds}" data-field="{escape(field)}">{_runway(seconds)}</td>'
 
 
 def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) -> str:
@@ -76,7 +73,7 @@ def _cluster(snap: Snapshot) -> str:
     for i, n in enumerate(view["nodes"]):
         p = f"cluster.nodes.{i}"
         nodes.append(
-            f'<tr{" class=warn" if n["draining"] else ""}>'
+            f"<tr{' class=warn' if n['draining'] else ''}>"
             + _cell(n["addr"], f"{p}.addr", "l")
             + _cell(n["pid"], f"{p}.pid")
             + _cell(n["version"], f"{p}.version")
