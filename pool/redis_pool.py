@@ -16,6 +16,7 @@ outcome as unknown (a push is abandoned, a pop is counted as lost).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Mapping, Sequence
@@ -467,6 +468,11 @@ class RedisPool:
         try:
             return await awaitable
         except _ERRORS as e:
+            if isinstance(e, RedisConnectionError):
+                # The others in the pool likely lead to the same gone server (a
+                # restart, a failover): drop them now rather than fail once each.
+                with contextlib.suppress(*_ERRORS):
+                    await self.client.connection_pool.disconnect(inuse_connections=False)
             if _never_sent(e):
                 raise StoreNotSent("redis", _describe(e)) from e
             raise StoreUnavailable("redis", _describe(e)) from e

@@ -8,6 +8,7 @@ state that only a request could clear would keep it out for good.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -29,6 +30,7 @@ class StoreHealth:
         # store -> answered its latest probe (or call); unknown stores count as up
         self.up: dict[str, bool] = {}
         self.last_error: dict[str, tuple[float, str]] = {}  # store -> (unix time, detail)
+        self._probed_at = 0.0  # monotonic time of the last probe_soon
 
     def failed(self, e: StoreUnavailable) -> None:
         if isinstance(e, StoreBusy | StoreSkipped):
@@ -52,6 +54,17 @@ class StoreHealth:
         if self.pool is not None and self.pool_name is not None:
             probes.append(self._probe(self.pool_name, self.pool.check()))
         await asyncio.gather(*probes)
+
+    async def probe_soon(self, max_age: float = 0.5, timeout: float = 0.5) -> None:
+        """Probe now unless a probe ran within ``max_age`` s, waiting at most
+        ``timeout``: a 503 should name every store that is down, also in the
+        second before the background probe notices."""
+        now = time.monotonic()
+        if now - self._probed_at < max_age:
+            return
+        self._probed_at = now
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.probe()), timeout)
 
     async def run(self) -> None:
         while True:

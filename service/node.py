@@ -100,6 +100,7 @@ class RangeSource:
                 )
             if taken:
                 return taken
+            await self.health.probe_soon()
             raise NoRangeAvailable(tag, self._with_probed(errors)) from e
         self.health.answered(self.health.ledger_name)
         log_refused(logger, tag, claim.refused, claim.raised_to)

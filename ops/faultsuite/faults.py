@@ -49,6 +49,10 @@ def node_sigterm(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    # The hazard needs ranges in the list (nodes fetch their reserve in large pops,
+    # so it is often empty): wait for some, so the restart has ranges to drop.
+    redis = cluster.redis_client()
+    wait_for(lambda: bool(redis.llen(f"idpool:pool:{cluster.tag}")), 20.0)
     cluster.store("redis", "kill9")
     time.sleep(min(hold, 1.0))
     cluster.store("redis", "start")
