@@ -33,7 +33,7 @@ promtool:
 
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
 test: install browser promtool
-	$(VENV)/bin/ruff check pool service tests ops client
+	$(VENV)/bin/ruff check idpool pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 

@@ -106,7 +106,7 @@ class NodeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        serve = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
+        serve = [sys.executable, "-m", "idpool.service.cli", "serve", "--port", str(self.port)]
         return [*serve, *self.args]
 
     def start(self, wait: bool = True, ready_timeout: float = 20.0) -> NodeProcess:
@@ -168,7 +168,7 @@ class PreloaderProcess(NodeProcess):
     """A standalone `idpool preload` process; ready once it logs that it started."""
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "service.cli", "preload", *self.args]
+        return [sys.executable, "-m", "idpool.service.cli", "preload", *self.args]
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout

@@ -42,13 +42,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from pool.claims import create_tag
-from pool.errors import ConfigError, StoreUnavailable, TagExists
-from pool.ledger import Ledger
-from pool.ranges import IdRange
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
-from pool.stores import open_stores
+from idpool.pool.claims import create_tag
+from idpool.pool.errors import ConfigError, StoreUnavailable, TagExists
+from idpool.pool.ledger import Ledger
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.pool.stores import open_stores
 
 from .processes import NodeProcess, node_stopped, wait_port_closed, wait_ready
 

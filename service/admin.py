@@ -19,12 +19,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pool.claims import create_tag, disable_tag, enable_tag, move_start
-from pool.errors import IdPoolError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
-from pool.ledger import TagRow
-from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, IdRange, is_valid_tag
-from pool.settings import Settings
-from pool.tokens import hash_token, new_token
+from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.errors import (
+    IdPoolError,
+    StartBelowIssued,
+    StoreUnavailable,
+    TagExists,
+    UnknownTag,
+)
+from idpool.pool.ledger import TagRow
+from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, IdRange, is_valid_tag
+from idpool.pool.settings import Settings
+from idpool.pool.tokens import hash_token, new_token
 
 if TYPE_CHECKING:
     from .app import Running

@@ -30,12 +30,12 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from pool.claims import LedgerClaims
-from pool.errors import IdPoolError, TagDisabled, TagExhausted, UnknownTag
-from pool.preloader import Preloader
-from pool.ranges import TAG_RULE, is_valid_tag
-from pool.settings import Settings
-from pool.stores import LedgerStore, PoolStore, open_stores
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.errors import IdPoolError, TagDisabled, TagExhausted, UnknownTag
+from idpool.pool.preloader import Preloader
+from idpool.pool.ranges import TAG_RULE, is_valid_tag
+from idpool.pool.settings import Settings
+from idpool.pool.stores import LedgerStore, PoolStore, open_stores
 
 from . import admin, auth, leases, metrics, openapi, status, status_page
 from .buffer import Draining

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from pool.tokens import matches
+from idpool.pool.tokens import matches
 
 from .tags import TagDirectory
 

@@ -18,8 +18,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from pool.errors import IdPoolError
-from pool.ranges import MAX_ID, IdRange
+from idpool.pool.errors import IdPoolError
+from idpool.pool.ranges import MAX_ID, IdRange
 
 Fetch = Callable[[str, int], Awaitable[list[IdRange]]]  # (tag, IDs wanted) -> ranges
 # (tag, IDs in the range, seconds it was served for): a range was used up

@@ -20,15 +20,21 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import quote, unquote_plus
 
-from pool.claims import LedgerClaims, create_tag, disable_tag, enable_tag, move_start
-from pool.errors import ConfigError, StartBelowIssued, StoreUnavailable, TagExists, UnknownTag
-from pool.preloader import Preloader
-from pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
-from pool.settings import Settings
-from pool.stores import LedgerStore, open_ledger, open_pool, open_stores
-from pool.tokens import hash_token, new_token
-from service.node import Node, RangeSource, node_ttl
-from service.status import cluster, read_stores, runway_seconds, snapshot
+from idpool.pool.claims import LedgerClaims, create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.errors import (
+    ConfigError,
+    StartBelowIssued,
+    StoreUnavailable,
+    TagExists,
+    UnknownTag,
+)
+from idpool.pool.preloader import Preloader
+from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from idpool.pool.settings import Settings
+from idpool.pool.stores import LedgerStore, open_ledger, open_pool, open_stores
+from idpool.pool.tokens import hash_token, new_token
+from idpool.service.node import Node, RangeSource, node_ttl
+from idpool.service.status import cluster, read_stores, runway_seconds, snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -83,7 +89,7 @@ def logging_config(level: str, access_log: bool = False) -> dict[str, Any]:
         "formatters": {
             "line": {"format": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"}
         },
-        "filters": {"redact_tokens": {"()": "service.cli.RedactTokens"}},
+        "filters": {"redact_tokens": {"()": "idpool.service.cli.RedactTokens"}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
@@ -268,7 +274,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)
     asyncio.run(_check_stores(settings))
     uvicorn.run(
-        "service.app:create_app",
+        "idpool.service.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,

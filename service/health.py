@@ -13,8 +13,8 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from pool.errors import StoreBusy, StoreSkipped, StoreUnavailable
-from pool.stores import LedgerStore, PoolStore, store_name
+from idpool.pool.errors import StoreBusy, StoreSkipped, StoreUnavailable
+from idpool.pool.stores import LedgerStore, PoolStore, store_name
 
 PROBE_EVERY = 1.0  # seconds between probes of each store
 

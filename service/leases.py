@@ -24,12 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pool.errors import IdPoolError, StoreUnavailable, TagDisabled, TagExhausted, UnknownTag
-from pool.lease_store import LeaseClash, LeaseRefused, LeaseStore
-from pool.preloader import log_dropped
-from pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
+from idpool.pool.errors import IdPoolError, StoreUnavailable, TagDisabled, TagExhausted, UnknownTag
+from idpool.pool.lease_store import LeaseClash, LeaseRefused, LeaseStore
+from idpool.pool.preloader import log_dropped
+from idpool.pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
 
 from . import auth
 from .buffer import Draining

@@ -17,8 +17,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
-from pool.errors import (
+from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
+from idpool.pool.errors import (
     IdPoolError,
     MarkNotRaised,
     StoreBusy,
@@ -27,9 +27,9 @@ from pool.errors import (
     StoreUnavailable,
     UnknownTag,
 )
-from pool.preloader import log_dropped, log_refused
-from pool.ranges import IdRange
-from pool.stores import PoolStore
+from idpool.pool.preloader import log_dropped, log_refused
+from idpool.pool.ranges import IdRange
+from idpool.pool.stores import PoolStore
 
 from .buffer import Draining, SegmentBuffer
 from .health import StoreHealth

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
+from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
 
 from . import metrics
 

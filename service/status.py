@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pool.errors import StoreUnavailable
-from pool.ledger import TagRow
-from pool.redis_pool import PoolSummary
-from pool.stores import LedgerStore, PoolStore
+from idpool.pool.errors import StoreUnavailable
+from idpool.pool.ledger import TagRow
+from idpool.pool.redis_pool import PoolSummary
+from idpool.pool.stores import LedgerStore, PoolStore
 
 from .node import Node
 from .stats import rates

@@ -6,11 +6,11 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from pool.claims import LedgerClaims
-from pool.ledger import Ledger
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
-from service.app import create_app
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.ledger import Ledger
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
 
 from .test_app import add_tag, pool_ranges
 

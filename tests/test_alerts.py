@@ -10,8 +10,8 @@ from pathlib import Path
 
 from starlette.testclient import TestClient
 
-from pool.settings import Settings
-from service.app import create_app
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
 
 from .test_app import add_tag
 

@@ -8,14 +8,14 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
+from idpool.pool.ledger import Ledger
+from idpool.pool.ranges import MAX_ID
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.pool.stores import open_stores
+from idpool.service.app import NodeApp, create_app
+from idpool.service.health import PROBE_EVERY
 from ops.servers import TcpProxy
-from pool.ledger import Ledger
-from pool.ranges import MAX_ID
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
-from pool.stores import open_stores
-from service.app import NodeApp, create_app
-from service.health import PROBE_EVERY
 
 from .conftest import TEST_DATABASE
 

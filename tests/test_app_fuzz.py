@@ -17,9 +17,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from pool.ranges import MAX_ID
-from pool.settings import Settings
-from service.app import create_app
+from idpool.pool.ranges import MAX_ID
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
 
 from .test_app import add_tag
 

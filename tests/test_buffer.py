@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from pool.errors import StoreUnavailable
-from pool.ranges import IdRange
-from service.buffer import Draining, SegmentBuffer
+from idpool.pool.errors import StoreUnavailable
+from idpool.pool.ranges import IdRange
+from idpool.service.buffer import Draining, SegmentBuffer
 
 pytestmark = pytest.mark.anyio
 

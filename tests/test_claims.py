@@ -3,13 +3,19 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
-from pool.errors import MarkNotRaised, StaleLedger, StartBelowIssued, StoreUnavailable, UnknownTag
-from pool.ledger import TABLE, Ledger
-from pool.preloader import Preloader
-from pool.ranges import IdRange
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
+from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
+from idpool.pool.errors import (
+    MarkNotRaised,
+    StaleLedger,
+    StartBelowIssued,
+    StoreUnavailable,
+    UnknownTag,
+)
+from idpool.pool.ledger import TABLE, Ledger
+from idpool.pool.preloader import Preloader
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
 
 from .conftest import TEST_DATABASE
 

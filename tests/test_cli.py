@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from idpool.pool.settings import Settings
 from ops.processes import env_with, free_port
-from pool.settings import Settings
 
 
 def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -18,7 +18,7 @@ def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedPr
     )
     base.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "idpool.service.cli", *args],
         env=base, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -88,7 +88,8 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "2"],
+            [sys.executable, "-m", "idpool.service.cli", "serve", "--port", str(port)]
+            + ["--workers", "2"],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -109,7 +110,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
 
 def test_access_log_is_kept_at_any_log_level() -> None:
     # uvicorn writes access lines at INFO; at --log-level warning they were dropped.
-    from service.cli import logging_config
+    from idpool.service.cli import logging_config
 
     assert logging_config("warning", True)["loggers"]["uvicorn.access"] == {"level": "INFO"}
     assert "uvicorn.access" not in logging_config("warning")["loggers"]
@@ -163,7 +164,7 @@ def test_sigterm_stops_a_node_without_an_error_line(
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "idpool.service.cli", "serve", "--port", str(port)],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -224,13 +225,13 @@ def test_tag_token_add_list_revoke(settings: Settings, tag: str) -> None:
 def test_tokens_in_query_strings_never_reach_a_log_line() -> None:
     import logging
 
-    from service.cli import RedactTokens
+    from idpool.service.cli import RedactTokens
 
     record = logging.LogRecord(
         "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
         ("127.0.0.1:5000", "GET", "/ids/orders?count=3&token=s3cr3t&x=1", "1.1", 200), None,
     )  # fmt: skip
-    from service.cli import logging_config
+    from idpool.service.cli import logging_config
 
     stderr = logging_config("info", access_log=True)["handlers"]["stderr"]
     assert stderr["filters"] == ["redact_tokens"]  # every line, uvicorn's access log too
@@ -241,7 +242,7 @@ def test_tokens_in_query_strings_never_reach_a_log_line() -> None:
 
 def test_a_token_is_redacted_however_its_name_is_spelled() -> None:
     # Starlette decodes %74oken to token and accepts it: the log must not show it.
-    from service.cli import _redact
+    from idpool.service.cli import _redact
 
     for query in ("%74oken=s3cr3t", "TOKEN=s3cr3t", "to%6Ben=s3cr3t&count=3", "x=1&token=s3cr3t"):
         line = _redact(f'"GET /id/orders?{query} HTTP/1.1" 200')

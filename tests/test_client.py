@@ -23,10 +23,10 @@ from idpool_client import (
     Lease,
 )
 
+from idpool.pool.ledger import Ledger
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
 from ops.processes import NodeProcess, env_with, free_port
-from pool.ledger import Ledger
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
 
 from .conftest import MYSQL_URL, REDIS_URL, new_name
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from idpool.pool.settings import Settings
 from ops.processes import NodeProcess, env_with
-from pool.settings import Settings
 
 from .crash_waste import blocks
 from .test_app import add_tag

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from idpool.pool.ledger import Ledger
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
 from ops.processes import NodeProcess, env_with
-from pool.ledger import Ledger
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
 
 from .crash_waste import assert_only_the_killed_run_wasted
 

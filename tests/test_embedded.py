@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from idpool.pool.errors import StoreUnavailable
+from idpool.pool.settings import Settings
+from idpool.pool.sqlite_ledger import SqliteLedger
+from idpool.pool.sqlite_pool import SqlitePool
+from idpool.service.app import create_app
 from ops.processes import NodeProcess, env_with, free_port
-from pool.errors import StoreUnavailable
-from pool.settings import Settings
-from pool.sqlite_ledger import SqliteLedger
-from pool.sqlite_pool import SqlitePool
-from service.app import create_app
 
 from .crash_waste import assert_only_the_killed_run_wasted
 
@@ -42,7 +42,7 @@ def _env(**values: str) -> dict[str, str]:
 
 def idpool(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "idpool.service.cli", *args],
         cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

@@ -8,11 +8,11 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
+from idpool.pool import lease_store
+from idpool.pool.keys import Keys
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
 from ops.servers import RedisServer
-from pool import lease_store
-from pool.keys import Keys
-from pool.settings import Settings
-from service.app import create_app
 
 from .test_app import add_tag, pool_ranges
 

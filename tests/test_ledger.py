@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pool.errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
-from pool.ledger import Ledger
-from pool.ranges import MAX_ID, IdRange
-from pool.settings import Settings
-from pool.stores import LedgerStore, open_ledger
+from idpool.pool.errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
+from idpool.pool.ledger import Ledger
+from idpool.pool.ranges import MAX_ID, IdRange
+from idpool.pool.settings import Settings
+from idpool.pool.stores import LedgerStore, open_ledger
 
 from .conftest import MYSQL_SERVER, new_name
 
@@ -309,7 +309,7 @@ async def test_a_sqlite_file_from_before_bounds_is_migrated_in_place(
 
 
 async def test_tokens_are_stored_hashed_listed_and_revoked(ledger: LedgerStore, tag: str) -> None:
-    from pool.tokens import hash_token, matches, new_token
+    from idpool.pool.tokens import hash_token, matches, new_token
 
     await ledger.add_tag(tag, step=10, start=1)
     token_id, token = new_token()

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.ledger import Ledger
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
+from idpool.service.node import Node, RangeSource
 from ops.servers import TcpProxy
-from pool.claims import LedgerClaims
-from pool.ledger import Ledger
-from pool.ranges import IdRange
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
-from service.app import create_app
-from service.node import Node, RangeSource
 
 from .conftest import TEST_DATABASE
 from .test_app import add_tag, pool_ranges
@@ -181,7 +181,7 @@ async def test_an_idle_tag_goes_back_to_the_pool_and_is_dropped(
 
 
 def test_a_tag_found_by_name_comes_with_its_tokens(settings: Settings, tag: str) -> None:
-    from pool.tokens import hash_token
+    from idpool.pool.tokens import hash_token
 
     async def add_guarded() -> None:
         ledger = await Ledger.connect(settings)

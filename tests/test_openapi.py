@@ -13,10 +13,10 @@ from pathlib import Path
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
+from idpool.service.openapi import document
 from ops.processes import NodeProcess, env_with
-from pool.settings import Settings
-from service.app import create_app
-from service.openapi import document
 
 from .test_app import add_tag
 

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from pool.claims import LedgerClaims
-from pool.errors import StoreUnavailable
-from pool.ledger import Ledger
-from pool.preloader import Preloader
-from pool.ranges import IdRange
-from pool.redis_pool import PushResult, RedisPool
-from pool.settings import Settings
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.errors import StoreUnavailable
+from idpool.pool.ledger import Ledger
+from idpool.pool.preloader import Preloader
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import PushResult, RedisPool
+from idpool.pool.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.ranges import MAX_ID, IdRange, is_valid_tag
+from idpool.pool.ranges import MAX_ID, IdRange, is_valid_tag
 
 
 def test_text_form_is_inclusive_and_round_trips() -> None:

@@ -14,13 +14,13 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from idpool.pool.errors import StoreBusy, StoreUnavailable
+from idpool.pool.keys import Keys
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
+from idpool.pool.settings import Settings
 from ops.processes import free_port
 from ops.servers import RedisServer
-from pool.errors import StoreBusy, StoreUnavailable
-from pool.keys import Keys
-from pool.ranges import IdRange
-from pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
-from pool.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from idpool.pool.ranges import IdRange
+from idpool.pool.settings import Settings
 from ops.processes import env_with
 from ops.rolling_restart import account
-from pool.ranges import IdRange
-from pool.settings import Settings
 
 TOOL = Path(__file__).resolve().parent.parent / "ops" / "rolling-restart"
 

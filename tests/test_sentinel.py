@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from idpool.pool.errors import ConfigError, StoreUnavailable
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool, make_client
+from idpool.pool.sentinel import SentinelMaster
+from idpool.pool.settings import SentinelParams, Settings, parse_sentinel_url
 from ops.replication import RedisSentinelGroup
-from pool.errors import ConfigError, StoreUnavailable
-from pool.ranges import IdRange
-from pool.redis_pool import RedisPool, make_client
-from pool.sentinel import SentinelMaster
-from pool.settings import SentinelParams, Settings, parse_sentinel_url
 
 pytestmark = pytest.mark.anyio
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pool.errors import ConfigError
-from pool.settings import Settings
+from idpool.pool.errors import ConfigError
+from idpool.pool.settings import Settings
 
 
 def test_defaults_work_on_this_machine() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.sizing import MIN_SPAN, RateMeter, next_step, target_depth
+from idpool.pool.sizing import MIN_SPAN, RateMeter, next_step, target_depth
 
 
 def test_rate_over_a_sliding_window() -> None:

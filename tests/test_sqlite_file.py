@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pool.errors import StoreUnavailable
-from pool.sqlite_file import SqliteFile
+from idpool.pool.errors import StoreUnavailable
+from idpool.pool.sqlite_file import SqliteFile
 
 pytestmark = pytest.mark.anyio
 

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pool.ranges import IdRange
-from pool.settings import Settings
-from pool.sqlite_pool import SqlitePool
-from pool.stores import PoolStore, open_pool
+from idpool.pool.ranges import IdRange
+from idpool.pool.settings import Settings
+from idpool.pool.sqlite_pool import SqlitePool
+from idpool.pool.stores import PoolStore, open_pool
 
 pytestmark = pytest.mark.anyio
 

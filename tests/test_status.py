@@ -15,12 +15,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
+from idpool.service.status import StoreReadsCache, StoreView
 from ops.processes import NodeProcess, env_with
-from pool.ranges import IdRange
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
-from service.app import create_app
-from service.status import StoreReadsCache, StoreView
 
 from .test_app import add_tag
 
@@ -195,8 +195,8 @@ def test_runway_is_ids_left_below_the_max_over_the_cluster_rate(
 def test_runway_is_none_without_a_bound_or_a_rate() -> None:
     from datetime import datetime
 
-    from pool.ledger import TagRow
-    from service.status import runway_seconds
+    from idpool.pool.ledger import TagRow
+    from idpool.service.status import runway_seconds
 
     row = TagRow("t", 101, 100, 1, "", datetime.now(), 100, 100, 1001, False)
     assert runway_seconds(row, 200, 10.0) == 110.0  # 900 in the ledger + 200 in the pool
@@ -280,7 +280,7 @@ def test_cluster_view_shows_every_live_node_and_a_draining_one(
         entry = next(t for t in view["tags"] if t["tag"] == tag)
         assert entry["max_id"] == 301 and entry["returned"] == 95  # the drained node's rest
         printed = subprocess.run(
-            [sys.executable, "-m", "service.cli", "status"],
+            [sys.executable, "-m", "idpool.service.cli", "status"],
             env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert printed.returncode == 0, printed.stderr

@@ -37,13 +37,13 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pool.claims import LedgerClaims
-from pool.errors import IdPoolError
-from pool.ledger import Ledger
-from pool.settings import Settings
-from pool.stores import LedgerStore, PoolStore, open_stores
-from service.app import NodeApp, create_app
-from service.node import Node, RangeSource
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.errors import IdPoolError
+from idpool.pool.ledger import Ledger
+from idpool.pool.settings import Settings
+from idpool.pool.stores import LedgerStore, PoolStore, open_stores
+from idpool.service.app import NodeApp, create_app
+from idpool.service.node import Node, RangeSource
 
 Handler = Callable[[Request], Awaitable[Response]]
 TICKETS_TABLE = "bench_tickets64"

@@ -124,7 +124,7 @@ def main(argv: Sequence[str]) -> int:
     )
     node = NodeProcess(env, workdir / "node")
     try:
-        cli = [sys.executable, "-m", "service.cli", "tag", "add", TAG, "--step", "1000"]
+        cli = [sys.executable, "-m", "idpool.service.cli", "tag", "add", TAG, "--step", "1000"]
         subprocess.run(cli, env=env, check=True, stdout=subprocess.DEVNULL)
         node.start()
         with IdPoolClient([node.base_url], return_at_exit=False) as client:

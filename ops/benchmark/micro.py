@@ -9,13 +9,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Scope
 
-from pool.ledger import Ledger
-from pool.ranges import IdRange
-from pool.redis_pool import RedisPool
-from pool.settings import Settings
-from service.app import create_app
-from service.buffer import SegmentBuffer
-from service.stats import LatencyHistogram
+from idpool.pool.ledger import Ledger
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
+from idpool.service.buffer import SegmentBuffer
+from idpool.service.stats import LatencyHistogram
 
 from .apps import bare_asgi, ceiling
 

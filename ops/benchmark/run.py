@@ -31,10 +31,10 @@ from typing import Any
 import pymysql
 import redis
 
+from idpool.pool.keys import Keys
+from idpool.pool.settings import Settings
 from ops.processes import free_port
 from ops.servers import RedisServer
-from pool.keys import Keys
-from pool.settings import Settings
 
 from . import micro
 from .load import Load, Result, run_wrk, wrk_path
@@ -162,7 +162,8 @@ class Bench:
         self.add_tag("leaf", self.plan.step)
 
     def add_tag(self, tag: str, step: int) -> None:
-        command = [sys.executable, "-m", "service.cli", "--log-level", "warning", "tag", "add"]
+        command = [sys.executable, "-m", "idpool.service.cli", "--log-level", "warning"]
+        command += ["tag", "add"]
         subprocess.run(
             [*command, tag, "--step", str(step)],
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},

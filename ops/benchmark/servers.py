@@ -116,7 +116,7 @@ def idpool_command(port: int, workers: int, access_log: bool = False) -> list[st
     """The production command, as a user runs it. Access lines are logged at
     INFO, so a node with its access log on runs at that level."""
     level = "info" if access_log else "warning"
-    command = [sys.executable, "-m", "service.cli", "--log-level", level, "serve"]
+    command = [sys.executable, "-m", "idpool.service.cli", "--log-level", level, "serve"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     return command + (["--access-log"] if access_log else [])
 

@@ -112,7 +112,8 @@ class Cluster:
         self.started_at = time.monotonic()
         self.redis.start()
         subprocess.run(
-            [sys.executable, "-m", "service.cli", "tag", "add", self.tag, "--step", str(STEP)],
+            [sys.executable, "-m", "idpool.service.cli", "tag", "add", self.tag]
+            + ["--step", str(STEP)],
             env=self.env,
             check=True,
             stdout=subprocess.DEVNULL,

@@ -153,7 +153,7 @@ def machine() -> dict[str, Any]:
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT,
         check=False,
     ).stdout.strip()  # fmt: skip
-    import service
+    import idpool
 
     try:
         version = metadata.version("idpool")
@@ -162,7 +162,7 @@ def machine() -> dict[str, Any]:
     idpool_env = {k: v for k, v in os.environ.items() if k.startswith("IDPOOL_")}
     return {
         "commit": commit or "?",
-        "idpool": f"{version} from {Path(service.__file__).resolve().parent.parent}",
+        "idpool": f"{version} from {Path(idpool.__file__).resolve().parent.parent}",
         "python": sys.executable,
         "cores": os.cpu_count(),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],

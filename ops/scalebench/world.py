@@ -163,7 +163,7 @@ class World:
 
     def _create_table(self) -> None:
         # The schema of the idpool installed in this Python: the probe follows it.
-        from pool.ledger import SCHEMA
+        from idpool.pool.ledger import SCHEMA
 
         conn = mysql(self.database)
         try:
