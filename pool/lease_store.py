@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from .errors import LeaseClash, LeaseRefused, StoreUnavailable
 from .keys import Keys
-from .ranges import IdRange
+from .ranges import IdRange, TaggedRange, tagged_ranges
 
 # The incarnation check of the pool scripts, shared so both compute it the same way.
 from .redis_pool import _PRELUDE
@@ -93,11 +93,11 @@ return {dropped, 'ok', tag, tail}
 class Returned(NamedTuple):
     tag: str
     tail: IdRange | None  # pushed to the head of the tag's list; None: nothing left
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
 
 
 class Recorded(NamedTuple):
-    dropped: list[str]
+    dropped: list[TaggedRange]
 
 
 class LeaseStore:
@@ -132,7 +132,7 @@ class LeaseStore:
         dropped, n = await self._call(self._record, keys, args)
         if int(n) < 0:
             raise LeaseClash("a lease id is already recorded")
-        return Recorded(list(dropped))
+        return Recorded(tagged_ranges(dropped))
 
     async def give_back(self, lease_id: str, start: int, tag: str = "") -> Returned:
         """Close the lease and push [start, end of lease) to the head of its tag's list.
@@ -147,7 +147,7 @@ class LeaseStore:
         if verdict != "ok":
             raise LeaseRefused(verdict, _MESSAGES[verdict].format(lease=lease_id, tag=found_tag))
         pushed = IdRange.from_text(tail) if tail else None
-        return Returned(found_tag, pushed, list(dropped))
+        return Returned(found_tag, pushed, tagged_ranges(dropped))
 
     async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
         # Run once, never retried here (the client is built with retries off),

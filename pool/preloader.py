@@ -28,7 +28,6 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -43,6 +42,7 @@ from .redis_pool import PoolSummary, PushResult
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
+from .waste import Reason, WasteRecorder
 
 logger = logging.getLogger("idpool.preloader")
 
@@ -72,6 +72,7 @@ class Preloader:
         ledger: LedgerStore,
         redis_pool: PoolStore,
         claims: LedgerClaims | None = None,
+        waste: WasteRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -88,7 +89,7 @@ class Preloader:
         self._visited_at: dict[str, float] = {}
         self._next_sweep = 0.0
         self._refilling: set[str] = set()  # tags being refilled by this process now
-        self.wasted: Counter[tuple[str, str]] = Counter()  # (tag, reason) -> IDs
+        self.waste = waste or WasteRecorder()  # the process's, shared with its node
         self._urgent: set[asyncio.Task[None]] = set()
         self._urgent_after: dict[str, float] = {}
 
@@ -179,7 +180,7 @@ class Preloader:
         so their published rate follows them down), and at a sweep every list
         under the minimum. Raises StoreUnavailable."""
         taken = await self.redis_pool.take_moved()
-        self._count_dropped(taken.dropped)
+        self.waste.dropped(taken.dropped)
         for tag in taken.tags:
             self._moved_at[tag] = now
         window = self.settings.rate_window
@@ -299,11 +300,9 @@ class Preloader:
             claim = await self.claims.claim(tag, need)
         except MarkNotRaised as e:
             # Claimed but unfenced: never pushed (a rewound MySQL could repeat it).
-            self._abandon(report, tag, e.wasted, [e.wasted], "mark_not_raised", e.detail)
+            self._abandon(report, tag, e.wasted, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
             raise
-        log_refused(logger, tag, claim.refused, claim.raised_to)
-        for refused in claim.refused:
-            self.wasted[tag, "stale_ledger"] += len(refused)
+        self.waste.record(tag, claim.refused, Reason.STALE_LEDGER, raised_to=claim.raised_to)
         # The ledger's step may have changed since list_tags(): split by what was claimed.
         # At a tag's bound the claim may be short: never a size of 0.
         ranges = claim.range.split(-(-len(claim.range) // need))
@@ -311,13 +310,13 @@ class Preloader:
         try:
             result = await self._push(tag, ranges)
         except StoreNotSent as e:
-            self._abandon(report, tag, claim.range, ranges, "push_not_sent", e.detail)
+            self._abandon(report, tag, claim.range, ranges, Reason.PUSH_NOT_SENT, e.detail)
             return
         except StoreUnavailable as e:
             # Maybe pushed, maybe not: never push again; count the range as waste.
-            self._abandon(report, tag, claim.range, ranges, "push_outcome_unknown", e.detail)
+            self._abandon(report, tag, claim.range, ranges, Reason.PUSH_OUTCOME_UNKNOWN, e.detail)
             return
-        self._count_dropped(result.dropped)
+        self.waste.dropped(result.dropped)
         report.pushed = ranges
         logger.info(
             "event=ranges_pushed tag=%s range=%s ranges=%d depth=%d",
@@ -327,32 +326,18 @@ class Preloader:
             result.depth,
         )
 
-    def _count_dropped(self, dropped: list[str]) -> None:
-        """Ranges a new Redis incarnation held when it was cleaned: logged, waste."""
-        log_dropped(logger, dropped)
-        for item in dropped:
-            tag, _, text = item.partition("=")
-            self.wasted[tag, "redis_new_incarnation"] += len(IdRange.from_text(text))
-
     def _abandon(
         self,
         report: RefillReport,
         tag: str,
         claimed: IdRange,
         ranges: list[IdRange],
-        reason: str,
+        reason: Reason,
         detail: str,
     ) -> None:
         """Give up a claimed range: counted and logged as waste, never pushed."""
         report.abandoned = ranges
-        self.wasted[tag, reason] += len(claimed)
-        logger.error(
-            "event=range_abandoned tag=%s range=%s reason=%s detail=%r",
-            tag,
-            claimed.to_text(),
-            reason,
-            detail,
-        )
+        self.waste.record(tag, [claimed], reason, detail)
 
     async def _push(self, tag: str, ranges: list[IdRange]) -> PushResult:
         """Push, sending again only what was never sent (no connection, or all busy)."""
@@ -366,21 +351,3 @@ class Preloader:
 
 def _chunks(items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def log_refused(log: logging.Logger, tag: str, refused: list[IdRange], raised: int | None) -> None:
-    for r in refused:
-        log.error(
-            "event=stale_ledger tag=%s range=%s raised_max_id_to=%s "
-            "detail='MySQL returned a range below the high-water mark; range abandoned'",
-            tag,
-            r.to_text(),
-            raised,
-        )
-
-
-def log_dropped(log: logging.Logger, dropped: list[str]) -> None:
-    """Ranges a new Redis incarnation held when it was cleaned: abandoned, never served."""
-    for item in dropped:
-        tag, _, text = item.partition("=")
-        log.warning("event=range_abandoned tag=%s range=%s reason=redis_new_incarnation", tag, text)

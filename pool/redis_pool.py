@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from .errors import StoreBusy, StoreNotSent, StoreUnavailable
 from .keys import Keys
-from .ranges import IdRange
+from .ranges import IdRange, TaggedRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
 
@@ -157,7 +157,7 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 
 class PopResult(NamedTuple):
     ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
     depth: int = 0  # ranges left in the list after the pop
     target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
 
@@ -169,7 +169,7 @@ class PopResult(NamedTuple):
 
 class Moved(NamedTuple):
     tags: list[str]  # tags that moved since the last read
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
 
 
 class PoolSummary(NamedTuple):
@@ -183,7 +183,7 @@ class PoolSummary(NamedTuple):
 
 class PushResult(NamedTuple):
     depth: int
-    dropped: list[str]
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
 
 
 def make_client(settings: Settings) -> aioredis.Redis:
@@ -265,7 +265,7 @@ class RedisPool:
         args += [str(ids), str(MAX_POP_RANGES), tag]
         dropped, texts, depth, target = await self._call(self._pop, keys, args)
         taken = [IdRange.from_text(t) for t in texts]
-        return PopResult(taken, list(dropped), int(depth), int(target or 0))
+        return PopResult(taken, tagged_ranges(dropped), int(depth), int(target or 0))
 
     async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
@@ -275,7 +275,7 @@ class RedisPool:
         keys, args = self._pool_args(tag)
         args += [tag, "head" if head else "tail", *(r.to_text() for r in ranges)]
         dropped, depth = await self._call(self._push, keys, args)
-        return PushResult(int(depth), list(dropped))
+        return PushResult(int(depth), tagged_ranges(dropped))
 
     async def depth(self, tag: str) -> int:
         return int(await self._plain(self.client.llen(self.keys.pool(tag))))
@@ -355,7 +355,7 @@ class RedisPool:
         keys, args = self._pool_args("")
         keys[2] = self.keys.moved
         dropped, tags = await self._call(self._take_moved, keys, args)
-        return Moved(sorted(tags), list(dropped))
+        return Moved(sorted(tags), tagged_ranges(dropped))
 
     async def depths(self, tags: Sequence[str]) -> dict[str, int]:
         """Each list's depth: one LLEN per tag, in one round trip."""

@@ -21,8 +21,9 @@ from starlette.routing import Route
 from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ledger import TagRow
-from idpool.pool.ranges import MAX_ID, MAX_STEP, IdRange
+from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.tokens import hash_token, new_token
+from idpool.pool.waste import Reason
 
 from .errors import HttpRefusal, error, json_response
 from .runtime import Runtime
@@ -63,16 +64,6 @@ async def _body(request: Request) -> dict[str, Any]:
 
 def _when(at: datetime) -> str:
     return at.isoformat()
-
-
-def _count_drained(run: Runtime, tag: str, drained: list[IdRange]) -> None:
-    if drained:
-        run.node.stats.waste(tag, "tag_disabled", sum(map(len, drained)))
-        logger.warning(
-            "event=range_abandoned tag=%s range=%s reason=tag_disabled",
-            tag,
-            ",".join(r.to_text() for r in drained),
-        )
 
 
 def _admitted(request: Request) -> Runtime:
@@ -135,7 +126,7 @@ async def change_tag(request: Request) -> Response:
         row = await run.ledger.set_step(tag, step)
     if disabled is True:
         row, drained = await disable_tag(run.ledger, run.pool, tag)
-        _count_drained(run, tag, drained)
+        run.node.waste.record(tag, drained, Reason.TAG_DISABLED)
         await run.node.refresh_tags(tag)  # this node stops at once; others within seconds
     elif disabled is False:
         row = await enable_tag(run.ledger, tag)

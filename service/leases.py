@@ -25,8 +25,8 @@ from starlette.routing import Route
 
 from idpool.pool.errors import Draining, InvalidInput, LeaseClash, StoreUnavailable
 from idpool.pool.lease_store import LeaseStore
-from idpool.pool.preloader import log_dropped
 from idpool.pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
+from idpool.pool.waste import Reason
 
 from . import auth
 from .errors import HttpRefusal, json_response
@@ -93,13 +93,6 @@ def _lease_store(run: Runtime) -> LeaseStore:
     return store
 
 
-def _log_dropped(run: Runtime, dropped: list[str]) -> None:
-    log_dropped(logger, dropped)
-    for item in dropped:
-        dropped_tag, _, text = item.partition("=")
-        run.node.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
-
-
 async def lease(request: Request) -> Response:
     tag: str = request.path_params["tag"]
     if not is_valid_tag(tag):
@@ -120,15 +113,9 @@ async def lease(request: Request) -> Response:
         # Not recorded, or not known to be: a lease that could not be returned
         # (or, if half-known, returned twice) is never handed out. Waste instead.
         for _, r in leases:
-            run.node.stats.waste(tag, "lease_not_recorded", len(r))
-            logger.error(
-                "event=range_abandoned tag=%s range=%s reason=lease_not_recorded detail=%r",
-                tag,
-                r.to_text(),
-                str(e),
-            )
+            run.node.waste.record(tag, [r], Reason.LEASE_NOT_RECORDED, str(e))
         raise HttpRefusal("unavailable", f"could not record the lease in Redis: {e}") from e
-    _log_dropped(run, recorded.dropped)
+    run.node.waste.dropped(recorded.dropped)
     for lease_id, r in leases:
         logger.info("event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), lease_id)
     answer = [{"lease": i, "first": r.start, "last": r.end - 1} for i, r in leases]
@@ -156,7 +143,7 @@ async def give_back(request: Request) -> Response:
         # Outcome unknown: the client may retry; the tombstone makes that safe.
         logger.warning("event=lease_return_failed lease=%s detail=%r", lease_id, e.detail)
         raise HttpRefusal("unavailable", f"{e}; retry the return, it is safe") from e
-    _log_dropped(run, returned.dropped)
+    run.node.waste.dropped(returned.dropped)
     tail = returned.tail
     if tail is not None:
         run.node.stats.tags[returned.tag].ids_returned += len(tail)

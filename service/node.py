@@ -30,9 +30,9 @@ from idpool.pool.errors import (
     StoreUnavailable,
     UnknownTag,
 )
-from idpool.pool.preloader import log_dropped, log_refused
 from idpool.pool.ranges import IdRange
 from idpool.pool.stores import PoolStore
+from idpool.pool.waste import Reason, WasteRecorder
 
 from .buffer import SegmentBuffer
 from .health import StoreHealth
@@ -52,6 +52,7 @@ class RangeSource:
         on_low: Callable[[str], None] | None = None,
         health: StoreHealth | None = None,
         step_of: Callable[[str], int] = lambda tag: 1,
+        waste: WasteRecorder | None = None,
     ) -> None:
         self.claims = claims
         self.redis_pool = redis_pool
@@ -59,6 +60,7 @@ class RangeSource:
         self.on_low = on_low  # called when a tag's list runs low: refill it now
         self.health = health or StoreHealth(claims.ledger, redis_pool)
         self.step_of = step_of  # a tag's step as last known: sizes a batch's claim
+        self.waste = waste or WasteRecorder()  # the process's, shared with its preloader
         self._skip_redis_until = 0.0
         self._redis_error: StoreUnavailable | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -85,21 +87,13 @@ class RangeSource:
             self._failed(e)
             errors.append(e)
             if isinstance(e, MarkNotRaised):
-                self.stats.waste(tag, "mark_not_raised", len(e.wasted))
-                logger.error(
-                    "event=range_abandoned tag=%s range=%s reason=mark_not_raised detail=%r",
-                    tag,
-                    e.wasted.to_text(),
-                    e.detail,
-                )
+                self.waste.record(tag, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
             if taken:
                 return taken
             await self.health.probe_soon()
             raise NoRangeAvailable(tag, self._with_probed(errors)) from e
         self.health.answered(self.health.ledger_name)
-        log_refused(logger, tag, claim.refused, claim.raised_to)
-        for refused in claim.refused:
-            self.stats.waste(tag, "stale_ledger", len(refused))
+        self.waste.record(tag, claim.refused, Reason.STALE_LEDGER, raised_to=claim.raised_to)
         self.stats.tags[tag].ranges_from_ledger += 1
         logger.info("event=range_taken tag=%s range=%s source=ledger", tag, claim.range.to_text())
         return [*taken, claim.range]
@@ -162,10 +156,7 @@ class RangeSource:
             return []
         if self.health.pool_name is not None:
             self.health.answered(self.health.pool_name)
-        log_dropped(logger, result.dropped)
-        for item in result.dropped:
-            dropped_tag, _, text = item.partition("=")
-            self.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
+        self.waste.dropped(result.dropped)
         # target_depth is 0 until a preloader has sized this tag's list: leave
         # those to the preloader's next tick.
         if self.on_low is not None and result.depth < result.target_depth / 2:
@@ -196,13 +187,13 @@ class Node:
         tag_reload_seconds: float = 5.0,
         node_id: str = "",
         identity: dict[str, str] | None = None,
-        extra_waste: Callable[[], Counter[tuple[str, str]]] = Counter,
     ) -> None:
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
         self.tag_reload_seconds = tag_reload_seconds
         self.reserve_seconds = reserve_seconds
         self.stats = source.stats
+        self.waste = source.waste
         self.health = source.health
         self.prefetch_at = prefetch_at
         self.tags = tags or TagDirectory(source.claims.ledger)
@@ -220,8 +211,6 @@ class Node:
         # The cluster view: who this node is (empty: not registered)
         self.node_id = node_id
         self.identity = identity or {}
-        # waste counted elsewhere in this process (the preloader's), reported with ours
-        self.extra_waste = extra_waste
         self._reported_totals: dict[tuple[str, str], int] = {}
 
     def not_ready(self) -> str | None:
@@ -242,8 +231,7 @@ class Node:
     def shown_tags(self) -> list[str]:
         """The tags /status and /metrics show: those served here, and those that
         wasted IDs here (a disabled tag's waste stays visible after its buffer goes)."""
-        wasted = {tag for tag, counters in self.stats.tags.items() if counters.wasted}
-        return sorted(wasted.union(self.buffers))
+        return sorted(self.waste.tags().union(self.buffers))
 
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, created on first use for a tag the ledger has."""
@@ -372,13 +360,7 @@ class Node:
         remainder = await buf.drain()  # waits for a fetch under way: it is waste too
         self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         self.stats.tags[tag].history.clear()
-        if remainder:
-            self.stats.waste(tag, "tag_disabled", sum(map(len, remainder)))
-            logger.warning(
-                "event=range_abandoned tag=%s range=%s reason=tag_disabled",
-                tag,
-                ",".join(r.to_text() for r in remainder),
-            )
+        self.waste.record(tag, remainder, Reason.TAG_DISABLED)
 
     async def report(self) -> None:
         """Tell the preloader how many IDs this node handed out per tag since the
@@ -414,9 +396,7 @@ class Node:
         for tag, counters in list(self.stats.tags.items()):
             if counters.ids_returned:
                 found[(tag, "returned")] += counters.ids_returned
-            for reason, ids in counters.wasted.items():
-                found[(tag, f"wasted:{reason}")] += ids
-        for (tag, reason), ids in self.extra_waste().items():
+        for (tag, reason), ids in self.waste.totals().items():
             found[(tag, f"wasted:{reason}")] += ids
         return dict(found)
 
@@ -512,14 +492,14 @@ class Node:
         return report
 
     async def _return(self, tag: str, remainder: list[IdRange], report: ShutdownReport) -> None:
-        texts = ",".join(r.to_text() for r in remainder)
-        ids = sum(map(len, remainder))
         pool = self.source.redis_pool
-        stats = self.stats.tags[tag]
-        if pool is None:
+
+        def abandon(reason: Reason, detail: str | None = None) -> None:
             report.abandoned += [(tag, r) for r in remainder]
-            stats.wasted["no_pool"] += ids
-            logger.warning("event=range_abandoned tag=%s range=%s reason=no_pool", tag, texts)
+            self.waste.record(tag, remainder, reason, detail)
+
+        if pool is None:
+            abandon(Reason.NO_POOL)
             return
         for _ in range(_BUSY_RETRIES):
             try:
@@ -529,23 +509,15 @@ class Node:
                 continue  # never sent: safe to send again
             except StoreUnavailable as e:
                 # Maybe pushed, maybe not: never retried, the remainder is waste.
-                report.abandoned += [(tag, r) for r in remainder]
-                stats.wasted["push_outcome_unknown"] += ids
-                logger.error(
-                    "event=range_abandoned tag=%s range=%s reason=push_outcome_unknown detail=%r",
-                    tag,
-                    texts,
-                    e.detail,
-                )
+                abandon(Reason.PUSH_OUTCOME_UNKNOWN, e.detail)
                 return
         else:
-            report.abandoned += [(tag, r) for r in remainder]
-            stats.wasted["push_not_sent"] += ids
-            logger.error("event=range_abandoned tag=%s range=%s reason=push_not_sent", tag, texts)
+            abandon(Reason.PUSH_NOT_SENT)
             return
-        log_dropped(logger, result.dropped)
+        self.waste.dropped(result.dropped)
         report.returned += [(tag, r) for r in remainder]
-        stats.ids_returned += ids
+        self.stats.tags[tag].ids_returned += sum(map(len, remainder))
+        texts = ",".join(r.to_text() for r in remainder)
         logger.info("event=range_returned tag=%s range=%s depth=%d", tag, texts, result.depth)
 
 

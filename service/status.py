@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,18 +106,16 @@ async def snapshot(
     node: Node,
     ledger: LedgerStore,
     pool: PoolStore | None,
-    preloader_waste: Counter[tuple[str, str]] | None = None,
     tags: list[str] | None = None,
 ) -> Snapshot:
     """The node and the tags it serves (or ``tags``), read fresh from the stores."""
     names = node.shown_tags() if tags is None else tags
-    return assemble(node, await read_stores(ledger, pool, names), preloader_waste, names)
+    return assemble(node, await read_stores(ledger, pool, names), names)
 
 
 def assemble(
     node: Node,
     view: StoreView,
-    preloader_waste: Counter[tuple[str, str]] | None = None,
     tags: list[str] | None = None,
 ) -> Snapshot:
     """The snapshot from the node's own state now and what the stores said.
@@ -135,8 +132,7 @@ def assemble(
             "at": when,
             "detail": detail,
         }
-    waste = Counter[tuple[str, str]]() if preloader_waste is None else preloader_waste
-    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag), waste) for tag in names]
+    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag)) for tag in names]
     return {
         "updated_at": round(time.time(), 3),
         "cluster": cluster(view, node.node_id),
@@ -219,16 +215,12 @@ def _tag(
     tag: str,
     row: TagRow | None,
     pooled: PoolSummary | None,
-    preloader_waste: Counter[tuple[str, str]],
 ) -> dict[str, Any]:
     counters = node.stats.tags.get(tag)
     buf = node.buffers.get(tag)
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
-    wasted = Counter[str]() if counters is None else Counter(counters.wasted)
-    for (waste_tag, reason), ids in preloader_waste.items():
-        if waste_tag == tag:
-            wasted[reason] += ids
+    wasted = node.waste.of(tag)  # the node's and this process's preloader's
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,

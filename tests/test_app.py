@@ -481,7 +481,7 @@ def test_a_remainder_push_that_could_not_connect_is_not_sent_not_unknown(
         assert node is not None
         redis.cut()  # connections dropped, new ones refused
         time.sleep(PROBE_EVERY + 0.5)  # its health probe failed: the node knows Redis is gone
-    wasted = node.stats.tags[tag].wasted
+    wasted = node.waste.of(tag)
     assert wasted["push_not_sent"] > 0 and wasted["push_outcome_unknown"] == 0, dict(wasted)
 
 

@@ -146,7 +146,7 @@ def test_unrecorded_lease_is_not_handed_out(settings: Settings, tag: str) -> Non
         run_pool.client.register_script = failing
         r = client.post(f"/lease/{tag}")
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
-        wasted = client.app.node.stats.tags[tag].wasted  # type: ignore[attr-defined]
+        wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]
         assert wasted["lease_not_recorded"] == 100
 
 

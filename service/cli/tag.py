@@ -7,7 +7,6 @@ them; the messages name the options (``--step``) instead of the JSON fields.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from functools import partial
 
@@ -23,13 +22,12 @@ from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, open_ledger, open_pool
 from idpool.pool.tokens import hash_token, new_token
+from idpool.pool.waste import Reason, WasteRecorder
 
 from ..kinds import KINDS, SEGMENT
 from ..status import runway_seconds
 from ..tag_fields import check_int, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, duration, flag, integer, show, tag_arg
-
-logger = logging.getLogger("idpool.cli")
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -239,13 +237,8 @@ async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
         return EXIT_UNAVAILABLE
     finally:
         await pool.close()
+    WasteRecorder().record(row.tag, drained, Reason.TAG_DISABLED)  # logged; counted nowhere
     ids = sum(map(len, drained))
-    if drained:
-        logger.warning(
-            "event=range_abandoned tag=%s range=%s reason=tag_disabled",
-            row.tag,
-            ",".join(r.to_text() for r in drained),
-        )
     print(
         f"{row.tag}: disabled (410 tag_disabled at every node within "
         f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
