@@ -40,6 +40,24 @@ _MAX_STALE_RETRIES = 3
 REDIS_SKIP_SECONDS = 1.0
 
 
+class RedisSkip:
+    """The one-second Redis skip of a process: after a Redis error (a node's pop,
+    a claim's mark), neither pops nor claims try Redis for REDIS_SKIP_SECONDS."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until = 0.0
+        self._error: StoreUnavailable | None = None
+
+    def failed(self, error: StoreUnavailable) -> None:
+        self._until = self._clock() + REDIS_SKIP_SECONDS
+        self._error = error
+
+    def skipping(self) -> StoreUnavailable | None:
+        """The error that started the skip while it lasts, else None: try Redis."""
+        return self._error if self._clock() < self._until else None
+
+
 @dataclass
 class Claim:
     range: IdRange
@@ -59,15 +77,11 @@ class LedgerClaims:
         self.ledger = ledger
         self.redis_pool = redis_pool
         self._high_water: dict[str, int] = {}  # tag -> highest range end seen here
-        self._clock = clock
-        self._skip_redis_until = 0.0
+        self.redis_skip = RedisSkip(clock)  # shared with the node's pops (RangeSource)
 
-    def redis_failed(self) -> None:
+    def redis_failed(self, error: StoreUnavailable | None = None) -> None:
         """Redis just failed (here, or a node's pop): claims fail fast for a while."""
-        self._skip_redis_until = self._clock() + REDIS_SKIP_SECONDS
-
-    def _redis_skipped(self) -> bool:
-        return self._clock() < self._skip_redis_until
+        self.redis_skip.failed(error or StoreUnavailable("redis", "failed a moment ago"))
 
     def observe(self, tag: str, seen: IdRange) -> None:
         """Record a range seen from anywhere (pool or ledger): the ledger is past its end."""
@@ -108,7 +122,7 @@ class LedgerClaims:
     async def _shared_high_water(self, tag: str) -> int:
         if self.redis_pool is None:
             return 0  # classic mode (no pool tier): the in-memory mark only
-        if self._redis_skipped():
+        if self.redis_skip.skipping() is not None:
             raise StoreSkipped(
                 "redis", "a claim needs the high-water mark in Redis, which just failed"
             )
@@ -116,8 +130,8 @@ class LedgerClaims:
             return await self.redis_pool.high_water(tag)
         except StoreBusy:
             raise  # never sent: says nothing about Redis's health
-        except StoreUnavailable:
-            self.redis_failed()
+        except StoreUnavailable as e:
+            self.redis_failed(e)
             raise
 
     async def _raise_shared(self, tag: str, claimed: IdRange) -> None:
@@ -129,7 +143,7 @@ class LedgerClaims:
             # Maybe raised, maybe not. Unraised, a rewound MySQL could hand this
             # range to a process that reads the old mark: give it up instead.
             if not isinstance(e, StoreBusy):
-                self.redis_failed()
+                self.redis_failed(e)
             raise MarkNotRaised(
                 e.store, f"high-water mark not raised past the claim: {e.detail}", claimed
             ) from e

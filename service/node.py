@@ -1,7 +1,8 @@
-"""A node: the per-tag buffers of one process, and where their ranges come from.
+"""A node: the per-tag buffers of one process and their lifecycle (made on first
+use, released when idle, dropped when disabled, returned at shutdown), the
+kinds of ID it serves (``kinds.py``), and its reports to the cluster.
 
-A range comes from the Redis pool (one atomic pop) or, when the pool is empty
-or Redis is unreachable, straight from the MySQL ledger. On shutdown the unused
+Its ranges come from a RangeSource (``source.py``). On shutdown the unused
 remainders go back to the head of each tag's list, so the next node serves them
 first: IDs are trend-increasing across nodes, not strictly rising.
 """
@@ -10,162 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
 from idpool.pool.errors import (
     Draining,
-    IdPoolError,
     KindNotServed,
-    MarkNotRaised,
-    NoRangeAvailable,
-    StoreBusy,
     StoreNotSent,
-    StoreSkipped,
     StoreUnavailable,
     UnknownTag,
 )
 from idpool.pool.ranges import IdRange
-from idpool.pool.stores import PoolStore
-from idpool.pool.waste import Reason, WasteRecorder
+from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
-from .health import StoreHealth
 from .kinds import KINDS, SEGMENT, IdKind
-from .stats import SAMPLE_EVERY, NodeStats
+from .source import RangeSource
+from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.node")
-
-
-class RangeSource:
-    def __init__(
-        self,
-        claims: LedgerClaims,
-        redis_pool: PoolStore | None,
-        stats: NodeStats | None = None,
-        on_low: Callable[[str], None] | None = None,
-        health: StoreHealth | None = None,
-        step_of: Callable[[str], int] = lambda tag: 1,
-        waste: WasteRecorder | None = None,
-    ) -> None:
-        self.claims = claims
-        self.redis_pool = redis_pool
-        self.stats = stats or NodeStats()
-        self.on_low = on_low  # called when a tag's list runs low: refill it now
-        self.health = health or StoreHealth(claims.ledger, redis_pool)
-        self.step_of = step_of  # a tag's step as last known: sizes a batch's claim
-        self.waste = waste or WasteRecorder()  # the process's, shared with its preloader
-        self._skip_redis_until = 0.0
-        self._redis_error: StoreUnavailable | None = None
-        self._background: set[asyncio.Task[None]] = set()
-
-    async def fetch(self, tag: str, ids: int = 1) -> list[IdRange]:
-        """Ranges holding at least ``ids`` IDs (at least one range): one pop from
-        the pool, and for what it lacks one claim from the ledger.
-
-        Raises NoRangeAvailable when neither store gives anything; returns what
-        the pool gave when only the claim failed (the caller asks again).
-        """
-        errors: list[StoreUnavailable] = []
-        taken = await self._pop(tag, ids, errors)
-        missing = ids - sum(map(len, taken))
-        if missing <= 0 and taken:
-            return taken
-        try:
-            claim = await self.claims.claim(tag, math.ceil(max(missing, 1) / self.step_of(tag)))
-        except IdPoolError as e:
-            if not isinstance(e, StoreUnavailable):  # unknown or exhausted tag, stale ledger
-                if taken:
-                    return taken  # popped ranges are served; the caller asks again
-                raise
-            self._failed(e)
-            errors.append(e)
-            if isinstance(e, MarkNotRaised):
-                self.waste.record(tag, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
-            if taken:
-                return taken
-            await self.health.probe_soon()
-            raise NoRangeAvailable(tag, self._with_probed(errors)) from e
-        self.health.answered(self.health.ledger_name)
-        self.waste.record(tag, claim.refused, Reason.STALE_LEDGER, raised_to=claim.raised_to)
-        self.stats.tags[tag].ranges_from_ledger += 1
-        logger.info("event=range_taken tag=%s range=%s source=ledger", tag, claim.range.to_text())
-        return [*taken, claim.range]
-
-    def report_finished(self, tag: str, ids: int, seconds: float) -> None:
-        """A buffer used up a range: tell the preloader's dynamic step how long it lasted."""
-        if self.redis_pool is not None:
-            self.spawn(self.redis_pool.report_lifetime(tag, ids, seconds))
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Best-effort store write off the request path (a lost figure only skews sizing)."""
-
-        async def guarded() -> None:
-            try:
-                await coro
-            except StoreUnavailable:
-                pass
-
-        task = asyncio.ensure_future(guarded())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def close(self) -> None:
-        if self._background:
-            await asyncio.wait(list(self._background), timeout=5)
-
-    def _with_probed(self, errors: list[StoreUnavailable]) -> list[StoreUnavailable]:
-        """The errors met, plus stores the health probe found down: a claim that
-        failed on Redis never asked MySQL, and the 503 should name both."""
-        named = {e.store for e in errors}
-        for store, (_, detail) in self.health.last_error.items():
-            if store not in named and not self.health.is_up(store):
-                errors.append(StoreUnavailable(store, detail))
-        return errors
-
-    def _failed(self, e: StoreUnavailable) -> None:
-        if not isinstance(e, StoreBusy | StoreSkipped):
-            self.stats.store_errors[e.store] += 1
-        self.health.failed(e)
-
-    async def _pop(self, tag: str, ids: int, errors: list[StoreUnavailable]) -> list[IdRange]:
-        if self.redis_pool is None:
-            return []
-        if time.monotonic() < self._skip_redis_until and self._redis_error is not None:
-            errors.append(self._redis_error)  # still counted as down, for the 503 message
-            return []
-        try:
-            result = await self.redis_pool.pop(tag, ids)
-        except StoreBusy as e:
-            errors.append(e)  # never sent: nothing was taken, and Redis is not at fault
-            return []
-        except StoreUnavailable as e:
-            # The pop may have happened: whatever it took is lost, never reused.
-            self._skip_redis_until = time.monotonic() + REDIS_SKIP_SECONDS
-            self._redis_error = e
-            self.claims.redis_failed()  # the claim that follows fails fast too
-            self._failed(e)
-            logger.warning("event=pool_pop_failed tag=%s detail=%r", tag, e.detail)
-            errors.append(e)
-            return []
-        if self.health.pool_name is not None:
-            self.health.answered(self.health.pool_name)
-        self.waste.dropped(result.dropped)
-        # target_depth is 0 until a preloader has sized this tag's list: leave
-        # those to the preloader's next tick.
-        if self.on_low is not None and result.depth < result.target_depth / 2:
-            self.on_low(tag)
-        for taken in result.ranges:
-            self.claims.observe(tag, taken)
-            self.stats.tags[tag].ranges_from_pool += 1
-            logger.info("event=range_taken tag=%s range=%s source=pool", tag, taken.to_text())
-        return result.ranges
 
 
 @dataclass
@@ -187,7 +55,11 @@ class Node:
         tag_reload_seconds: float = 5.0,
         node_id: str = "",
         identity: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self._clock = clock  # monotonic seconds, for idleness and reloads
+        self._wall_clock = wall_clock  # seconds since the epoch, for the consumption chart
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
         self.tag_reload_seconds = tag_reload_seconds
@@ -196,7 +68,7 @@ class Node:
         self.waste = source.waste
         self.health = source.health
         self.prefetch_at = prefetch_at
-        self.tags = tags or TagDirectory(source.claims.ledger)
+        self.tags = tags or TagDirectory(source.claims.ledger, clock=clock)
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
@@ -251,6 +123,7 @@ class Node:
                 self.prefetch_at,
                 self.source.report_finished,
                 self.reserve_seconds,
+                clock=self._clock,
             )
             self.buffers[tag] = buf
         return buf
@@ -305,8 +178,8 @@ class Node:
 
     def sample(self, now: float | None = None, mono: float | None = None) -> None:
         """Record IDs issued per tag (the consumption chart); let idle buffers go."""
-        now = time.time() if now is None else now
-        mono = time.monotonic() if mono is None else mono
+        now = self._wall_clock() if now is None else now
+        mono = self._clock() if mono is None else mono
         for tag, buf in list(self.buffers.items()):
             issued = buf.issued
             self.stats.tags[tag].history.append((now, issued))
@@ -339,7 +212,7 @@ class Node:
         The tags served here (and ``changed``, one an operator just changed
         through this node) every time; the whole list once a minute."""
         full = self.tags.full_at
-        whole = full is None or time.monotonic() - full >= _FULL_TAG_RELOAD_SECONDS
+        whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
         names = set(self.buffers) if changed is None else {*self.buffers, changed}
         try:
             await self.tags.refresh(None if whole else sorted(names))
@@ -451,7 +324,7 @@ class Node:
     async def run_housekeeping(self) -> None:
         sampled = reloaded = 0.0
         while True:
-            now = time.monotonic()
+            now = self._clock()
             if now - sampled >= SAMPLE_EVERY:
                 self.sample()
                 sampled = now

@@ -28,7 +28,8 @@ from idpool.pool.waste import WasteRecorder
 
 from . import metrics, openapi, status
 from .errors import FailureLog
-from .node import Node, RangeSource, node_ttl
+from .node import Node, node_ttl
+from .source import RangeSource
 from .stats import NodeStats
 from .tags import TagDirectory
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,15 +103,10 @@ class StoreReadsCache:
         return await asyncio.shield(task)
 
 
-async def snapshot(
-    node: Node,
-    ledger: LedgerStore,
-    pool: PoolStore | None,
-    tags: list[str] | None = None,
-) -> Snapshot:
-    """The node and the tags it serves (or ``tags``), read fresh from the stores."""
-    names = node.shown_tags() if tags is None else tags
-    return assemble(node, await read_stores(ledger, pool, names), names)
+def tag_entries(node: Node | None, view: StoreView, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per tag, its /status.json entry: what the stores said and, given a node,
+    what that node holds and did (``idpool pool show`` has no node)."""
+    return [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag)) for tag in names]
 
 
 def assemble(
@@ -132,7 +128,7 @@ def assemble(
             "at": when,
             "detail": detail,
         }
-    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag)) for tag in names]
+    entries = tag_entries(node, view, names)
     return {
         "updated_at": round(time.time(), 3),
         "cluster": cluster(view, node.node_id),
@@ -211,16 +207,16 @@ def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> di
 
 
 def _tag(
-    node: Node,
+    node: Node | None,
     tag: str,
     row: TagRow | None,
     pooled: PoolSummary | None,
 ) -> dict[str, Any]:
-    counters = node.stats.tags.get(tag)
-    buf = node.buffers.get(tag)
+    counters = None if node is None else node.stats.tags.get(tag)
+    buf = None if node is None else node.buffers.get(tag)
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
-    wasted = node.waste.of(tag)  # the node's and this process's preloader's
+    wasted = Counter[str]() if node is None else node.waste.of(tag)  # and its preloader's
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,
@@ -230,7 +226,7 @@ def _tag(
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
         "runway_s": None,
-        "buffer": node.describe(tag),
+        "buffer": None if node is None else node.describe(tag),
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,

@@ -16,7 +16,8 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from idpool.service.node import Node, RangeSource
+from idpool.service.node import Node
+from idpool.service.source import RangeSource
 from ops.servers import TcpProxy
 
 from .conftest import TEST_DATABASE

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from idpool.pool.claims import LedgerClaims
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
-from ..node import Node, RangeSource, node_ttl
-from ..status import cluster, read_stores, snapshot
+from ..node import node_ttl
+from ..status import cluster, read_stores, tag_entries
 from .common import duration, show
 
 
@@ -29,9 +28,8 @@ async def pool_show(settings: Settings, args: argparse.Namespace) -> int:
     """The per-tag part of /status, from the stores (no node's buffers here)."""
     ledger, pool = await open_stores(settings)
     try:
-        idle = Node(RangeSource(LedgerClaims(ledger, pool), pool), prefetch_at=0.1)
         names = [row.tag for row in await ledger.list_tags()]
-        snap = await snapshot(idle, ledger, pool, tags=names)
+        entries = tag_entries(None, await read_stores(ledger, pool, names), names)
     finally:
         await pool.close()
         await ledger.close()
@@ -39,7 +37,7 @@ async def pool_show(settings: Settings, args: argparse.Namespace) -> int:
         f"{'tag':<20} {'step':>9} {'max_id':>14} {'depth':>6} {'target':>6} {'pool IDs':>12} "
         f"{'IDs/s':>9} {'minutes':>8}  head range"
     )
-    for t in snap["tags"]:
+    for t in entries:
         pooled = t["pool"] or {}
         rate = t["rate"].get("cluster_ids_per_s")
         print(
