@@ -29,9 +29,9 @@ from .errors import (
     StoreSkipped,
     StoreUnavailable,
 )
-from .ledger import TagRow
 from .ranges import MAX_ID, IdRange
-from .stores import LedgerStore, PoolStore
+from .stores import HighWaterMarks, LedgerStore, RangeLists
+from .values import TagRow
 
 _MAX_STALE_RETRIES = 3
 # After a Redis error, claims fail at once for this long, as if the mark's read had
@@ -71,11 +71,11 @@ class LedgerClaims:
     def __init__(
         self,
         ledger: LedgerStore,
-        redis_pool: PoolStore | None,
+        marks: HighWaterMarks | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
-        self.redis_pool = redis_pool
+        self.marks = marks  # the shared high-water marks (the pool); None: this process only
         self._high_water: dict[str, int] = {}  # tag -> highest range end seen here
         self.redis_skip = RedisSkip(clock)  # shared with the node's pops (RangeSource)
 
@@ -120,14 +120,14 @@ class LedgerClaims:
         )
 
     async def _shared_high_water(self, tag: str) -> int:
-        if self.redis_pool is None:
+        if self.marks is None:
             return 0  # classic mode (no pool tier): the in-memory mark only
         if self.redis_skip.skipping() is not None:
             raise StoreSkipped(
                 "redis", "a claim needs the high-water mark in Redis, which just failed"
             )
         try:
-            return await self.redis_pool.high_water(tag)
+            return await self.marks.high_water(tag)
         except StoreBusy:
             raise  # never sent: says nothing about Redis's health
         except StoreUnavailable as e:
@@ -135,10 +135,10 @@ class LedgerClaims:
             raise
 
     async def _raise_shared(self, tag: str, claimed: IdRange) -> None:
-        if self.redis_pool is None:
+        if self.marks is None:
             return
         try:
-            await self.redis_pool.raise_high_water(tag, claimed.end)
+            await self.marks.raise_high_water(tag, claimed.end)
         except StoreUnavailable as e:
             # Maybe raised, maybe not. Unraised, a rewound MySQL could hand this
             # range to a process that reads the old mark: give it up instead.
@@ -151,7 +151,7 @@ class LedgerClaims:
 
 async def create_tag(
     ledger: LedgerStore,
-    pool: PoolStore | None,
+    pool: HighWaterMarks | None,
     tag: str,
     *,
     step: int,
@@ -184,7 +184,9 @@ async def create_tag(
     )
 
 
-async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, start: int) -> TagRow:
+async def move_start(
+    ledger: LedgerStore, pool: HighWaterMarks | None, tag: str, start: int
+) -> TagRow:
     """Make ``start`` the lowest ID any future claim of ``tag`` can return.
 
     The start only ever moves forward: a start below what the ledger (or the
@@ -208,7 +210,7 @@ async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, star
 
 
 async def disable_tag(
-    ledger: LedgerStore, pool: PoolStore | None, tag: str
+    ledger: LedgerStore, pool: RangeLists | None, tag: str
 ) -> tuple[TagRow, list[IdRange]]:
     """Stop ``tag``: no claim from now on, and its ready ranges taken out of the
     pool (returned, for the caller to count as waste). Its row, ``max_id`` and

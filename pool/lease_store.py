@@ -10,7 +10,7 @@ only for a range idpool really leased, and only once:
   returned tail ``from-last`` to the head of the tag's pool list; a second return
   finds the tombstone and is refused (``already_returned``), changing nothing;
 - the key names the Redis *incarnation*, computed in the script exactly as the
-  pool scripts' ``_PRELUDE`` does. A Redis restored from an old snapshot (or a
+  pool scripts' ``PRELUDE`` does. A Redis restored from an old snapshot (or a
   promoted replica) is a new incarnation: it cannot see the records of the old
   one, so a lease returned before the data loss cannot be returned again (its
   record in the snapshot still says "L"), and its tail cannot reach the list twice.
@@ -32,14 +32,14 @@ from .keys import Keys
 from .ranges import IdRange, TaggedRange, tagged_ranges
 
 # The incarnation check of the pool scripts, shared so both compute it the same way.
-from .redis_pool import _PRELUDE
+from .redis_pool import PRELUDE
 
 # KEYS[1] = pools set, KEYS[2] = incarnation key (the prelude's);
 # ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix (the prelude's),
 # ARGV[3] = leased-record prefix, ARGV[4] = TTL seconds, ARGV[5] = tag,
 # ARGV[6..] = lease_id, first, last, end, lease_id, first, ... Returns {dropped, n recorded}.
 _RECORD = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
 local base = ARGV[3] .. incarnation() .. ':'
@@ -62,7 +62,7 @@ return {dropped, n}
 # ARGV[6] = lease_id, ARGV[7] = from (first unused ID, decimal).
 # Returns {dropped, verdict, tag, pushed 'from-last' or ''}.
 _RETURN = (
-    _PRELUDE
+    PRELUDE
     + """
 local function le(a, b)  -- a <= b for decimal strings without leading zeros
   return #a < #b or (#a == #b and a <= b)

@@ -36,12 +36,11 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
 from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable
-from .ledger import TagRow
 from .ranges import IdRange
-from .redis_pool import PoolSummary, PushResult
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
+from .values import PoolSummary, PushResult, TagRow
 from .waste import Reason, WasteRecorder
 
 logger = logging.getLogger("idpool.preloader")

@@ -2,7 +2,7 @@
 
 Every read-modify-write is a Lua script, so it is atomic on the server. Every
 script that touches a pool list first checks that the Redis it runs on is a
-*clean incarnation* (see ``_PRELUDE``), so a Redis that restarted from an old
+*clean incarnation* (see ``PRELUDE``), so a Redis that restarted from an old
 snapshot, or a replica promoted with missing writes, can never hand out a range
 that was already popped.
 
@@ -20,7 +20,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -30,13 +30,14 @@ from redis.exceptions import RedisError
 
 from .errors import StoreBusy, StoreNotSent, StoreUnavailable
 from .keys import Keys
-from .ranges import IdRange, TaggedRange, tagged_ranges
+from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 # Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
 # key; ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix.
-_PRELUDE = """
+PRELUDE = """
 local function incarnation()
   local server = redis.call('INFO', 'server')
   local repl = redis.call('INFO', 'replication')
@@ -70,7 +71,7 @@ end
 # preloader looks at it on its next tick.
 # Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
 local want, most, got, taken = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, {}
@@ -88,7 +89,6 @@ return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4],
 )
 
 # The most ranges one pop may take (a batch of IDPOOL_MAX_COUNT IDs at step 1).
-MAX_POP_RANGES = 10_000
 # At most this many commands in flight per client, so redis-py's pool (sized to
 # match) is never found full: a full pool raises at once, and a command that was
 # never sent must not be taken for a Redis fault or an ambiguous write.
@@ -97,7 +97,7 @@ MAX_CONNECTIONS = 32
 # KEYS[3] = pool list; ARGV[3] = tag, ARGV[4] = 'head' or 'tail', ARGV[5..] = ranges
 # in the order they should be served. Returns {dropped, new length}.
 _PUSH = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
 redis.call('SADD', KEYS[1], ARGV[3])
@@ -143,7 +143,7 @@ return 0
 # active preloader's tick cleans a new Redis incarnation within a second, even
 # when no node pops (nodes may live on their reserve for a while).
 _TAKE_MOVED = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
 local tags = redis.call('SMEMBERS', KEYS[3])
@@ -153,37 +153,6 @@ return {dropped, tags}
 )
 
 _ERRORS = (RedisError, OSError, TimeoutError)
-
-
-class PopResult(NamedTuple):
-    ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
-    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
-    depth: int = 0  # ranges left in the list after the pop
-    target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
-
-    @property
-    def range(self) -> IdRange | None:
-        """The first range taken, or None when the list was empty."""
-        return self.ranges[0] if self.ranges else None
-
-
-class Moved(NamedTuple):
-    tags: list[str]  # tags that moved since the last read
-    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
-
-
-class PoolSummary(NamedTuple):
-    """A list's state from O(1) reads: what /status and /metrics show per tag."""
-
-    depth: int
-    head: IdRange | None
-    ids: int  # the head range's IDs plus (depth - 1) full ranges of the published step
-    stats: dict[str, str]
-
-
-class PushResult(NamedTuple):
-    depth: int
-    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
 
 
 def make_client(settings: Settings) -> aioredis.Redis:
@@ -483,13 +452,6 @@ class RedisPool:
         """Run one Redis call as every call here runs: at most once, waiting for a
         free connection, errors as StoreUnavailable (for the lease store)."""
         return await self._plain(awaitable)
-
-
-def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
-    head = None if head_text is None else IdRange.from_text(head_text)
-    step = int(stats.get("step", 0))
-    ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
-    return PoolSummary(depth, head, ids, stats)
 
 
 def _never_sent(e: BaseException) -> bool:

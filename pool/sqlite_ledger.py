@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import TagExists, UnknownTag
-from .ledger import TagRow, check_bound, cut, step_bounds
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
 from .tokens import TokenRow
+from .values import TagRow, check_bound, cut, step_bounds
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "

@@ -20,9 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .ranges import IdRange
-from .redis_pool import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 from .settings import Settings
 from .sqlite_file import SqliteFile
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 _UPSERT_STAT = (
     "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, ?, ?) "

@@ -20,9 +20,9 @@ from starlette.routing import Route
 
 from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
 from idpool.pool.errors import InvalidInput
-from idpool.pool.ledger import TagRow
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.tokens import hash_token, new_token
+from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
 from .errors import HttpRefusal, error, json_response

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idpool.pool.errors import StoreUnavailable
-from idpool.pool.ledger import TagRow
-from idpool.pool.redis_pool import PoolSummary
 from idpool.pool.stores import LedgerStore, PoolStore
+from idpool.pool.values import PoolSummary, TagRow
 
 from .node import Node
 from .stats import rates

@@ -11,8 +11,9 @@ from idpool.pool.errors import StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
-from idpool.pool.redis_pool import PushResult, RedisPool
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.pool.values import PushResult
 
 pytestmark = pytest.mark.anyio
 

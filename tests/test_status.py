@@ -197,7 +197,7 @@ def test_runway_is_ids_left_below_the_max_over_the_cluster_rate(
 def test_runway_is_none_without_a_bound_or_a_rate() -> None:
     from datetime import datetime
 
-    from idpool.pool.ledger import TagRow
+    from idpool.pool.values import TagRow
     from idpool.service.status import runway_seconds
 
     row = TagRow("t", 101, 100, 1, "", datetime.now(), 100, 100, 1001, False)
