@@ -223,7 +223,7 @@ async def disable_tag(
     disabled but not drained; calling again drains it).
     """
     row = await ledger.set_disabled(tag, True)
-    drained = [] if pool is None else await pool.drain(tag)
+    drained = [] if pool is None else await pool.take_all(tag)
     return row, drained
 
 

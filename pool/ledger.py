@@ -93,8 +93,8 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
 class Ledger:
     name = "mysql"  # in /status, /metrics and 503 messages
 
-    def __init__(self, pool: Any, timeout: float) -> None:
-        self._pool = pool
+    def __init__(self, connections: Any, timeout: float) -> None:
+        self._connections = connections  # aiomysql's connection pool
         self._timeout = timeout
 
     @classmethod
@@ -107,35 +107,35 @@ class Ledger:
         create = settings.create_database if create is None else create
         try:
             try:
-                pool = await _open_pool(params, settings.store_timeout, params.database)
+                connections = await _connect(params, settings.store_timeout, params.database)
             except pymysql.err.OperationalError as e:
                 if e.args[0] != _UNKNOWN_DATABASE or not create:
                     raise
                 await _create_database(params, settings.store_timeout)
-                pool = await _open_pool(params, settings.store_timeout, params.database)
+                connections = await _connect(params, settings.store_timeout, params.database)
         except _CONNECTION_ERRORS as e:
             raise StoreUnavailable(
                 "mysql",
                 f"cannot open database {params.database!r} at {params.host}:{params.port} "
                 f"as {params.user!r} (check IDPOOL_MYSQL_URL): {_describe(e)}",
             ) from e
-        ledger = cls(pool, settings.store_timeout)
+        ledger = cls(connections, settings.store_timeout)
         if create:
             await ledger.ensure_schema()
         return ledger
 
     async def close(self) -> None:
-        if self._pool is None:
+        if self._connections is None:
             return
-        pool, self._pool = self._pool, None
-        pool.close()
+        connections, self._connections = self._connections, None
+        connections.close()
         try:
             # A connection still held (a query stuck on the server) must not hold
             # up the stop: past the store timeout, close every connection at once.
-            await asyncio.wait_for(pool.wait_closed(), self._timeout)
+            await asyncio.wait_for(connections.wait_closed(), self._timeout)
         except TimeoutError:
-            pool.terminate()
-            await pool.wait_closed()
+            connections.terminate()
+            await connections.wait_closed()
 
     async def ensure_schema(self) -> None:
         async def op(cur: Any) -> None:
@@ -357,12 +357,12 @@ class Ledger:
         return await self._run(op)
 
     async def _run(self, op: Callable[[Any], Awaitable[T]], *, transaction: bool = False) -> T:
-        if self._pool is None:
+        if self._connections is None:
             raise StoreUnavailable("mysql", "ledger is closed")
-        pool = self._pool
+        connections = self._connections
         try:
             async with asyncio.timeout(self._timeout):
-                conn = await pool.acquire()
+                conn = await connections.acquire()
                 try:
                     if transaction:
                         await conn.begin()
@@ -377,18 +377,18 @@ class Ledger:
                         await conn.rollback()
                     raise
                 finally:
-                    pool.release(conn)
+                    connections.release(conn)
         except _CONNECTION_ERRORS as e:
-            await self._drop_idle(pool)
+            await self._drop_idle(connections)
             raise StoreUnavailable("mysql", _describe(e)) from e
 
-    async def _drop_idle(self, pool: Any) -> None:
+    async def _drop_idle(self, connections: Any) -> None:
         """After a connection error, close the idle connections too: behind a virtual
         IP or proxy that moved to a promoted replica they lead to the old server, and
         one that hangs (no RST from a vanished host) would cost a call a timeout each."""
         with contextlib.suppress(*_CONNECTION_ERRORS):
             async with asyncio.timeout(self._timeout):
-                await pool.clear()
+                await connections.clear()
 
 
 _DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable
@@ -440,7 +440,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-async def _open_pool(params: MysqlParams, timeout: float, db: str) -> Any:
+async def _connect(params: MysqlParams, timeout: float, db: str) -> Any:
     return await aiomysql.create_pool(
         host=params.host,
         port=params.port,

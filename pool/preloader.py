@@ -69,14 +69,14 @@ class Preloader:
         self,
         settings: Settings,
         ledger: LedgerStore,
-        redis_pool: PoolStore,
+        pool: PoolStore,
         claims: LedgerClaims | None = None,
         waste: WasteRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
-        self.redis_pool = redis_pool
-        self.claims = claims or LedgerClaims(ledger, redis_pool)
+        self.pool = pool
+        self.claims = claims or LedgerClaims(ledger, pool)
         self.owner = owner_id()
         self.leading = False  # held the preloader lease at the last tick
         self._scheduler: AsyncIOScheduler | None = None
@@ -125,7 +125,7 @@ class Preloader:
         if self.leading:
             self.leading = False
             with contextlib.suppress(StoreUnavailable):
-                await self.redis_pool.resign(self.owner)  # a standby takes over at once
+                await self.pool.resign(self.owner)  # a standby takes over at once
 
     async def _scheduled_tick(self) -> None:
         if self._closing or (self._tick_task is not None and not self._tick_task.done()):
@@ -139,7 +139,7 @@ class Preloader:
     async def refill_all(self) -> list[RefillReport]:
         """One tick: lead or stand by; when leading, visit the tags that moved."""
         try:
-            leading = await self.redis_pool.lead(self.owner, self.settings.lease_seconds)
+            leading = await self.pool.lead(self.owner, self.settings.leader_seconds)
             if not leading:
                 self.leading = False
                 return []
@@ -156,7 +156,7 @@ class Preloader:
             if self._closing:
                 break
             try:
-                states = await self.redis_pool.summaries(chunk)
+                states = await self.pool.summaries(chunk)
             except StoreUnavailable as e:
                 logger.warning("event=preload_skipped reason=%r", e.detail)
                 break
@@ -171,14 +171,14 @@ class Preloader:
                     *(self.refill_tag(row, states[row.tag], figures) for row in group)
                 )
             with contextlib.suppress(StoreUnavailable):  # figures only: the next tick writes again
-                await self.redis_pool.write_stats_many(figures)
+                await self.pool.write_stats_many(figures)
         return reports
 
     async def _tags_to_visit(self, now: float) -> set[str]:
         """Moved tags, tags that moved within the rate window (every few seconds,
         so their published rate follows them down), and at a sweep every list
         under the minimum. Raises StoreUnavailable."""
-        taken = await self.redis_pool.take_moved()
+        taken = await self.pool.take_moved()
         self.waste.dropped(taken.dropped)
         for tag in taken.tags:
             self._moved_at[tag] = now
@@ -193,7 +193,7 @@ class Preloader:
             self._rows = {row.tag: row for row in await self.ledger.list_tags()}
             self._next_sweep = now + self.settings.sweep_seconds
             for chunk in _chunks(sorted(self._rows), _VISIT_CHUNK):
-                depths = await self.redis_pool.depths(chunk)
+                depths = await self.pool.depths(chunk)
                 visit.update(t for t, n in depths.items() if n < self.settings.pool_depth)
         unknown = sorted(t for t in visit if t not in self._rows)
         if unknown:  # created since the last sweep
@@ -245,10 +245,10 @@ class Preloader:
         self._visited_at[tag] = time.monotonic()
         try:
             if state is None:
-                state = (await self.redis_pool.summaries([tag]))[tag]
+                state = (await self.pool.summaries([tag]))[tag]
             step, target, published = await self._size(row, state.stats)
             if figures is None:
-                await self.redis_pool.write_stats(tag, published)
+                await self.pool.write_stats(tag, published)
             else:
                 figures[tag] = published
             if state.depth >= target:
@@ -275,7 +275,7 @@ class Preloader:
             # published rate rather than publish 0 and shrink the pool.
             rate = float(stats["rate"])
         if s.step_seconds > 0 and "lifetime_ids" in stats:
-            seen = await self.redis_pool.take_lifetime(tag)
+            seen = await self.pool.take_lifetime(tag)
             if seen is not None:
                 wanted = next_step(step, seen[0], seen[1], s.step_seconds)
                 if wanted != step:
@@ -342,10 +342,10 @@ class Preloader:
         """Push, sending again only what was never sent (no connection, or all busy)."""
         for _ in range(_BUSY_RETRIES - 1):
             try:
-                return await self.redis_pool.push(tag, ranges, head=False)
+                return await self.pool.push(tag, ranges, head=False)
             except StoreNotSent:
                 continue
-        return await self.redis_pool.push(tag, ranges, head=False)
+        return await self.pool.push(tag, ranges, head=False)
 
 
 def _chunks(items: list[T], size: int) -> list[list[T]]:

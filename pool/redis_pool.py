@@ -273,7 +273,7 @@ class RedisPool:
     async def tags(self) -> list[str]:
         return sorted(await self._plain(self.client.smembers(self.keys.pools)))
 
-    async def drain(self, tag: str) -> list[IdRange]:
+    async def take_all(self, tag: str) -> list[IdRange]:
         """Remove every ready range of ``tag`` and return them (a disabled tag's
         list). On an error they may or may not be gone: the caller calls again."""
         # MULTI: a pop or push between the read and the delete would otherwise be

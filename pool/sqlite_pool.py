@@ -135,8 +135,8 @@ class SqlitePool:
 
         return await self.file.read(op)
 
-    async def drain(self, tag: str) -> list[IdRange]:
-        """Remove every ready range of ``tag`` and return them (see RedisPool.drain)."""
+    async def take_all(self, tag: str) -> list[IdRange]:
+        """Remove every ready range of ``tag`` and return them (see RedisPool.take_all)."""
 
         def op(conn: sqlite3.Connection) -> list[IdRange]:
             # One write transaction: no pop or push lands between the read and the delete.

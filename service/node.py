@@ -238,7 +238,7 @@ class Node:
     async def report(self) -> None:
         """Tell the preloader how many IDs this node handed out per tag since the
         last report: the consumption the pool is sized by. One round trip."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None:
             return
         dropped = dict(self._unreported)  # from buffers released as idle
@@ -277,7 +277,7 @@ class Node:
         """Add what grew since the last report to each tag's cluster totals in
         the pool's stats hash. A report whose outcome is unknown is sent again:
         totals are figures for people, and may read high, never IDs."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None:
             return
         now = self.totals()
@@ -297,7 +297,7 @@ class Node:
 
     async def heartbeat(self) -> None:
         """Say this node is alive (the cluster view): a few fields, one round trip."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None or not self.node_id:
             return
         fields = {
@@ -313,7 +313,7 @@ class Node:
 
     async def leave(self) -> None:
         """Take this node out of the cluster view (a graceful stop)."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None or not self.node_id:
             return
         try:
@@ -365,7 +365,7 @@ class Node:
         return report
 
     async def _return(self, tag: str, remainder: list[IdRange], report: ShutdownReport) -> None:
-        pool = self.source.redis_pool
+        pool = self.source.pool
 
         def abandon(reason: Reason, detail: str | None = None) -> None:
             report.abandoned += [(tag, r) for r in remainder]

@@ -36,7 +36,7 @@ class RangeSource:
     def __init__(
         self,
         claims: LedgerClaims,
-        redis_pool: PoolStore | None,
+        pool: PoolStore | None,
         stats: NodeStats | None = None,
         on_low: Callable[[str], None] | None = None,
         health: StoreHealth | None = None,
@@ -44,10 +44,10 @@ class RangeSource:
         waste: WasteRecorder | None = None,
     ) -> None:
         self.claims = claims
-        self.redis_pool = redis_pool
+        self.pool = pool
         self.stats = stats or NodeStats()
         self.on_low = on_low  # called when a tag's list runs low: refill it now
-        self.health = health or StoreHealth(claims.ledger, redis_pool)
+        self.health = health or StoreHealth(claims.ledger, pool)
         self.step_of = step_of  # a tag's step as last known: sizes a batch's claim
         self.waste = waste or WasteRecorder()  # the process's, shared with its preloader
         self._background: set[asyncio.Task[None]] = set()
@@ -87,8 +87,8 @@ class RangeSource:
 
     def report_finished(self, tag: str, ids: int, seconds: float) -> None:
         """A buffer used up a range: tell the preloader's dynamic step how long it lasted."""
-        if self.redis_pool is not None:
-            self.spawn(self.redis_pool.report_lifetime(tag, ids, seconds))
+        if self.pool is not None:
+            self.spawn(self.pool.report_lifetime(tag, ids, seconds))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Best-effort store write off the request path (a lost figure only skews sizing)."""
@@ -122,14 +122,14 @@ class RangeSource:
         self.health.failed(e)
 
     async def _pop(self, tag: str, ids: int, errors: list[StoreUnavailable]) -> list[IdRange]:
-        if self.redis_pool is None:
+        if self.pool is None:
             return []
         skipped = self.claims.redis_skip.skipping()
         if skipped is not None:
             errors.append(skipped)  # still counted as down, for the 503 message
             return []
         try:
-            result = await self.redis_pool.pop(tag, ids)
+            result = await self.pool.pop(tag, ids)
         except StoreBusy as e:
             errors.append(e)  # never sent: nothing was taken, and Redis is not at fault
             return []

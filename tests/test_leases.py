@@ -131,7 +131,7 @@ def test_unrecorded_lease_is_not_handed_out(settings: Settings, tag: str) -> Non
     add_tag(settings, tag, step=100)
     with TestClient(create_app(settings)) as client:
         client.get(f"/id/{tag}")
-        run_pool = client.app.node.source.redis_pool  # type: ignore[attr-defined]
+        run_pool = client.app.node.source.pool  # type: ignore[attr-defined]
 
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise redis.ConnectionError("cut")

@@ -68,7 +68,7 @@ def _choose_ledger(settings: Settings, embedded: bool) -> Settings:
     operator set, and nothing else ever picks it (no fallback when MySQL is down)."""
     if not embedded or settings.embedded:
         return settings
-    if os.environ.get("IDPOOL_MYSQL_URL"):
+    if os.environ.get("IDPOOL_MYSQL_URL") or os.environ.get("IDPOOL_LEDGER_URL"):
         raise ConfigError(
             "--embedded and IDPOOL_MYSQL_URL name two different ledgers: unset "
             "IDPOOL_MYSQL_URL, or set it to sqlite:///path/to/idpool.db to choose the file"
