@@ -15,7 +15,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 from idpool.service.app import NodeApp, create_app
 from idpool.service.health import PROBE_EVERY
-from ops.servers import TcpProxy
+from ops.toolkit import TcpProxy
 
 from .conftest import TEST_DATABASE
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.settings import Settings
-from ops.processes import env_with, free_port
+from ops.toolkit import env_with, free_port
 
 
 def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +75,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
     import signal
     import urllib.request
 
-    from ops.processes import wait_for_port
+    from ops.toolkit import wait_for_port
 
     assert idpool(settings, "tag", "add", tag, "--step", "1000").returncode == 0
     port = free_port()
@@ -151,7 +151,7 @@ def test_sigterm_stops_a_node_without_an_error_line(
     import time
     import urllib.request
 
-    from ops.processes import wait_for_port
+    from ops.toolkit import wait_for_port
 
     assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
     port = free_port()

@@ -26,7 +26,7 @@ from idpool_client import (
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.processes import NodeProcess, env_with, free_port
+from ops.toolkit import NodeProcess, env_with, free_port
 
 from .conftest import MYSQL_URL, REDIS_URL, new_name
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.settings import Settings
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .crash_waste import blocks
 from .test_app import add_tag

@@ -14,7 +14,7 @@ from idpool.pool.errors import StoreUnavailable
 from idpool.pool.keys import Keys
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer
 
 from .test_app import add_tag, pool_ranges
 

@@ -231,7 +231,7 @@ async def test_missing_database_without_permission_to_create(settings: Settings)
 
 
 async def test_unreachable_mysql_names_the_variable(settings: Settings) -> None:
-    from ops.processes import free_port
+    from ops.toolkit import free_port
 
     url = f"mysql://root@127.0.0.1:{free_port()}/idpool"
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL") as info:
@@ -337,7 +337,7 @@ async def test_reconnects_when_the_server_behind_the_address_changes(
 ) -> None:
     """A virtual IP or proxy moved to a promoted replica drops every connection;
     the next claim opens a new one instead of failing on an old one, forever."""
-    from ops.servers import TcpProxy
+    from ops.toolkit import TcpProxy
 
     from .conftest import TEST_DATABASE
 

@@ -98,7 +98,7 @@ async def test_scheduled_ticks_fill_every_tag_and_close_waits(
 
 
 async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPool) -> None:
-    from ops.servers import TcpProxy
+    from ops.toolkit import TcpProxy
 
     from .conftest import TEST_DATABASE
 

@@ -19,8 +19,7 @@ from idpool.pool.keys import Keys
 from idpool.pool.ranges import IdRange, TaggedRange
 from idpool.pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
 from idpool.pool.settings import Settings
-from ops.processes import free_port
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import pytest
 
 from idpool.pool.ranges import IdRange
 from idpool.pool.settings import Settings
-from ops.processes import env_with
 from ops.rolling_restart import account
+from ops.toolkit import env_with
 
 TOOL = Path(__file__).resolve().parent.parent / "ops" / "rolling-restart"
 

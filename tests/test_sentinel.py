@@ -15,7 +15,7 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool, make_client
 from idpool.pool.sentinel import SentinelMaster
 from idpool.pool.settings import SentinelParams, Settings, parse_sentinel_url
-from ops.replication import RedisSentinelGroup
+from ops.toolkit import RedisSentinelGroup
 
 pytestmark = pytest.mark.anyio
 

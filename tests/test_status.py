@@ -20,7 +20,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.status import StoreReadsCache, StoreView
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .test_app import add_tag
 

@@ -16,9 +16,15 @@ from pathlib import Path
 
 from redis import Redis
 
-from ops.processes import NodeProcess, PreloaderProcess, env_with
-from ops.replication import MariaPair, RedisSentinelGroup
-from ops.servers import MariaServer, RedisServer
+from ops.toolkit import (
+    MariaPair,
+    MariaServer,
+    NodeProcess,
+    PreloaderProcess,
+    RedisSentinelGroup,
+    RedisServer,
+    env_with,
+)
 
 STEP = 1000
 
