@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.tokens import hash_token, new_token
@@ -91,16 +91,7 @@ async def list_tags(request: Request) -> Response:
 async def add_tag(request: Request) -> Response:
     run = _admitted(request)
     spec = new_tag(await _body(request), run.settings.default_step)
-    row = await create_tag(
-        run.ledger,
-        run.pool,
-        spec.tag,
-        step=spec.step,
-        start=spec.start,
-        description=spec.description,
-        end_id=spec.end_id,
-        kind=spec.kind,
-    )
+    row = await spec.create(run.ledger, run.pool)
     return json_response(tag_fields(row), 201)
 
 

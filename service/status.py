@@ -69,6 +69,17 @@ async def read_stores(
     return view
 
 
+def duration(seconds: float | None, sep: str = "") -> str:
+    """A runway for people: 45s, 12m, 5.5h, 30d (``sep`` between number and unit);
+    "-" when there is none to speak of. The CLI and the status page print it."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{sep}{unit}"
+    return f"{seconds:.0f}{sep}s"
+
+
 def runway_seconds(row: TagRow | None, pool_ids: int, rate: float | None) -> float | None:
     """Seconds until a bounded tag reaches its max at the cluster's rate: the IDs
     not yet claimed below the bound plus those ready in the pool, over the rate

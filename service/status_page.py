@@ -12,7 +12,7 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-from .status import RUNWAY_SHORT_S, Snapshot
+from .status import RUNWAY_SHORT_S, Snapshot, duration
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fafbfc}
@@ -31,12 +31,7 @@ def _cell(value: Any, field: str, cls: str = "") -> str:
 
 
 def _runway(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
+    return duration(seconds, " ")
 
 
 def _runway_cell(seconds: float | None, field: str) -> str:

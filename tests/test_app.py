@@ -485,17 +485,23 @@ def test_a_remainder_push_that_could_not_connect_is_not_sent_not_unknown(
     assert wasted["push_not_sent"] > 0 and wasted["push_outcome_unknown"] == 0, dict(wasted)
 
 
-def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
-    client: TestClient, settings: Settings, tag: str
-) -> None:
-    async def add_future_kind() -> None:
+def add_tag_of_kind(settings: Settings, tag: str, kind: str) -> None:
+    """A ledger row of ``kind``, written as a newer idpool (or a new kind) would."""
+
+    async def go() -> None:
         ledger = await Ledger.connect(settings)
         try:
-            await ledger.add_tag(tag, step=10, start=1, kind="newer_kind")
+            await ledger.add_tag(tag, step=10, start=1, kind=kind)
         finally:
             await ledger.close()
 
-    asyncio.run(add_future_kind())
+    asyncio.run(go())
+
+
+def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag_of_kind(settings, tag, "newer_kind")
     for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
         r = client.get(path)
         assert r.status_code == 503 and r.json()["error"] == "unavailable", r.text
@@ -506,13 +512,6 @@ def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
 def test_a_tag_is_served_by_the_object_of_its_kind(
     client: TestClient, settings: Settings, tag: str
 ) -> None:
-    async def add_counting_tag() -> None:
-        ledger = await Ledger.connect(settings)
-        try:
-            await ledger.add_tag(tag, step=10, start=1, kind="counting")
-        finally:
-            await ledger.close()
-
     class Counting:  # the smallest IdKind: IDs from a counter in memory
         name = "counting"
         from_memory = False
@@ -528,7 +527,7 @@ def test_a_tag_is_served_by_the_object_of_its_kind(
         def describe(self, tag: str) -> dict[str, int]:
             return {"last": self.last}
 
-    asyncio.run(add_counting_tag())
+    add_tag_of_kind(settings, tag, "counting")
     node = client.app.node  # type: ignore[attr-defined]
     node.kinds["counting"] = Counting()
     assert client.get(f"/id/{tag}").text == "1"

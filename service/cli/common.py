@@ -72,13 +72,3 @@ def common_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def show(value: object) -> str:
     return "-" if value is None else str(value)
-
-
-def duration(seconds: float | None) -> str:
-    """A runway for people: 45s, 12m, 5.5h, 30d; "-" when there is none to speak of."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"

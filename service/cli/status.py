@@ -10,8 +10,8 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
 from ..node import node_ttl
-from ..status import cluster, read_stores, tag_entries
-from .common import duration, show
+from ..status import cluster, duration, read_stores, tag_entries
+from .common import show
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]

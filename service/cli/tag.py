@@ -10,7 +10,7 @@ import argparse
 import sys
 from functools import partial
 
-from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     InvalidInput,
     StartBelowIssued,
@@ -25,9 +25,9 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.waste import Reason, WasteRecorder
 
 from ..kinds import KINDS, SEGMENT
-from ..status import runway_seconds
+from ..status import duration, runway_seconds
 from ..tag_fields import check_int, new_tag
-from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, duration, flag, integer, show, tag_arg
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, flag, integer, show, tag_arg
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -115,16 +115,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     # No check: with Redis down a tag can still be added (without its high-water mark).
     pool = await open_pool(settings, check=False)
     try:
-        row = await create_tag(
-            ledger,
-            pool,
-            spec.tag,
-            step=spec.step,
-            start=spec.start,
-            description=spec.description,
-            end_id=spec.end_id,
-            kind=spec.kind,
-        )
+        row = await spec.create(ledger, pool)
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
