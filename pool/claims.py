@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .errors import (
     MarkNotRaised,
     StaleLedger,
+    StartAboveMax,
     StartBelowIssued,
     StoreBusy,
     StoreSkipped,
@@ -168,10 +169,13 @@ async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, star
 
     The start only ever moves forward: a start below what the ledger (or the
     high-water mark) already passed would hand those IDs out again, so it raises
-    StartBelowIssued. Ranges claimed before (in the pool, in nodes' buffers) are
-    still served. Raises UnknownTag, StoreUnavailable.
+    StartBelowIssued. A start past the tag's max would exhaust it: StartAboveMax.
+    Ranges claimed before (in the pool, in nodes' buffers) are still served.
+    Raises UnknownTag, StoreUnavailable.
     """
     row = await ledger.get_tag(tag)
+    if start >= row.end_id:  # end_id never changes after the tag is made
+        raise StartAboveMax(tag, start, row.end_id - 1)
     floor = row.max_id
     if pool is not None:
         try:

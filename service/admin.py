@@ -22,6 +22,7 @@ from starlette.routing import Route
 from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     IdPoolError,
+    StartAboveMax,
     StartBelowIssued,
     StoreUnavailable,
     TagExists,
@@ -213,6 +214,8 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
             return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
         except StartBelowIssued as e:
             return _error(409, "start_below_issued", str(e))
+        except StartAboveMax as e:
+            return _error(409, "start_above_max", str(e))
         except IdPoolError as e:
             return _error(503, "unavailable", str(e))
         return _json(_row(row))

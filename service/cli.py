@@ -23,6 +23,7 @@ from urllib.parse import quote, unquote_plus
 from idpool.pool.claims import LedgerClaims, create_tag, disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     ConfigError,
+    StartAboveMax,
     StartBelowIssued,
     StoreUnavailable,
     TagExists,
@@ -43,7 +44,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
-_QUERY_PARAMETER = re.compile(r"([?&])([^=&\s\"]*)=([^&\s\"]*)")
+# `;` too: Starlette does not split on it, but a client that does sends its token after one.
+_QUERY_PARAMETER = re.compile(r"([?&;])([^=&;\s\"]*)=([^&;\s\"]*)")
 
 
 def _redact(text: str) -> str:
@@ -496,7 +498,7 @@ async def _tag_start(settings: Settings, ledger: LedgerStore, args: argparse.Nam
     except UnknownTag:
         print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
         return EXIT_USAGE
-    except StartBelowIssued as e:
+    except (StartBelowIssued, StartAboveMax) as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:

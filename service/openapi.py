@@ -88,7 +88,10 @@ _WHY = {
     "bad_body": "the body is not a JSON object, or names a field the call does not take",
     "tag_exists": "the tag exists",
     "start_below_issued": "a start may only move forward",
-    "method_not_allowed": "wrong method (HEAD on /id and /ids would use up IDs)",
+    "start_above_max": "a start past the tag's max would leave it no ID",
+    "method_not_allowed": "wrong method; Allow lists every method the path takes "
+    "(not HEAD on /id and /ids: it would use up IDs)",
+    "body_too_large": "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread",
     "leases_unavailable": "leases need Redis; this node runs embedded",
     "bad_lease": "lease is not an id POST /lease/{tag} answered",
     "bad_from": "from is not an integer",
@@ -254,6 +257,7 @@ def document(max_count: int) -> Schema:
                             },
                         ),
                         *_ID_ERRORS[:-1],
+                        _error("413", "body_too_large"),
                         _error(
                             "503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"
                         ),
@@ -310,6 +314,7 @@ def document(max_count: int) -> Schema:
                         _error("404", "not_found"),
                         _error("405", "method_not_allowed"),
                         _error("409", "unknown_lease", "already_returned"),
+                        _error("413", "body_too_large"),
                         _error("503", "unavailable", "leases_unavailable"),
                     ],  # fmt: skip
                     requestBody=_body(
@@ -385,6 +390,7 @@ def document(max_count: int) -> Schema:
                             "bad_description",
                         ),
                         _error("409", "tag_exists"),
+                        _error("413", "body_too_large"),
                     ],  # fmt: skip
                     requestBody=_body(new_tag),
                 ),
@@ -397,7 +403,8 @@ def document(max_count: int) -> Schema:
                         _error(
                             "400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"
                         ),
-                        _error("409", "start_below_issued"),
+                        _error("409", "start_below_issued", "start_above_max"),
+                        _error("413", "body_too_large"),
                     ],  # fmt: skip
                     parameters=[_TAG_PARAM],
                     requestBody=_body(change),

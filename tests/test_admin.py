@@ -111,6 +111,40 @@ def test_start_moves_forward_never_back(admin: TestClient, settings: Settings, t
     assert bad.status_code == 400 and bad.json()["error"] == "bad_start"
 
 
+def test_a_start_above_the_max_is_refused_not_exhausting_the_tag(
+    admin: TestClient, tag: str
+) -> None:
+    r = admin.post("/admin/tags", json={"tag": tag, "step": 10, "max": 100}, headers=AUTH)
+    assert r.status_code == 201
+    for start in (101, 2**63 - 1):
+        r = admin.patch(f"/admin/tags/{tag}", json={"start": start}, headers=AUTH)
+        assert r.status_code == 409 and r.json()["error"] == "start_above_max"
+        assert "max 100" in r.json()["message"]
+    assert admin.get(f"/id/{tag}").text == "1"  # nothing moved: still served
+    r = admin.patch(f"/admin/tags/{tag}", json={"start": 100}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["ids_left"] == 1  # the max itself is left
+    unbounded = tag + "u"
+    assert admin.post("/admin/tags", json={"tag": unbounded}, headers=AUTH).status_code == 201
+    r = admin.patch(f"/admin/tags/{unbounded}", json={"start": 2**63 - 1}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"] == "start_above_max"
+
+
+def test_options_and_wrong_methods_list_every_method_of_the_path(admin: TestClient) -> None:
+    # OPTIONS /admin/tags said "GET, HEAD": the first route's methods, not POST.
+    expected = {
+        "/admin/tags": "GET, HEAD, POST",
+        "/admin/tags/x": "PATCH",
+        "/admin/tags/x/tokens": "GET, HEAD, POST",
+        "/admin/tags/x/tokens/y": "DELETE",
+        "/admin/drain": "POST",
+    }
+    for path, allowed in expected.items():
+        for method in ("OPTIONS", "PUT"):
+            r = admin.request(method, path, headers=AUTH)
+            assert r.status_code == 405 and r.headers["allow"] == allowed, (path, method)
+            assert r.json()["message"] == f"use {allowed} here, not {method}"
+
+
 def test_drain_returns_remainders_and_stops_serving(
     admin: TestClient, settings: Settings, tag: str
 ) -> None:

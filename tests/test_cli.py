@@ -202,6 +202,10 @@ def test_tag_max_disable_enable_and_list(settings: Settings, tag: str) -> None:
     assert listed()[-1] == "enabled"
     missing = idpool(settings, "tag", "disable", tag + "nope")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+    # A start past the max would leave the tag nothing: refused, and nothing moved.
+    past = idpool(settings, "tag", "start", tag, str(2**53))
+    assert past.returncode == 2 and f"above the tag's max {js_max}" in past.stderr
+    assert listed()[1] == "1"
 
 
 def test_tag_token_add_list_revoke(settings: Settings, tag: str) -> None:
@@ -248,3 +252,5 @@ def test_a_token_is_redacted_however_its_name_is_spelled() -> None:
         line = _redact(f'"GET /id/orders?{query} HTTP/1.1" 200')
         assert "s3cr3t" not in line and "[redacted]" in line, line
     assert _redact("GET /ids/orders?count=3") == "GET /ids/orders?count=3"
+    # A client that separates parameters with ; (Starlette does not) still sent its token.
+    assert "s3cr3t" not in _redact('"GET /id/orders?x=1;token=s3cr3t HTTP/1.1" 401')

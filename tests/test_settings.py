@@ -71,3 +71,22 @@ def test_passwords_and_tokens_stay_out_of_repr() -> None:
     text = repr(s) + repr(s.mysql_params())
     assert "s3cret" not in text
     assert s.mysql_params().password == "s3cret-m"
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        # A password holding an unencoded / ? or # ends the host part early; urllib
+        # then reads a piece of it as the port (a traceback quoting it, before).
+        ("IDPOOL_REDIS_URL", "redis://:Zq9/s3cret@127.0.0.1:6379/0"),
+        ("IDPOOL_REDIS_URL", "redis://:Zq9#s3cret@127.0.0.1:6379/0"),
+        ("IDPOOL_REDIS_URL", "redis+sentinel://:Zq9/s3cret@127.0.0.1:26379/mymaster"),
+        ("IDPOOL_REDIS_URL", "redis+sentinel://127.0.0.1/m?sentinel_password=Zq9&s3cret=1"),
+        ("IDPOOL_MYSQL_URL", "mysql://root:Zq9?s3cret@127.0.0.1:3306/idpool"),
+        ("IDPOOL_MYSQL_URL", "mysql://root:Zq9#s3cret@127.0.0.1/idpool"),
+    ],
+)
+def test_a_bad_store_url_never_shows_its_password(name: str, url: str) -> None:
+    with pytest.raises(ConfigError, match=name) as refused:
+        Settings.from_env({name: url})
+    assert "Zq9" not in str(refused.value) and "s3cret" not in str(refused.value)
