@@ -266,12 +266,12 @@ class NodeApp(Starlette):
                     _undelivered(node, scope["path"], route, body)
                     return
                 node.stats.latency[route].observe(_clock() - started)  # as the routes do
-                node.stats.requests[_OK[route]] += 1
                 try:
                     await _send(send, body, content_type)
                 except OSError:  # a server that says so (ASGI 2.4) when the client is gone
                     _undelivered(node, scope["path"], route, body)
                     raise
+                node.stats.requests[_OK[route]] += 1
                 return
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)

@@ -616,8 +616,26 @@ def test_ids_of_an_answer_the_client_never_got_are_counted_as_waste(
     client.portal.call(hung_up, f"/ids/{tag}", b"count=5&pretty=1")  # the routes
     assert _waste(client, tag) == {"answer_undelivered": 12}
     assert client.get(f"/id/{tag}").text == "14"
+
+    async def send_fails(path: str) -> None:
+        """A server that raises on a send to a client that is gone (ASGI 2.4)."""
+        scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": ""}
+        scope.update(query_string=b"", headers=[], http_version="1.1", scheme="http")
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            raise OSError("the client is gone")
+
+        with pytest.raises(OSError):
+            await app(scope, receive, send)
+
+    client.portal.call(send_fails, f"/id/{tag}")  # the fast path
+    assert _waste(client, tag) == {"answer_undelivered": 13}
+    assert client.get(f"/id/{tag}").text == "16"
     metrics = client.get("/metrics").text
-    assert f'idpool_ids_wasted_total{{reason="answer_undelivered",tag="{tag}"}} 12.0' in metrics
+    assert f'idpool_ids_wasted_total{{reason="answer_undelivered",tag="{tag}"}} 13.0' in metrics
 
 
 def test_a_client_that_hangs_up_while_its_id_is_fetched_wastes_it_counted(
