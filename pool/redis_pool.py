@@ -323,21 +323,40 @@ class RedisPool:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for, it counts only once that many replicas have it: a failover to a replica
         without it would leave ranges already served above the shared mark."""
-        mark, online = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
-        # Only replicas that are online count: with none (the replica was just
-        # promoted, or is down) there is nothing a failover could promote, and
-        # waiting for one would stop every claim until a new replica has synced.
-        wanted = min(self._mark_replicas, int(online))
-        if wanted:
-            ms = max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
-            acked = int(await self._plain(self.client.wait(wanted, ms)))
-            if acked < wanted:
-                raise StoreUnavailable(
-                    "redis",
-                    f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-                    "(IDPOOL_REDIS_MARK_REPLICAS)",
-                )
-        return int(mark)
+        if not self._mark_replicas:
+            mark, _ = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
+            return int(mark)
+        return int(await self._plain(self._raise_and_wait(tag, value)))
+
+    async def _raise_and_wait(self, tag: str, value: int) -> str:
+        # WAIT counts only the writes of its own connection: a WAIT sent on another
+        # pooled connection would answer for that one's writes, not the raise. So
+        # both run on one connection, held from the pool (one slot, see _plain).
+        # A plain Redis: its aclose gives the connection back and closes nothing else.
+        one = aioredis.Redis(
+            connection_pool=self.client.connection_pool, single_connection_client=True
+        )
+        try:
+            mark, online = await self._raise_hwm(
+                keys=[self.keys.hwm(tag)], args=[str(value)], client=one
+            )
+            # Only replicas that are online count: with none (the replica was just
+            # promoted, or is down) there is nothing a failover could promote, and
+            # waiting for one would stop every claim until a new replica has synced.
+            wanted = min(self._mark_replicas, int(online))
+            if wanted:
+                # half the store timeout: WAIT answers first
+                ms = max(1, int(self._slot_wait * 500))
+                acked = int(await one.wait(wanted, ms))
+                if acked < wanted:
+                    raise StoreUnavailable(
+                        "redis",
+                        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
+                        "(IDPOOL_REDIS_MARK_REPLICAS)",
+                    )
+        finally:
+            await one.aclose()
+        return str(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
         """Add IDs a node handed out to each tag's ``issued`` count (the consumption
