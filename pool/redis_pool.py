@@ -94,18 +94,22 @@ MAX_POP_RANGES = 10_000
 # never sent must not be taken for a Redis fault or an ambiguous write.
 MAX_CONNECTIONS = 32
 
-# KEYS[3] = pool list; ARGV[3] = tag, ARGV[4] = 'head' or 'tail', ARGV[5..] = ranges
-# in the order they should be served. Returns {dropped, new length}.
+# KEYS[3] = pool list, KEYS[4] = preloader lease; ARGV[3] = tag, ARGV[4] = 'head' or
+# 'tail', ARGV[5] = the pushing preloader's id ('' for a node), ARGV[6..] = ranges in
+# the order they should be served. Returns {dropped, new length, or -1: lease not held}.
 _PUSH = (
     _PRELUDE
     + """
 local dropped = ensure_clean()
+-- A preloader frozen past its lease (SIGSTOP, swap) must not push what it claimed
+-- while the new holder fills the same list: its push counts only while it holds it.
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return {dropped, -1} end
 redis.call('SADD', KEYS[1], ARGV[3])
 local n = 0
 if ARGV[4] == 'head' then
-  for i = #ARGV, 5, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
+  for i = #ARGV, 6, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
 else
-  for i = 5, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
+  for i = 6, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
 end
 return {dropped, n}
 """
@@ -184,6 +188,7 @@ class PoolSummary(NamedTuple):
 class PushResult(NamedTuple):
     depth: int
     dropped: list[str]
+    lease_lost: bool = False  # a preloader's push refused: another holds the lease
 
 
 def make_client(settings: Settings) -> aioredis.Redis:
@@ -267,14 +272,21 @@ class RedisPool:
         taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, list(dropped), int(depth), int(target or 0))
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
+        With ``leader`` (a preloader's id), only while it holds the preloader lease:
+        otherwise nothing is pushed and the result says ``lease_lost``.
 
         Called once per batch; never retried (an error means "maybe pushed").
         """
         keys, args = self._pool_args(tag)
-        args += [tag, "head" if head else "tail", *(r.to_text() for r in ranges)]
+        keys.append(self.keys.preloader)
+        args += [tag, "head" if head else "tail", leader, *(r.to_text() for r in ranges)]
         dropped, depth = await self._call(self._push, keys, args)
+        if int(depth) < 0:
+            return PushResult(0, list(dropped), lease_lost=True)
         return PushResult(int(depth), list(dropped))
 
     async def depth(self, tag: str) -> int:
