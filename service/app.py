@@ -66,7 +66,9 @@ def json_response(body: object, status_code: int = 200) -> Response:
 
 
 def error(status_code: int, code: str, message: str) -> Response:
-    return json_response({"error": code, "message": message}, status_code)
+    response = json_response({"error": code, "message": message}, status_code)
+    response.headers[ERROR_HEADER] = code  # counted by error code (idpool_http_errors_total)
+    return response
 
 
 def _failure(tag: str, e: IdPoolError) -> Response:
@@ -177,6 +179,10 @@ _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextRes
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
+# An error answer's code, so the metrics can tell a tag at its max (503 tag_exhausted,
+# the client's to handle) from the service failing (503 unavailable).
+ERROR_HEADER = "x-idpool-error"
+ERROR_HEADER_RAW = ERROR_HEADER.encode()
 
 
 class NodeApp(Starlette):
@@ -221,6 +227,10 @@ class NodeApp(Starlette):
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 counts[(route, message["status"])] += 1
+                if message["status"] >= 400:
+                    for name, value in message.get("headers", ()):
+                        if name == ERROR_HEADER_RAW:
+                            node.stats.errors[(route, value.decode("latin-1"))] += 1
             await send(message)
 
         await super().__call__(scope, receive, counted)
