@@ -66,7 +66,9 @@ def json_response(body: object, status_code: int = 200) -> Response:
 
 
 def error(status_code: int, code: str, message: str) -> Response:
-    return json_response({"error": code, "message": message}, status_code)
+    response = json_response({"error": code, "message": message}, status_code)
+    response.headers[ERROR_HEADER] = code  # counted by error code (idpool_http_errors_total)
+    return response
 
 
 def _failure(tag: str, e: IdPoolError) -> Response:
@@ -229,6 +231,10 @@ _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) se
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
 CLIENT_GONE = 499  # the request count's code for an answer not delivered (nginx's)
+# An error answer's code, so the metrics can tell a tag at its max (503 tag_exhausted,
+# the client's to handle) from the service failing (503 unavailable).
+ERROR_HEADER = "x-idpool-error"
+ERROR_HEADER_RAW = ERROR_HEADER.encode()
 
 
 class NodeApp(Starlette):
@@ -277,13 +283,17 @@ class NodeApp(Starlette):
             await super().__call__(scope, receive, send)
             return
         if node is not None:
-            counts = node.stats.requests
+            counts, errors = node.stats.requests, node.stats.errors
             route = route_of(scope["path"])
             answer_to = send
 
             async def counted(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     counts[(route, message["status"])] += 1
+                    if message["status"] >= 400:
+                        for name, value in message.get("headers", ()):
+                            if name == ERROR_HEADER_RAW:
+                                errors[(route, value.decode("latin-1"))] += 1
                 await answer_to(message)
 
             send = counted

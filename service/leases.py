@@ -49,7 +49,9 @@ def _json(body: object, status_code: int = 200) -> Response:
 
 
 def _error(status_code: int, code: str, message: str) -> Response:
-    return _json({"error": code, "message": message}, status_code)
+    response = _json({"error": code, "message": message}, status_code)
+    response.headers["x-idpool-error"] = code  # as service/app.py's error(): counted by code
+    return response
 
 
 async def lease_ranges(run: Running, tag: str, count: int) -> list[IdRange]:
