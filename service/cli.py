@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import logging.config
 import os
@@ -33,6 +34,7 @@ from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, open_ledger, open_pool, open_stores
 from idpool.pool.tokens import hash_token, new_token
+from idpool.service.metrics import VERSION
 from idpool.service.node import Node, RangeSource, node_ttl
 from idpool.service.status import cluster, read_stores, runway_seconds, snapshot
 
@@ -122,6 +124,16 @@ def _integer(top: int) -> Callable[[str], int]:
     return parse
 
 
+def _port(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 1 to 65535")
+    return number
+
+
 def _common_options(parser: argparse.ArgumentParser, default: object) -> None:
     """--log-level and --embedded, taken before or after the subcommand.
 
@@ -146,6 +158,7 @@ def _common_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
+    parser.add_argument("--version", action="version", version=f"idpool {VERSION}")
     _common_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
     embedded = argparse.ArgumentParser(add_help=False)
@@ -155,8 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", parents=[embedded], help="run a node (HTTP API; preloader inside by default)"
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn workers; each is a node")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument(
+        "--workers", type=_integer(1024), default=1, help="uvicorn workers; each is a node"
+    )
     serve.add_argument("--access-log", action="store_true", help="log every request")
 
     sub.add_parser(
@@ -299,7 +314,18 @@ def _check_port(host: str, port: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it
         try:
             sock.bind((host, port))
+        except (socket.gaierror, UnicodeError):
+            # not an address, and no name that resolves: the host is wrong, not the port
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {host!r} is not an address or host name "
+                "of this machine; choose another --host (e.g. 127.0.0.1 or 0.0.0.0)"
+            ) from None
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise CannotListen(
+                    f"cannot listen on {host}:{port}: {e.strerror}: {host} is not an address "
+                    "of this machine; choose another --host (e.g. 127.0.0.1 or 0.0.0.0)"
+                ) from None
             raise CannotListen(
                 f"cannot listen on {host}:{port}: {e.strerror}; "
                 "stop what uses it or choose another --port"
@@ -386,13 +412,15 @@ async def _tag_token(ledger: LedgerStore, args: argparse.Namespace) -> int:
         if args.token_command == "add":
             token_id, token = new_token()
             await ledger.add_token(args.tag, token_id, hash_token(token))
-            # stdout only, never a log line: this is the one time the token is shown
-            print(f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed:")
-            print(token)
+            # The token alone on stdout (TOKEN=$(idpool tag token add TAG)), the words
+            # on stderr; never a log line: this is the one time the token is shown.
             print(
+                f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed. "
                 f"{args.tag} now needs a token (Authorization: Bearer <token> or ?token=) "
-                "at every node within IDPOOL_TAG_RELOAD_SECONDS"
+                "at every node within IDPOOL_TAG_RELOAD_SECONDS",
+                file=sys.stderr,
             )
+            print(token)
             return 0
         if args.token_command == "revoke":
             if not await ledger.revoke_token(args.tag, args.token_id):

@@ -57,7 +57,9 @@ def test_invalid_tag_is_refused(settings: Settings) -> None:
 
 def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
     port = free_port()
-    r = idpool(settings, "serve", IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x")
+    # never the default port: a node the user runs there (`make serve`) must not matter
+    serve = ("serve", "--port", str(free_port()))
+    r = idpool(settings, *serve, IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x")
     assert r.returncode == 3 and "IDPOOL_MYSQL_URL" in r.stderr
     r = idpool(settings, "pool", "show", IDPOOL_REDIS_URL=f"redis://127.0.0.1:{port}/0")
     assert r.returncode == 3 and "IDPOOL_REDIS_URL" in r.stderr
@@ -129,6 +131,36 @@ def test_common_options_are_taken_after_the_subcommand_too(settings: Settings) -
     for args in (("--embedded", "tag", "list"), ("tag", "list", "--embedded")):
         r = idpool(settings, *args)
         assert r.returncode == 2 and "two different ledgers" in r.stderr, r.stderr
+
+
+def test_version_prints_the_version() -> None:
+    from idpool.service.metrics import VERSION
+
+    r = subprocess.run(
+        [sys.executable, "-m", "idpool.service.cli", "--version"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.strip() == f"idpool {VERSION}", r
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("--port", "99999"), 2, "argument --port: 99999 is not a port: use 1 to 65535"),
+        (("--port", "0"), 2, "argument --port: 0 is not a port"),
+        (("--port", "eighty"), 2, "argument --port: 'eighty' is not a port number"),
+        (("--workers", "0"), 2, "argument --workers: 0 must be from 1 to"),
+        (("--host", "999.1.1.1"), 4, "'999.1.1.1' is not an address or host name"),
+    ],
+)
+def test_bad_serve_options_get_one_clear_line(
+    settings: Settings, args: tuple[str, ...], code: int, message: str
+) -> None:
+    port = ("--port", str(free_port())) if "--port" not in args else ()
+    r = idpool(settings, "serve", *port, *args)
+    assert r.returncode == code and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    if "--host" in args:
+        assert "--host" in r.stderr and "--port" not in r.stderr
 
 
 def test_a_port_in_use_is_said_plainly(settings: Settings) -> None:
@@ -208,8 +240,9 @@ def test_tag_token_add_list_revoke(settings: Settings, tag: str) -> None:
     assert idpool(settings, "tag", "add", tag).returncode == 0
     added = idpool(settings, "tag", "token", "add", tag)
     assert added.returncode == 0, added.stderr
-    lines = added.stdout.splitlines()
-    token_id, token = lines[0].split()[2], lines[1]
+    # the token alone on stdout, as TOKEN=$(idpool tag token add TAG) needs; words on stderr
+    assert added.stdout.count("\n") == 1
+    token, token_id = added.stdout.strip(), added.stderr.split()[2]
     assert len(token) >= 40 and token not in added.stderr  # shown once, never logged
     listed = idpool(settings, "tag", "token", "list", tag)
     assert listed.stdout.split()[0] == token_id and token not in listed.stdout

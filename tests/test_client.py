@@ -28,7 +28,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from ops.processes import NodeProcess, env_with, free_port
 
-from .conftest import MYSQL_URL, REDIS_URL, new_name
+from .conftest import MYSQL_URL, REDIS_URL, drop_keys, new_name
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
         for node in nodes:
             if node.proc is not None:
                 node.stop()
+        drop_keys(settings.redis_prefix)
 
 
 def add_tag(settings: Settings, step: int) -> str:
