@@ -1,4 +1,4 @@
-"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
+"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable/remove,
 tag token add/list/revoke, pool show, status.
 
 Logging is configured here and nowhere else.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import logging.config
@@ -29,6 +30,7 @@ from idpool.pool.errors import (
     TagExists,
     UnknownTag,
 )
+from idpool.pool.ledger import TagRow
 from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
@@ -217,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
+    remove = tag.add_parser(
+        "remove",
+        parents=[embedded],
+        help="delete a tag for good: 404 unknown_tag, tokens dropped, ready ranges wasted; "
+        "the name added again starts above every ID it issued",
+    )
+    remove.add_argument("tag", type=_tag)
+    remove.add_argument("--yes", action="store_true", help="do it (without: say what it does)")
     start = tag.add_parser(
         "start", parents=[embedded], help="move a tag's next ID forward (never back)"
     )
@@ -373,6 +383,8 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
             return await _tag_start(settings, ledger, args)
         if args.tag_command in ("disable", "enable"):
             return await _tag_toggle(settings, ledger, args)
+        if args.tag_command == "remove":
+            return await _tag_remove(settings, ledger, args)
         if args.tag_command == "token":
             return await _tag_token(ledger, args)
         return await _tag_list(settings, ledger)
@@ -482,6 +494,55 @@ async def _tag_toggle(settings: Settings, ledger: LedgerStore, args: argparse.Na
         f"{row.tag}: disabled (410 tag_disabled at every node within "
         f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
         f"max_id {row.max_id} is kept"
+    )
+    return 0
+
+
+async def _tag_remove(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    if not args.yes:
+        try:
+            row = await ledger.get_tag(args.tag)
+        except UnknownTag:
+            print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+            return EXIT_USAGE
+        print(
+            f"idpool: this removes {row.tag} for good: requests get 404 unknown_tag, its "
+            "tokens are dropped, its ready ranges are wasted, and the name added again starts "
+            f"at {row.max_id} or above; run again with --yes to remove it",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    removed: TagRow | None = None
+    with contextlib.suppress(UnknownTag):  # removed before: its list may still need draining
+        removed = await ledger.remove_tag(args.tag)
+    pool = await open_pool(settings, check=False)
+    try:
+        drained = await pool.drain(args.tag)
+    except StoreUnavailable as e:
+        if removed is None:
+            raise
+        print(
+            f"idpool: {args.tag!r} is removed, but its ready ranges could not be taken out of "
+            f"the pool ({e}); run the command again",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
+    finally:
+        await pool.close()
+    if removed is None and not drained:
+        print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    ids = sum(map(len, drained))
+    if drained:
+        logging.getLogger("idpool.cli").warning(
+            "event=range_abandoned tag=%s range=%s reason=tag_removed",
+            args.tag,
+            ",".join(r.to_text() for r in drained),
+        )
+    kept = "" if removed is None else f"; added again it starts at {removed.max_id} or above"
+    print(
+        f"{args.tag}: removed (404 unknown_tag at every node within a minute); {ids} ready "
+        f"IDs in {len(drained)} ranges wasted{kept}"
     )
     return 0
 

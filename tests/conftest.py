@@ -58,7 +58,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     leaks = leftovers()
     if leaks:
         session.config.get_terminal_writer().line(
-            "tests left behind: " + "; ".join(leaks), red=True, bold=True
+            "\ntests left behind: " + "; ".join(leaks), red=True, bold=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -38,6 +38,10 @@ def test_tag_add_list_step_and_pool_show(settings: Settings, tag: str) -> None:
     assert back.returncode == 2 and "can only move forward, to 1000 or above" in back.stderr
     moved = idpool(settings, "tag", "start", tag, "7000")
     assert moved.returncode == 0 and "starts at 7000" in moved.stdout
+    listed = idpool(settings, "tag", "list")  # the start now, not the one it was added with
+    assert any(
+        line.split()[:4] == [tag, "7000", "500", "7000"] for line in listed.stdout.splitlines()
+    ), listed.stdout
     shown = idpool(settings, "pool", "show")
     assert shown.returncode == 0, shown.stderr
     row = next(line.split() for line in shown.stdout.splitlines() if line.startswith(tag))
@@ -281,3 +285,30 @@ def test_a_token_is_redacted_however_its_name_is_spelled() -> None:
         line = _redact(f'"GET /id/orders?{query} HTTP/1.1" 200')
         assert "s3cr3t" not in line and "[redacted]" in line, line
     assert _redact("GET /ids/orders?count=3") == "GET /ids/orders?count=3"
+
+
+def test_tag_remove_needs_yes_and_the_name_comes_back_above_all_it_issued(
+    settings: Settings, tag: str
+) -> None:
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
+    plain = redis.Redis.from_url(settings.redis_url)
+    plain.rpush(Keys(settings.redis_prefix).pool(tag), "1-100", "101-200")  # as if preloaded
+    idpool(settings, "tag", "start", tag, "201")  # the ledger is past the pooled ranges
+    asked = idpool(settings, "tag", "remove", tag)
+    assert asked.returncode == 2 and "--yes" in asked.stderr and "for good" in asked.stderr
+    assert tag in idpool(settings, "tag", "list").stdout  # nothing done without --yes
+    removed = idpool(settings, "tag", "remove", tag, "--yes")
+    assert removed.returncode == 0, removed.stderr
+    assert "removed" in removed.stdout and "200 ready IDs in 2 ranges wasted" in removed.stdout
+    assert "reason=tag_removed" in removed.stderr
+    assert plain.llen(Keys(settings.redis_prefix).pool(tag)) == 0
+    assert tag not in idpool(settings, "tag", "list").stdout
+    again = idpool(settings, "tag", "remove", tag, "--yes")
+    assert again.returncode == 2 and "does not exist" in again.stderr
+    plain.delete(Keys(settings.redis_prefix).hwm(tag))  # Redis lost the high-water mark
+    added = idpool(settings, "tag", "add", tag)
+    assert added.returncode == 0 and f"added {tag}: first ID 201" in added.stdout, added.stdout
