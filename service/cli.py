@@ -38,7 +38,7 @@ from idpool.pool.stores import LedgerStore, open_ledger, open_pool, open_stores
 from idpool.pool.tokens import hash_token, new_token
 from idpool.service.metrics import VERSION
 from idpool.service.node import Node, RangeSource, node_ttl
-from idpool.service.status import cluster, read_stores, runway_seconds, snapshot
+from idpool.service.status import cluster, read_stores, runway_seconds, runway_text, snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -412,7 +412,7 @@ async def _tag_list(settings: Settings, ledger: LedgerStore) -> int:
         runway = runway_seconds(row, found.ids if found else 0, rate)
         print(
             f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12} "
-            f"{_show(row.max):>20} {_duration(runway):>10} "
+            f"{_show(row.max):>20} {runway_text(runway, row.max is not None, ''):>10} "
             f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
         )
     return 0
@@ -449,16 +449,6 @@ async def _tag_token(ledger: LedgerStore, args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S}")
     return 0
-
-
-def _duration(seconds: float | None) -> str:
-    """A runway for people: 45s, 12m, 5.5h, 30d; "-" when there is none to speak of."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 async def _tag_toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
@@ -645,16 +635,18 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         )
     print(
         f"  {'tag':<20} {'max_id':>14} {'max':>16} {'ranges':>9} {'minutes':>8} {'IDs/s':>9} "
-        f"{'returned':>9} {'runway':>8}  wasted / state"
+        f"{'returned':>9} {'runway':>9}  wasted / state"
     )
     for t in shown["tags"]:
         ranges = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
         wasted = " ".join(f"{reason}={ids}" for reason, ids in sorted(t["wasted"].items()))
+        bounded = t["max"] is not None or t["max_id"] is None  # no row: not known
         state = ", ".join(t["problems"])
         print(
             f"  {t['tag']:<20} {_show(t['max_id']):>14} {_show(t['max']):>16} {ranges:>9} "
             f"{_show(t['minutes_of_supply']):>8} {_show(t['ids_per_s']):>9} "
-            f"{t['returned']:>9} {_duration(t['runway_s']):>8}  {wasted or '-'}"
+            f"{t['returned']:>9} {runway_text(t['runway_s'], bounded, ''):>9}"
+            f"  {wasted or '-'}"
             + (f"  [{state}]" if state else "")
         )
     if len(names) > len(shown["tags"]):

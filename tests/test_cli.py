@@ -33,6 +33,8 @@ def test_tag_add_list_step_and_pool_show(settings: Settings, tag: str) -> None:
     assert any(
         line.split()[:4] == [tag, "1000", "250", "1000"] for line in listed.stdout.splitlines()
     )
+    row = next(line.split() for line in listed.stdout.splitlines() if line.startswith(tag))
+    assert row[4:6] == ["-", "unbounded"]  # no max: no runway to count down
     assert idpool(settings, "tag", "step", tag, "500").returncode == 0
     back = idpool(settings, "tag", "start", tag, "999")
     assert back.returncode == 2 and "can only move forward, to 1000 or above" in back.stderr
