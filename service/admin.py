@@ -234,7 +234,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         except IdPoolError as e:
             return _error(503, "unavailable", str(e))
         _count_drained(run, tag, drained, "tag_removed")
-        await run.node.refresh_tags(tag)  # this node stops at once; others within a minute
+        await run.node.refresh_tags(tag)  # this node stops at once; others within a reload
         return _json({"tag": tag, "removed": _row(row), "wasted": sum(map(len, drained))})
 
     async def add_token(request: Request) -> Response:

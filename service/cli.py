@@ -531,8 +531,8 @@ async def _tag_remove(settings: Settings, ledger: LedgerStore, args: argparse.Na
         )
     kept = "" if removed is None else f"; added again it starts at {removed.max_id} or above"
     print(
-        f"{args.tag}: removed (404 unknown_tag at every node within a minute); {ids} ready "
-        f"IDs in {len(drained)} ranges wasted{kept}"
+        f"{args.tag}: removed (404 unknown_tag at every node within "
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted{kept}"
     )
     return 0
 
