@@ -73,7 +73,9 @@ def _run_processes() -> dict[int, str]:
         with contextlib.suppress(OSError):
             if marker in (entry / "environ").read_bytes().split(b"\0"):
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                found[int(entry.name)] = command.decode(errors="replace").strip()
+                text = command.decode(errors="replace").strip()
+                if "multiprocessing.resource_tracker" not in text:  # ends with pytest itself
+                    found[int(entry.name)] = text
     return found
 
 
