@@ -90,6 +90,7 @@ _CONNECTION_ERRORS = (
     TimeoutError,
 )
 _UNKNOWN_DATABASE = 1049
+_NO_SUCH_TABLE = 1146
 
 
 def step_bounds(step: int, min_step: int | None, max_step: int | None) -> tuple[int, int]:
@@ -273,8 +274,15 @@ class Ledger:
             # The tombstone of a removed tag of this name, read with a lock (a gap
             # lock when there is none): a removal cannot write one between this
             # read and our INSERT, so the tag starts above every ID it ever issued.
-            await cur.execute(f"SELECT max_id FROM {REMOVED} WHERE tag = %s FOR UPDATE", (tag,))
-            removed = await cur.fetchone()
+            try:
+                await cur.execute(
+                    f"SELECT max_id FROM {REMOVED} WHERE tag = %s FOR UPDATE", (tag,)
+                )
+                removed = await cur.fetchone()
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                removed = None  # made before removals existed (IDPOOL_CREATE_DATABASE=0): none
             first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 await cur.execute(
@@ -298,11 +306,20 @@ class Ledger:
         async def op(cur: Any) -> TagRow:
             # The tombstone's row lock first, as add_tag takes it: an add and a
             # removal of one name run one after the other, never interleaved.
-            await cur.execute(
-                f"INSERT INTO {REMOVED} (tag, max_id) VALUES (%s, 0) "
-                "ON DUPLICATE KEY UPDATE max_id = max_id",
-                (tag,),
-            )
+            try:
+                await cur.execute(
+                    f"INSERT INTO {REMOVED} (tag, max_id) VALUES (%s, 0) "
+                    "ON DUPLICATE KEY UPDATE max_id = max_id",
+                    (tag,),
+                )
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                raise StoreUnavailable(
+                    "mysql",
+                    f"no table {REMOVED} to keep the tag's tombstone in: run idpool once "
+                    "with IDPOOL_CREATE_DATABASE=1 (the default) to add it; nothing was removed",
+                ) from None
             # FOR UPDATE: a claim under way finishes first, and its range is below
             # the max_id we keep; a claim after our COMMIT finds no row.
             await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s FOR UPDATE", (tag,))

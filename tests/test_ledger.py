@@ -224,6 +224,30 @@ async def test_creates_missing_database(settings: Settings) -> None:
         conn.close()
 
 
+async def test_a_database_from_before_removals_adds_tags_and_refuses_a_removal(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+
+    db = new_name("idpool_old_")
+    url = f"{MYSQL_SERVER}/{db}"
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+    try:
+        await (await Ledger.connect(settings.with_changes(mysql_url=url))).close()  # makes it
+        conn.cursor().execute(f"DROP TABLE `{db}`.idpool_removed_tags")  # as an old release made it
+        led = await Ledger.connect(settings.with_changes(mysql_url=url, create_database=False))
+        try:
+            assert (await led.add_tag(tag, step=10, start=5)).max_id == 5
+            with pytest.raises(StoreUnavailable, match="IDPOOL_CREATE_DATABASE=1"):
+                await led.remove_tag(tag)
+            assert await led.claim(tag) == IdRange(5, 15)  # nothing was removed
+        finally:
+            await led.close()
+    finally:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{db}`")
+        conn.close()
+
+
 async def test_missing_database_without_permission_to_create(settings: Settings) -> None:
     url = f"{MYSQL_SERVER}/{new_name('idpool_absent_')}"
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL"):
