@@ -186,7 +186,7 @@ async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, star
         raise StartBelowIssued(tag, floor)
     # GREATEST in the ledger: a claim that lands between the read above and this
     # write only moves max_id up, and the start can never pull it back down.
-    await ledger.raise_floor(tag, start)
+    await ledger.raise_floor(tag, start, start=True)
     return await ledger.get_tag(tag)
 
 
@@ -204,6 +204,24 @@ async def disable_tag(
     disabled but not drained; calling again drains it).
     """
     row = await ledger.set_disabled(tag, True)
+    drained = [] if pool is None else await pool.drain(tag)
+    return row, drained
+
+
+async def remove_tag(
+    ledger: LedgerStore, pool: PoolStore | None, tag: str
+) -> tuple[TagRow, list[IdRange]]:
+    """Remove ``tag``: its row and tokens go (requests get 404 ``unknown_tag``),
+    its ready ranges are taken out of the pool (returned, for the caller to count
+    as waste), and its tombstone and high-water mark stay, so the name added
+    again starts above every ID it ever issued.
+
+    The ledger first: a claim after it finds no row, so no new range can reach
+    the list once it is drained (one claimed just before and pushed just after
+    stays there unissued). Raises UnknownTag, StoreUnavailable (the ledger:
+    nothing changed; the pool: removed but not drained: `pool.drain(tag)` again).
+    """
+    row = await ledger.remove_tag(tag)
     drained = [] if pool is None else await pool.drain(tag)
     return row, drained
 

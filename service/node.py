@@ -342,10 +342,15 @@ class Node:
             return  # the copy stands; tried again next time
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
+        for tag in set(self.buffers) - set(self.tags.rows):
+            await self._stop_disabled(tag, self.buffers[tag], "tag_removed")
 
-    async def _stop_disabled(self, tag: str, buf: SegmentBuffer) -> None:
-        """Drop a disabled tag's buffer; what it held is waste, never served again
-        (enabled, the tag goes on from fresh ranges above its ledger's max_id)."""
+    async def _stop_disabled(
+        self, tag: str, buf: SegmentBuffer, reason: str = "tag_disabled"
+    ) -> None:
+        """Drop a disabled (or removed) tag's buffer; what it held is waste, never
+        served again (enabled or added again, the tag goes on from fresh ranges
+        above its ledger's max_id, or its tombstone's)."""
         if self.buffers.get(tag) is not buf:
             return
         # Out of `buffers` first, in one synchronous step: the fast path and new
@@ -356,11 +361,12 @@ class Node:
         self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         self.stats.tags[tag].history.clear()
         if remainder:
-            self.stats.waste(tag, "tag_disabled", sum(map(len, remainder)))
+            self.stats.waste(tag, reason, sum(map(len, remainder)))
             logger.warning(
-                "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+                "event=range_abandoned tag=%s range=%s reason=%s",
                 tag,
                 ",".join(r.to_text() for r in remainder),
+                reason,
             )
 
     async def report(self) -> None:

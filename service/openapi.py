@@ -408,7 +408,28 @@ def document(max_count: int) -> Schema:
                     ],  # fmt: skip
                     parameters=[_TAG_PARAM],
                     requestBody=_body(change),
-                )
+                ),
+                "delete": _admin(
+                    "Remove the tag for good: unknown from then on, its tokens dropped, its "
+                    "ready ranges wasted; the name added again starts above all it issued",
+                    [
+                        _ok(
+                            "the row as it was removed, and the ready IDs wasted",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tag", "removed", "wasted"],
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "removed": tag_row,
+                                    "wasted": {"type": "integer"},
+                                },
+                            },
+                        ),
+                        _error("400", "bad_tag"),
+                    ],  # fmt: skip
+                    parameters=[_TAG_PARAM],
+                ),
             },
             "/admin/tags/{tag}/tokens": {
                 "post": _admin(

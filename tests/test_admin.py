@@ -248,3 +248,47 @@ def test_a_tag_with_tokens_serves_only_requests_that_show_one(
     assert admin.get(f"/id/{tag}").text == "6"  # no tokens left: served to anyone again
     nosuch = admin.post(f"/admin/tags/{tag}-nope/tokens", headers=AUTH)
     assert nosuch.status_code == 404 and nosuch.json()["error"] == "unknown_tag"
+
+
+def test_remove_a_tag_for_good_and_add_it_again_above_all_it_issued(
+    settings: Settings, tag: str
+) -> None:
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    async def fill() -> None:
+        ledger = await Ledger.connect(settings)
+        pool = RedisPool.from_settings(settings)
+        claims = LedgerClaims(ledger, pool)
+        for _ in range(3):
+            await pool.push(tag, [(await claims.claim(tag)).range], head=False)
+        await pool.close()
+        await ledger.close()
+
+    add_tag(settings, tag, step=10)
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as admin:
+        assert admin.get(f"/id/{tag}").text == "1"  # buffer 1-10 here, ledger to 11
+        made = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH)
+        token = made.json()["token"]
+        asyncio.run(fill())  # the pool: 11-20, 21-30, 31-40
+        r = admin.delete(f"/admin/tags/{tag}", headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["removed"]["max_id"] == 41 and r.json()["wasted"] == 30
+        assert pool_ranges(settings, tag) == []
+        for headers in ({}, {"Authorization": f"Bearer {token}"}):
+            gone = admin.get(f"/id/{tag}", headers=headers)  # the buffer here is dropped too
+            assert gone.status_code == 404 and gone.json()["error"] == "unknown_tag"
+        assert all(t["tag"] != tag for t in admin.get("/admin/tags", headers=AUTH).json()["tags"])
+        metrics = admin.get("/metrics").text
+        # 30 from the pool, 9 from this node's buffer
+        assert f'idpool_ids_wasted_total{{reason="tag_removed",tag="{tag}"}} 39.0' in metrics
+        again = admin.delete(f"/admin/tags/{tag}", headers=AUTH)
+        assert again.status_code == 404 and again.json()["error"] == "unknown_tag"
+        # Redis loses the high-water mark: the ledger's tombstone still fences the name.
+        redis.Redis.from_url(settings.redis_url).delete(Keys(settings.redis_prefix).hwm(tag))
+        added = admin.post("/admin/tags", json={"tag": tag, "start": 1}, headers=AUTH)
+        assert added.status_code == 201 and added.json()["max_id"] == 41
+        assert admin.get(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["tokens"] == []
+    with TestClient(create_app(settings)) as node:  # (this one remembers the name as unknown)
+        assert node.get(f"/id/{tag}").text == "41"  # open again: its tokens went with it
