@@ -3,12 +3,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install browser promtool clean
+.PHONY: serve test check install browser promtool constraints clean
 
-$(VENV)/.installed: pyproject.toml client/pyproject.toml
+# -c constraints.txt: the runtime dependencies at the versions the image pins, so
+# the tests run against what the image ships (`make constraints` after an upgrade).
+$(VENV)/.installed: pyproject.toml client/pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(PY) -m pip install --quiet -e ./client
 	touch $@
 
@@ -36,6 +38,17 @@ test: install browser promtool
 	$(VENV)/bin/ruff check idpool pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# constraints.txt (used by the Dockerfile and `make install`): the .venv's tested
+# versions of idpool's runtime dependencies, found by installing idpool alone in a
+# scratch venv. To upgrade: `.venv/bin/pip install -U -e .`, `make constraints`, `make test`.
+constraints: install
+	rm -rf $(VENV)-constraints && python3 -m venv $(VENV)-constraints
+	$(PY) -m pip freeze --exclude-editable > $(VENV)-constraints/tested.txt
+	$(VENV)-constraints/bin/pip install --quiet -c $(VENV)-constraints/tested.txt .
+	{ grep '^#' constraints.txt; $(VENV)-constraints/bin/pip freeze | grep -v '^idpool'; } \
+		> constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf $(VENV)-constraints
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

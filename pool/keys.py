@@ -30,8 +30,10 @@ With the default prefix ``idpool``:
     minute, checks every list's depth).
 
 ``idpool:preloader``  STRING with a TTL, the id of the one active preloader.
-    Taken with SET NX PX and renewed each tick by its holder; the other
-    preloaders stand by, one SET NX a tick each, and take over when it expires.
+    Taken with SET NX PX and renewed each tick (and before each claim) by its
+    holder; the other preloaders stand by, one SET NX a tick each, and take over
+    when it expires. Read by the push script: a preloader's push lands only
+    while it holds the lease.
 
 ``idpool:clean:{run_id}:{replid}``  STRING, present once the Redis incarnation
     with that ``run_id`` (changes on every restart) and ``master_replid`` (changes

@@ -59,6 +59,16 @@ CREATE TABLE IF NOT EXISTS {TOKENS} (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 """
 
+REMOVED = "idpool_removed_tags"
+REMOVED_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {REMOVED} (
+    tag        VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    max_id     BIGINT       NOT NULL COMMENT 'the removed row max_id: nothing above was claimed',
+    removed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+                            ON UPDATE CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT 'tombstones of removed tags, never deleted'
+"""
+
 # Tables made before a column existed get it here, in place (ensure_schema).
 # ADD COLUMN IF NOT EXISTS: two nodes starting at once both run it harmlessly.
 _MIGRATIONS = [
@@ -81,6 +91,7 @@ _CONNECTION_ERRORS = (
     TimeoutError,
 )
 _UNKNOWN_DATABASE = 1049
+_NO_SUCH_TABLE = 1146
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
@@ -146,6 +157,7 @@ class Ledger:
                 await cur.execute("SET SESSION lock_wait_timeout = 10")
                 await cur.execute(SCHEMA)
                 await cur.execute(TOKENS_SCHEMA)
+                await cur.execute(REMOVED_SCHEMA)
                 for column, definition in _MIGRATIONS:
                     await _add_column(cur, column, definition)
                 for table in (TABLE, TOKENS):
@@ -180,12 +192,16 @@ class Ledger:
 
         return await self._run(op, transaction=True)
 
-    async def raise_floor(self, tag: str, floor: int) -> int:
-        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id."""
+    async def raise_floor(self, tag: str, floor: int, *, start: bool = False) -> int:
+        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id.
+        With ``start``, ``floor`` is also the tag's start from now on (an operator's)."""
 
         async def op(cur: Any) -> int:
             await cur.execute(
-                f"UPDATE {TABLE} SET max_id = GREATEST(max_id, %s) WHERE tag = %s", (floor, tag)
+                f"UPDATE {TABLE} SET max_id = GREATEST(max_id, %s)"
+                + (", start_id = %s" if start else "")
+                + " WHERE tag = %s",
+                (floor, floor, tag) if start else (floor, tag),
             )
             await cur.execute(f"SELECT max_id FROM {TABLE} WHERE tag = %s", (tag,))
             row = await cur.fetchone()
@@ -220,18 +236,72 @@ class Ledger:
         check_bound(start, end_id)
 
         async def op(cur: Any) -> None:
+            # The tombstone of a removed tag of this name, read with a lock (a gap
+            # lock when there is none): a removal cannot write one between this
+            # read and our INSERT, so the tag starts above every ID it ever issued.
+            try:
+                await cur.execute(
+                    f"SELECT max_id FROM {REMOVED} WHERE tag = %s FOR UPDATE", (tag,)
+                )
+                removed = await cur.fetchone()
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                removed = None  # made before removals existed (IDPOOL_CREATE_DATABASE=0): none
+            first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
                     "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (tag, max(start, floor), step, start, description, lo, hi, end_id, kind),
+                    (tag, first, step, start, description, lo, hi, end_id, kind),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None
+            await cur.connection.commit()
 
-        await self._run(op)
+        await self._run(op, transaction=True)
         return await self.get_tag(tag)
+
+    async def remove_tag(self, tag: str) -> TagRow:
+        """Delete a tag's row and tokens, keeping its tombstone (``max_id``) so
+        that the name added again starts above every ID it ever issued. Returns
+        the row as it was removed. Raises UnknownTag."""
+
+        async def op(cur: Any) -> TagRow:
+            # The tombstone's row lock first, as add_tag takes it: an add and a
+            # removal of one name run one after the other, never interleaved.
+            try:
+                await cur.execute(
+                    f"INSERT INTO {REMOVED} (tag, max_id) VALUES (%s, 0) "
+                    "ON DUPLICATE KEY UPDATE max_id = max_id",
+                    (tag,),
+                )
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                raise StoreUnavailable(
+                    "mysql",
+                    f"no table {REMOVED} to keep the tag's tombstone in: run idpool once "
+                    "with IDPOOL_CREATE_DATABASE=1 (the default) to add it; nothing was removed",
+                ) from None
+            # FOR UPDATE: a claim under way finishes first, and its range is below
+            # the max_id we keep; a claim after our COMMIT finds no row.
+            await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s FOR UPDATE", (tag,))
+            found = await cur.fetchone()
+            if found is None:
+                raise UnknownTag(tag)  # rolled back by _run, the tombstone's insert too
+            row = _tag_row(found)
+            await cur.execute(
+                f"UPDATE {REMOVED} SET max_id = GREATEST(max_id, %s) WHERE tag = %s",
+                (row.max_id, tag),
+            )
+            await cur.execute(f"DELETE FROM {TOKENS} WHERE tag = %s", (tag,))
+            await cur.execute(f"DELETE FROM {TABLE} WHERE tag = %s", (tag,))
+            await cur.connection.commit()
+            return row
+
+        return await self._run(op, transaction=True)
 
     async def set_step(self, tag: str, step: int) -> TagRow:
         """An operator's step: the new size, and the floor of the dynamic step."""

@@ -1,5 +1,5 @@
-"""The admin API: create tags, change a step, move a start forward, disable or
-enable a tag, add, list and revoke a tag's tokens, drain the node.
+"""The admin API: create tags, change a step, move a start forward, disable,
+enable or remove a tag, add, list and revoke a tag's tokens, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.claims import disable_tag, enable_tag, move_start
+from idpool.pool.claims import disable_tag, enable_tag, move_start, remove_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.tokens import hash_token, new_token
@@ -125,6 +125,15 @@ async def change_tag(request: Request) -> Response:
     return json_response(tag_fields(row))
 
 
+async def remove(request: Request) -> Response:
+    run = _admitted(request)
+    tag = check_tag(request.path_params["tag"])
+    row, drained = await remove_tag(run.ledger, run.pool, tag)
+    run.node.waste.record(tag, drained, Reason.TAG_REMOVED)
+    await run.node.refresh_tags(tag)  # this node stops at once; others within a reload
+    return json_response({"tag": tag, "removed": tag_fields(row), "wasted": sum(map(len, drained))})
+
+
 async def add_token(request: Request) -> Response:
     run = _admitted(request)
     tag = check_tag(request.path_params["tag"])
@@ -174,6 +183,7 @@ ROUTES = [
     Route("/admin/tags", list_tags, methods=["GET"]),
     Route("/admin/tags", add_tag, methods=["POST"]),
     Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+    Route("/admin/tags/{tag}", remove, methods=["DELETE"]),
     Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
     Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),

@@ -69,17 +69,6 @@ async def read_stores(
     return view
 
 
-def duration(seconds: float | None, sep: str = "") -> str:
-    """A runway for people: 45s, 12m, 5.5h, 30d (``sep`` between number and unit);
-    "-" when there is none to speak of. The CLI and the status page print it."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{sep}{unit}"
-    return f"{seconds:.0f}{sep}s"
-
-
 def runway_seconds(row: TagRow | None, pool_ids: int, rate: float | None) -> float | None:
     """Seconds until a bounded tag reaches its max at the cluster's rate: the IDs
     not yet claimed below the bound plus those ready in the pool, over the rate
@@ -91,6 +80,25 @@ def runway_seconds(row: TagRow | None, pool_ids: int, rate: float | None) -> flo
     if left <= 0:
         return 0.0
     return round(left / rate, 1) if rate else None
+
+
+_YEAR_S = 365 * 86400
+_LONGEST_SHOWN_S = 1000 * _YEAR_S  # an idle tag's runway is in the trillions of days
+
+
+def runway_text(seconds: float | None, bounded: bool = True, sep: str = " ") -> str:
+    """A runway for people: 45 s, 12 m, 5.5 h, 30.0 d, 12.5 y, "> 1000 y";
+    "unbounded" for a tag with no max, "-" when there is no rate to tell."""
+    if not bounded:
+        return "unbounded"
+    if seconds is None:
+        return "-"
+    if seconds >= _LONGEST_SHOWN_S:
+        return f">{sep}1000{sep}y"
+    for unit, size in (("y", _YEAR_S), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{sep}{unit}"
+    return f"{seconds:.0f}{sep}s"
 
 
 class StoreReadsCache:
@@ -143,6 +151,7 @@ def assemble(
         "updated_at": round(time.time(), 3),
         "cluster": cluster(view, node.node_id),
         "node": {
+            "addr": node.identity.get("addr"),
             "pid": os.getpid(),
             "started_at": node.stats.started_at,
             "uptime_s": round(time.time() - node.stats.started_at, 1),

@@ -28,7 +28,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from ops.toolkit import NodeProcess, env_with, free_port
 
-from .conftest import MYSQL_URL, REDIS_URL, new_name
+from .conftest import MYSQL_URL, REDIS_URL, drop_keys, new_name
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
         for node in nodes:
             if node.proc is not None:
                 node.stop()
+        drop_keys(settings.redis_prefix)
 
 
 def add_tag(settings: Settings, step: int) -> str:
@@ -148,23 +149,27 @@ def test_no_node_reachable_serves_from_memory_then_raises(
         IDPOOL_PRELOAD="0",
     )
     node = NodeProcess(env, tmp_path / "lonely").start()
-    client = IdPoolClient([node.base_url], max_count=100, return_at_exit=False)
-    ids = [client.next_id(tag) for _ in range(20)]  # the 16th started the next lease
-    for _ in range(200):
-        if client._tags[tag].pending:
-            break
-        threading.Event().wait(0.02)
-    assert node.stop()
-    ids += [client.next_id(tag) for _ in range(180)]  # the rest of both leases, from memory
-    assert sorted(ids) == list(range(1, 201))
-    with pytest.raises(IdPoolUnavailable) as failed:
-        client.next_id(tag)
-    assert failed.value.failures[0][0] == node.base_url
-    assert "ConnectionRefusedError" in failed.value.failures[0][1]
-    node.start()  # the node is back: the client recovers (after its backoff)
-    threading.Event().wait(0.6)
-    assert client.next_id(tag) > 200
-    client.close()
+    try:
+        client = IdPoolClient([node.base_url], max_count=100, return_at_exit=False)
+        ids = [client.next_id(tag) for _ in range(20)]  # the 16th started the next lease
+        for _ in range(200):
+            if client._tags[tag].pending:
+                break
+            threading.Event().wait(0.02)
+        assert node.stop()
+        ids += [client.next_id(tag) for _ in range(180)]  # the rest of both leases, from memory
+        assert sorted(ids) == list(range(1, 201))
+        with pytest.raises(IdPoolUnavailable) as failed:
+            client.next_id(tag)
+        assert failed.value.failures[0][0] == node.base_url
+        assert "ConnectionRefusedError" in failed.value.failures[0][1]
+        node.start()  # the node is back: the client recovers (after its backoff)
+        threading.Event().wait(0.6)
+        assert client.next_id(tag) > 200
+        client.close()
+    finally:
+        if node.proc is not None:
+            node.stop()  # the node started again above: stopped by PID, never left behind
 
 
 def test_unknown_tag_is_a_request_error(cluster: tuple[Settings, list[str]]) -> None:

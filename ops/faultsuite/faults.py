@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redis import Redis
+
 from .cluster import Cluster
 
 Fault = Callable[[Cluster, random.Random, float], None]
@@ -134,8 +136,19 @@ def redis_sentinel_return(cluster: Cluster, rng: random.Random, hold: float) -> 
 
 def _redis_failover(cluster: Cluster, hold: float, back_during_failover: bool) -> None:
     group = cluster.sentinel_group()
-    group.wait_replicated(group.replica(), 30.0)  # each failover starts from a synced replica
-    replica = group.lag_replica()
+    key = f"idpool:pool:{cluster.tag}"
+    # The hazard needs ranges in the replica's copy of the list, which the promoted
+    # replica must drop (range_abandoned). Nodes fetch their reserve in large pops, so
+    # the list is often empty: lag the replica only once its copy holds ranges.
+    watched = Redis(port=group.replica().port, socket_timeout=2, decode_responses=True)
+    for _ in range(5):
+        group.wait_replicated(group.replica(), 60.0)  # each failover starts from a synced replica
+        wait_for(lambda: bool(watched.llen(key)), 20.0)
+        replica = group.lag_replica()
+        if watched.llen(key):
+            break
+        cluster.note(f"redis replica :{replica.port} lagged with an empty list; again")
+        watched.replicaof("127.0.0.1", group.port)
     cluster.note(f"redis replica :{replica.port} lagging (REPLICAOF a port nobody listens on)")
     # under Sentinel's +fix-slave-config delay (~8 s), which would end the lag
     time.sleep(min(hold, 3.0))
@@ -163,8 +176,14 @@ def _redis_failover(cluster: Cluster, hold: float, back_during_failover: bool) -
         # failover waits for that, not this one
         cluster.note(f"old primary :{old.port} restarted (Sentinel will make it a replica)")
         return
-    group.wait_replicated(old, 30.0)
-    cluster.note(f"old primary :{old.port} is a replica in sync (Sentinel converted it)")
+    # Sentinel converts a returned master only after it has reported that role for
+    # 8 s, at its next INFO of it (every 10 s): 8-20 s, then a full resync. 30 s was
+    # too short on a loaded machine; this waits for Sentinel's worst case twice over.
+    took = group.wait_replicated(old, 60.0)
+    cluster.note(
+        f"old primary :{old.port} is a replica in sync (Sentinel converted it), "
+        f"{took:.1f}s after the switch"
+    )
 
 
 def mysql_replica_failover(cluster: Cluster, rng: random.Random, hold: float) -> None:

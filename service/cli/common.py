@@ -36,6 +36,28 @@ def integer(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
 
 
+def port_number(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 1 to 65535")
+    return number
+
+
+def integer_up_to(top: int) -> Callable[[str], int]:
+    """An argument type: an integer from 1 to ``top``."""
+
+    def parse(value: str) -> int:
+        number = integer(value)
+        if not 1 <= number <= top:
+            raise argparse.ArgumentTypeError(f"{value} must be from 1 to {top}")
+        return number
+
+    return parse
+
+
 def checked(check: Callable[[int], int]) -> Callable[[str], int]:
     """An argument type: an integer that ``check`` (from tag_fields) accepts."""
 
