@@ -359,3 +359,14 @@ async def test_reconnects_when_the_server_behind_the_address_changes(
     finally:
         await led.close()
         proxy.close()
+
+
+async def test_plain_mariadb_is_not_taken_for_galera(settings: Settings) -> None:
+    """wsrep_sync_wait is set only on a Galera member (wsrep_on): the shared server
+    is a plain MariaDB, whose sessions are left as they are."""
+    ledger = await Ledger.connect(settings)
+    try:
+        assert ledger.galera is False
+        assert not ledger.retries
+    finally:
+        await ledger.close()
