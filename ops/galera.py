@@ -178,6 +178,28 @@ class GaleraCluster:
         self.wait_size(len(self.members), timeout)
         return self
 
+    # -- what the fault suite's cluster uses of a single server ------------------
+
+    def url(self, database: str) -> str:
+        """The first member's URL (``member_url`` for the others)."""
+        return self.members[0].url(database)
+
+    def member_url(self, index: int, database: str) -> str:
+        return self.members[index % len(self.members)].url(database)
+
+    def client(self, program: str = "mariadb") -> list[str]:
+        """A client of the first member that runs."""
+        running = [m for m in self.members if m.proc is not None] or self.members
+        return running[0].client(program)
+
+    def ensure_up(self) -> None:
+        """Every member running again (after a fault went wrong)."""
+        for index, member in enumerate(self.members):
+            if member.proc is None:
+                self.rejoin(index)
+            else:
+                member.resume()
+
     def peers(self, member: GaleraMember) -> list[GaleraMember]:
         return [m for m in self.members if m is not member]
 
