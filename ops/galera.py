@@ -5,9 +5,9 @@ port free and private: each member's SQL port, its group-communication port
 (Galera's 4567), its IST port (4568) and its SST port (4444). The first member
 bootstraps the cluster (``--wsrep-new-cluster``); the others join it and get
 their data by SST (``wsrep_sst_method=rsync``). The rsync SST runs as the
-member's user, so members run as ``mysql`` in a temp directory that user owns
-(``tempfile``'s own directories are 0700 root: the cluster makes its own,
-removed by ``stop()``).
+member's user, so members started by root run as ``mysql`` in a temp directory
+that user owns (``tempfile``'s own directories are 0700 root: the cluster makes
+its own, removed by ``stop()``); started by anyone else they run as that user.
 
 Failure detection is shortened (a member killed with ``-9`` is evicted after
 about 2 s rather than Galera's 5-15 s), so a test or fault scenario sees the
@@ -28,7 +28,9 @@ from .processes import free_port
 from .servers import ServerProcess
 
 PROVIDERS = ("/usr/lib/galera/libgalera_smm.so", "/usr/lib/libgalera_smm.so")
-USER = "mysql"  # the rsync SST runs as the member's user; it must own the datadir
+# the rsync SST runs as the member's user, who must own the datadir; mariadbd
+# changes user only when started by root
+USER = "mysql" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
 # keepalive <= inactive_check <= suspect <= inactive (Galera refuses other orders)
 _PROVIDER_OPTIONS = (
@@ -169,7 +171,8 @@ class GaleraCluster:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _give_to_user(self.dir)
+        if os.geteuid() == 0:
+            _give_to_user(self.dir)
         first.start(bootstrap=True)
         self.wait_synced(first, timeout)
         for member in self.members[1:]:
