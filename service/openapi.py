@@ -94,6 +94,8 @@ _WHY = {
     "body_too_large": "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread",
     "leases_unavailable": "leases need Redis; this node runs embedded",
     "bad_lease": "lease is not an id POST /lease/{tag} answered",
+    "bad_secret": "secret is not a secret POST /lease/{tag} answered",
+    "wrong_secret": "the secret is not this lease's (only the lease answer gives it)",
     "bad_from": "from is not an integer",
     "outside_lease": "from is not between the lease's first ID and its last + 1",
     "wrong_tag": "the lease is another tag's",
@@ -245,9 +247,10 @@ def document(max_count: int) -> Schema:
                                         "type": "array",
                                         "items": {
                                             "type": "object",
-                                            "required": ["lease", "first", "last"],
+                                            "required": ["lease", "secret", "first", "last"],
                                             "properties": {
                                                 "lease": {"type": "string"},
+                                                "secret": {"type": "string"},
                                                 "first": {"type": "integer"},
                                                 "last": {"type": "integer"},
                                             },
@@ -306,12 +309,15 @@ def document(max_count: int) -> Schema:
                             "400",
                             "bad_body",
                             "bad_lease",
+                            "bad_secret",
                             "bad_from",
                             "bad_tag",
                             "outside_lease",
                             "wrong_tag",
                         ),
-                        _error("404", "not_found"),
+                        _error("401", "unauthorized"),
+                        _error("403", "wrong_secret"),
+                        _error("404", "unknown_tag", "not_found"),
                         _error("405", "method_not_allowed"),
                         _error("409", "unknown_lease", "already_returned"),
                         _error("413", "body_too_large"),
@@ -320,14 +326,17 @@ def document(max_count: int) -> Schema:
                     requestBody=_body(
                         {
                             "type": "object",
-                            "required": ["lease", "from"],
+                            "required": ["lease", "secret", "tag", "from"],
                             "properties": {
                                 "lease": {"type": "string"},
-                                "from": {"type": "integer"},
+                                "secret": {"type": "string"},
                                 "tag": {"type": "string"},
+                                "from": {"type": "integer"},
                             },
                         }
                     ),  # fmt: skip
+                    security=_TAG_SECURITY,
+                    parameters=[_TOKEN_PARAM],
                 )
             },
             "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from idpool_client import (
     AsyncIdPoolClient,
+    IdPoolAuthError,
     IdPoolClient,
     IdPoolClosed,
     IdPoolRequestError,
@@ -26,6 +27,7 @@ from idpool_client import (
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.pool.tokens import hash_token
 from ops.processes import NodeProcess, env_with, free_port
 
 from .conftest import MYSQL_URL, REDIS_URL, drop_keys, new_name
@@ -53,12 +55,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
         drop_keys(settings.redis_prefix)
 
 
-def add_tag(settings: Settings, step: int) -> str:
+def add_tag(settings: Settings, step: int, token: str | None = None) -> str:
+    """A new tag; with ``token``, guarded by it (before any node has read the tag)."""
     tag = new_name("ctag")
 
     async def go() -> None:
         ledger = await Ledger.connect(settings)
         await ledger.add_tag(tag, step=step, start=1)
+        if token is not None:
+            await ledger.add_token(tag, "t1", hash_token(token))
         await ledger.close()
 
     asyncio.run(go())
@@ -259,8 +264,8 @@ def test_a_return_whose_answer_was_lost_is_retried_once_safely(
     real = client.transport._request
     lost_answers: list[str] = []
 
-    def answer_lost(server: Any, path: str, payload: Any, sent: Any) -> Any:
-        result = real(server, path, payload, sent)  # the node acts on it...
+    def answer_lost(server: Any, path: str, payload: Any, tag: str, sent: Any) -> Any:
+        result = real(server, path, payload, tag, sent)  # the node acts on it...
         if path == "/lease/return" and not lost_answers:
             lost_answers.append(server.url)
             raise ConnectionResetError("answer lost")  # ...but the client never hears
@@ -270,3 +275,46 @@ def test_a_return_whose_answer_was_lost_is_retried_once_safely(
     report = client.close()
     assert lost_answers and report.lost == [] and report.returned >= 90
     assert_conserved(settings, tag, ids)  # the tail is in the list once
+
+
+def test_a_guarded_tag_is_served_with_its_token_and_refused_by_name_without(
+    cluster: tuple[Settings, list[str]],
+) -> None:
+    """Issue 19 item 4: tokens per tag and a default, sent on leases and returns,
+    never shown; a tag that refuses raises an error naming the tag."""
+    settings, urls = cluster
+    token = "client-token-" + new_name("s")
+    tag = add_tag(settings, step=100, token=token)
+    open_tag = add_tag(settings, step=100)
+    with IdPoolClient(urls, max_count=100, return_at_exit=False) as bare:
+        with pytest.raises(IdPoolAuthError) as refused:
+            bare.next_id(tag)
+        assert refused.value.tag == tag and refused.value.status == 401
+        assert repr(tag) in str(refused.value) and "no token" in str(refused.value)
+        assert bare.next_id(open_tag) >= 1  # an open tag needs none
+    with IdPoolClient(urls, max_count=100, tokens={tag: "wrong"}, return_at_exit=False) as bad:
+        with pytest.raises(IdPoolAuthError, match="does not accept"):
+            bad.next_id(tag)
+    ids: list[int] = []
+    for client in (
+        IdPoolClient(urls, max_count=100, tokens={tag: token}, token="x", return_at_exit=False),
+        IdPoolClient(urls, max_count=100, token=token, return_at_exit=False),
+    ):
+        ids += [client.next_id(tag) for _ in range(10)]
+        lease = client._runs[tag].lease
+        shown = [repr(client), repr(client.transport), repr(client.transport.tokens), repr(lease)]
+        assert not any(token in text or lease.secret in text for text in shown)
+        report = client.close()
+        assert report.lost == [] and report.returned > 0  # the return sent the token too
+        assert_conserved(settings, tag, ids)
+
+    async def run() -> list[int]:
+        async with AsyncIdPoolClient(urls, max_count=100, tokens={tag: token}) as aio:
+            got = [await aio.next_id(tag) for _ in range(5)]
+        assert aio.report.lost == [] and aio.report.returned > 0
+        async with AsyncIdPoolClient(urls, max_count=100, return_at_exit=False) as none:
+            with pytest.raises(IdPoolAuthError):
+                await none.next_id(tag)
+        return got
+
+    assert_conserved(settings, tag, ids + asyncio.run(run()))

@@ -14,12 +14,12 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 from .sync import RETRY_BACKOFF, CloseReport
-from .transport import Lease, Transport
+from .transport import Lease, Tokens, Transport
 
 
 @dataclass
@@ -50,12 +50,16 @@ class AsyncIdPoolClient:
         initial_count: int = 1,
         max_count: int = 10_000_000,
         return_at_exit: bool = True,
+        tokens: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
         if target_seconds <= 0 or max_count < 1 or initial_count < 1:
             raise ValueError("target_seconds, max_count and initial_count must be positive")
-        self.transport = Transport(list([urls] if isinstance(urls, str) else urls), timeout)
+        self.transport = Transport(
+            list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
+        )
         self.target_seconds = target_seconds
         self.prefetch_at = prefetch_at
         self.initial_count = initial_count
@@ -196,7 +200,7 @@ class AsyncIdPoolClient:
             try:
                 self.report.returned += self.transport.give_back(lease, start)
             except (IdPoolRequestError, IdPoolUnavailable) as e:
-                self.report.lost.append(f"{lease.lease_id} {start}-{lease.end - 1}: {e}")
+                self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
 
     async def __aenter__(self) -> AsyncIdPoolClient:
         return self

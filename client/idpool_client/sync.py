@@ -27,11 +27,11 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
-from .transport import Lease, Transport
+from .transport import Lease, Tokens, Transport
 
 RETRY_BACKOFF = 0.5  # seconds between lease attempts after a failed one
 
@@ -69,9 +69,9 @@ class _Tag:
 @dataclass
 class CloseReport:
     returned: int = 0  # IDs given back to the pool
-    # tails not returned, "lease first-last: why" (unknown_lease: Redis restarted or
-    # the lease expired; the node unreachable): lost, never served twice
-    lost: list[str] = field(default_factory=list)  # "lease first-last: why" for tails not returned
+    # tails not returned, "fingerprint first-last: why" (unknown_lease: Redis restarted
+    # or the lease expired; the node unreachable): lost, never served twice
+    lost: list[str] = field(default_factory=list)
 
 
 class IdPoolClient:
@@ -81,6 +81,10 @@ class IdPoolClient:
     a lease should last; the size asked for doubles while leases last less and
     halves when one lasts over twice as long (within ``max_count``).
     ``prefetch_at``: fraction of a lease used before the next is fetched.
+    ``tokens``: a token per guarded tag (``{"orders": "..."}``), sent on its
+    leases and returns; ``token``: the one sent for any other tag. Tokens are
+    never logged or shown in a repr; a tag that refuses its token raises
+    ``IdPoolAuthError`` naming the tag.
     """
 
     def __init__(
@@ -93,12 +97,16 @@ class IdPoolClient:
         initial_count: int = 1,
         max_count: int = 10_000_000,
         return_at_exit: bool = True,
+        tokens: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
         if target_seconds <= 0 or max_count < 1 or initial_count < 1:
             raise ValueError("target_seconds, max_count and initial_count must be positive")
-        self.transport = Transport(list([urls] if isinstance(urls, str) else urls), timeout)
+        self.transport = Transport(
+            list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
+        )
         self.target_seconds = target_seconds
         self.prefetch_at = prefetch_at
         self.initial_count = initial_count
@@ -306,7 +314,7 @@ class IdPoolClient:
                 returned = self.transport.give_back(lease, start)
             except (IdPoolRequestError, IdPoolUnavailable) as e:
                 with self._tags_lock:
-                    self.report.lost.append(f"{lease.lease_id} {start}-{lease.end - 1}: {e}")
+                    self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
                 continue
             with self._tags_lock:
                 self.report.returned += returned
