@@ -47,7 +47,7 @@ class AsyncIdPoolClient:
         timeout: float = 5.0,
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
-        initial_count: int = 1,
+        initial_count: int = 1000,
         max_count: int = 10_000_000,
         return_at_exit: bool = True,
         tokens: Mapping[str, str] | None = None,
