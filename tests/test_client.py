@@ -8,6 +8,7 @@ then be handed out once or be back in the list.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -387,3 +388,42 @@ def test_refills_that_waited_for_the_same_lease_lose_no_id() -> None:
     client.close()
     returned = [i for s, e in fake.returned for i in range(s, e)]
     assert sorted(drawn + returned) == list(range(1, fake.next_start))
+
+
+def test_threads_switching_at_every_chance_under_a_tracer_repeat_and_lose_nothing() -> None:
+    """Draws, batches and refills of 8 threads, the GIL handed over as often as it
+    can be and a Python tracer running (which makes every line a switch point):
+    each leased ID is handed out once or returned at close."""
+    client, fake = fake_client(64, max_count=64, initial_count=64)
+    got: list[list[int]] = [[] for _ in range(8)]
+
+    def tracer(*_: Any) -> Any:
+        return tracer
+
+    def draw(n: int) -> None:
+        sys.settrace(tracer)
+        ids, mine = client.ids("t"), got[n]
+        for k in range(3000):
+            if k % 5 == 0:
+                mine.extend(client.next_ids("t", 1 + k % 7))
+            elif n % 2:
+                mine.append(next(ids))
+            else:
+                mine.append(client.next_id("t"))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=draw, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    client.close()
+    drawn = [i for mine in got for i in mine]
+    assert len(set(drawn)) == len(drawn), "an ID was handed out twice"
+    returned = [i for s, e in fake.returned for i in range(s, e)]
+    assert sorted(drawn + returned) == list(range(1, fake.next_start))
+    assert max(fake.leased) <= 64
