@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from idpool_client import (
     AsyncIdPoolClient,
     IdPoolAuthError,
@@ -53,6 +54,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
         for node in nodes:
             if node.proc is not None:
                 node.stop()
+        plain = redis.Redis.from_url(settings.redis_url)
+        keys = list(plain.scan_iter(f"{settings.redis_prefix}:*"))
+        if keys:
+            plain.delete(*keys)
 
 
 def add_tag(settings: Settings, step: int, token: str | None = None) -> str:
@@ -179,9 +184,12 @@ def test_no_node_reachable_serves_from_memory_then_raises(
     assert failed.value.failures[0][0] == node.base_url
     assert "ConnectionRefusedError" in failed.value.failures[0][1]
     node.start()  # the node is back: the client recovers (after its backoff)
-    threading.Event().wait(0.6)
-    assert client.next_id(tag) > 200
-    client.close()
+    try:
+        threading.Event().wait(0.6)
+        assert client.next_id(tag) > 200
+        client.close()
+    finally:
+        assert node.stop()  # left running before: one `idpool serve` behind per test run
 
 
 def test_unknown_tag_is_a_request_error(cluster: tuple[Settings, list[str]]) -> None:
