@@ -45,19 +45,28 @@ from .redis_pool import _PRELUDE
 # KEYS[1] = pools set, KEYS[2] = incarnation key (the prelude's);
 # ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix (the prelude's),
 # ARGV[3] = leased-record prefix, ARGV[4] = TTL seconds, ARGV[5] = tag,
-# ARGV[6..] = lease_id, first, last, end, secret hash, lease_id, ... Returns {dropped, n recorded}.
+# ARGV[6] = k, ARGV[7..6+k] = the rest ('first-last', in serving order),
+# ARGV[7+k..] = lease_id, first, last, end, secret hash, lease_id, ...
+# Returns {dropped, n recorded}.
 _RECORD = (
     _PRELUDE
     + """
 local dropped = ensure_clean()
 local base = ARGV[3] .. incarnation() .. ':'
+local k = tonumber(ARGV[6])
+local leases = 7 + k
 -- SET NX: a record is written once; a (vanishingly unlikely) id clash fails the
 -- whole lease instead of overwriting another client's record.
-for i = 6, #ARGV, 5 do
+for i = leases, #ARGV, 5 do
   if redis.call('EXISTS', base .. ARGV[i]) == 1 then return {dropped, -1} end
 end
+-- The rest of the ranges cut for this lease goes back to the head of the list in
+-- the script that records the lease: it is in the list (once) exactly when the
+-- lease is recorded, and after ensure_clean, so a new incarnation cannot hold it twice.
+if k > 0 then redis.call('SADD', KEYS[1], ARGV[5]) end
+for i = 6 + k, 7, -1 do redis.call('LPUSH', ARGV[2] .. ARGV[5], ARGV[i]) end
 local n = 0
-for i = 6, #ARGV, 5 do
+for i = leases, #ARGV, 5 do
   local value = 'L ' .. ARGV[5] .. ' ' .. ARGV[i + 1] .. ' ' .. ARGV[i + 2] .. ' ' .. ARGV[i + 3]
     .. ' ' .. ARGV[i + 4]
   redis.call('SET', base .. ARGV[i], value, 'EX', ARGV[4])
@@ -171,14 +180,23 @@ class LeaseStore:
         args = [self.keys.clean_prefix, self.keys.pool(""), self.keys.leased_prefix]
         return keys, [*args, str(self.ttl_seconds), tag]
 
-    async def record(self, tag: str, leases: Sequence[tuple[str, str, IdRange]]) -> Recorded:
+    async def record(
+        self,
+        tag: str,
+        leases: Sequence[tuple[str, str, IdRange]],
+        rest: Sequence[IdRange] = (),
+    ) -> Recorded:
         """Record every (lease_id, secret, range) of one answer, in one script call
-        (the secret only as its hash).
+        (the secret only as its hash), and push ``rest`` (what was taken for the
+        lease beyond what it hands out) back to the head of the tag's list, in
+        serving order, in the same call.
 
         Raises StoreUnavailable (outcome unknown: the caller must not hand the
-        ranges out) or LeaseClash.
+        ranges out, nor count on ``rest`` being in the list) or LeaseClash
+        (nothing written).
         """
         keys, args = self._args(tag)
+        args += [str(len(rest)), *(r.to_text() for r in rest)]
         for lease_id, secret, r in leases:
             args += [lease_id, str(r.start), str(r.end - 1), str(r.end), hash_secret(secret)]
         dropped, n = await self._call(self._record, keys, args)

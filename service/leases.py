@@ -1,8 +1,9 @@
 """The lease API: whole ranges for client libraries that hand out IDs in-process.
 
-``POST /lease/{tag}?count=N`` leases one or more ranges covering about N IDs
-(the client's wish, clamped to ``IDPOOL_CLIENT_MAX_COUNT``); every lease is
-recorded in Redis before it is answered (``pool/lease_store.py``).
+``POST /lease/{tag}?count=N`` leases one or more ranges covering at most N IDs
+(the client's wish, clamped to ``IDPOOL_CLIENT_MAX_COUNT``); a range longer than
+that is cut, and its rest goes back to the head of the pool list in the script
+that records the lease (``pool/lease_store.py``), before it is answered.
 ``POST /lease/return`` with ``{"lease": id, "secret": ..., "tag": ..., "from":
 first unused ID}`` takes the unused tail back, once, to the head of the tag's
 pool list. It needs what only the leaseholder has: the lease's secret (given
@@ -27,7 +28,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.errors import IdPoolError, StoreUnavailable, TagDisabled, TagExhausted, UnknownTag
+from idpool.pool.errors import (
+    IdPoolError,
+    StoreNotSent,
+    StoreUnavailable,
+    TagDisabled,
+    TagExhausted,
+    UnknownTag,
+)
 from idpool.pool.lease_store import (
     LeaseClash,
     LeaseRefused,
@@ -90,10 +98,28 @@ def merge(ranges: list[IdRange]) -> list[IdRange]:
     return merged
 
 
-def _parse_count(request: Request, limit: int) -> int | Response:
+def cut(ranges: list[IdRange], count: int) -> tuple[list[IdRange], list[IdRange]]:
+    """(the first ``count`` IDs of ``ranges``, the rest), both in serving order."""
+    leased: list[IdRange] = []
+    rest: list[IdRange] = []
+    wanted = count
+    for r in ranges:
+        if wanted <= 0:
+            rest.append(r)
+        elif len(r) <= wanted:
+            leased.append(r)
+            wanted -= len(r)
+        else:
+            leased.append(IdRange(r.start, r.start + wanted))
+            rest.append(IdRange(r.start + wanted, r.end))
+            wanted = 0
+    return leased, rest
+
+
+def _parse_count(request: Request, limit: int) -> int | None | Response:
     values = request.query_params.getlist("count")
     if not values:
-        return 1  # one range, whatever its size
+        return None  # one range, whatever its size
     raw = values[0]
     if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or raw == "0":
         return _error(400, "bad_count", f"count must be a positive integer, not {raw[:40]!r}")
@@ -152,7 +178,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
                 refused = _error(401, "unauthorized", auth.refusal_message(tag))
                 refused.headers["www-authenticate"] = "Bearer"
                 return refused
-            ranges = merge(await lease_ranges(run, tag, count))
+            taken = merge(await lease_ranges(run, tag, 1 if count is None else count))
         except UnknownTag:
             return _error(
                 404, "unknown_tag", f"tag {tag!r} does not exist; create it with `idpool tag add`"
@@ -164,18 +190,26 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         except (IdPoolError, Draining) as e:
             logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
             return _error(503, "unavailable", str(e))
+        # A client asks for what it may hold (its max_count bounds its holdings): a
+        # longer range is cut, and its rest goes back to the pool with the record.
+        ranges, rest = (taken, []) if count is None else cut(taken, count)
         leases = [(*new_lease(), r) for r in ranges]
         try:
-            recorded = await store.record(tag, leases)
+            recorded = await store.record(tag, leases, rest)
         except (StoreUnavailable, LeaseClash) as e:
             # Not recorded, or not known to be: a lease that could not be returned
-            # (or, if half-known, returned twice) is never handed out. Waste instead.
-            for _, _, r in leases:
-                run.node.stats.waste(tag, "lease_not_recorded", len(r))
+            # (or, if half-known, returned twice) is never handed out, and the rest
+            # may or may not be back in the list. Waste both.
+            unsent = isinstance(e, (StoreNotSent, LeaseClash))
+            rest_reason = "push_not_sent" if unsent else "push_outcome_unknown"
+            reasons = [("lease_not_recorded", r) for r in ranges] + [(rest_reason, r) for r in rest]
+            for reason, r in reasons:
+                run.node.stats.waste(tag, reason, len(r))
                 logger.error(
-                    "event=range_abandoned tag=%s range=%s reason=lease_not_recorded detail=%r",
+                    "event=range_abandoned tag=%s range=%s reason=%s detail=%r",
                     tag,
                     r.to_text(),
+                    reason,
                     str(e),
                 )
             return _error(503, "unavailable", f"could not record the lease in Redis: {e}")

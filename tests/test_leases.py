@@ -259,3 +259,54 @@ def test_a_return_needs_the_leases_secret_and_the_tags_token(
         assert pool_ranges(settings, tag).count("601-1000") == 1
         logged = "\n".join(rec.getMessage() for rec in caplog.records)
         assert held["lease"] not in logged and held["secret"] not in logged
+
+
+def test_a_lease_holds_at_most_its_count_and_the_rest_stays_in_the_pool(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    """Issue 23: a client's holdings are bounded by what it asks for. The node cuts a
+    longer range and pushes the rest to the head of the list with the lease's record."""
+    add_tag(settings, tag, step=1000, start=1)
+    [first] = lease(client, tag, 300)["leases"]
+    assert (first["first"], first["last"]) == (1, 300)
+    assert pool_ranges(settings, tag)[0] == "301-1000"  # served next, once
+    body = lease(client, tag, 300)
+    assert body["count"] == 300 and [(x["first"], x["last"]) for x in body["leases"]] == [
+        (301, 600)
+    ]
+    assert pool_ranges(settings, tag)[0] == "601-1000"
+    # a wish across ranges: what the pool has, then a claim, cut to the wish
+    body = lease(client, tag, 1200)
+    assert body["count"] == 1200
+    assert [(x["first"], x["last"]) for x in body["leases"]] == [(601, 1800)]
+    assert pool_ranges(settings, tag)[0] == "1801-2000"
+    # the same once-only return as a whole range's
+    r = give_back(client, first, tag, 101)
+    assert r.status_code == 200 and r.json()["returned"] == {"first": 101, "last": 300}
+    assert pool_ranges(settings, tag)[:2] == ["101-300", "1801-2000"]
+    assert give_back(client, first, tag, 101).json()["error"] == "already_returned"
+    # and the node serves them once: no ID of a lease still out comes from /ids
+    ids = client.get(f"/ids/{tag}?count=400").json()["ids"]
+    assert ids == list(range(101, 301)) + list(range(1801, 2001))
+
+
+def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings, tag: str) -> None:
+    add_tag(settings, tag, step=1000)
+    with TestClient(create_app(settings)) as client:
+        run_pool = client.app.node.source.redis_pool  # type: ignore[attr-defined]
+
+        async def broken(*args: Any, **kwargs: Any) -> Any:
+            raise redis.TimeoutError("no answer")
+
+        original = run_pool.client.register_script
+
+        def failing(script: str) -> Any:
+            registered = original(script)
+            return broken if script == lease_store._RECORD else registered
+
+        run_pool.client.register_script = failing
+        r = client.post(f"/lease/{tag}?count=100")
+        assert r.status_code == 503 and r.json()["error"] == "unavailable"
+        wasted = client.app.node.stats.tags[tag].wasted  # type: ignore[attr-defined]
+        assert wasted["lease_not_recorded"] == 100
+        assert wasted["push_outcome_unknown"] == 900

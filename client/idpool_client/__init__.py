@@ -27,6 +27,8 @@ from .errors import (
 from .sync import CloseReport, IdPoolClient
 from .transport import Lease
 
+__version__ = "0.2.0"
+
 __all__ = [
     "AsyncIdPoolClient",
     "CloseReport",
@@ -37,4 +39,5 @@ __all__ = [
     "IdPoolRequestError",
     "IdPoolUnavailable",
     "Lease",
+    "__version__",
 ]

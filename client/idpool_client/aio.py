@@ -38,7 +38,8 @@ class _Tag:
 
 
 class AsyncIdPoolClient:
-    """``await client.next_id(tag)``; the same options as ``IdPoolClient``."""
+    """``await client.next_id(tag)``; the same options as ``IdPoolClient`` (tokens,
+    ``max_count`` bounding what it holds per tag to twice that)."""
 
     def __init__(
         self,
@@ -47,7 +48,7 @@ class AsyncIdPoolClient:
         timeout: float = 5.0,
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
-        initial_count: int = 1,
+        initial_count: int = 1000,
         max_count: int = 10_000_000,
         return_at_exit: bool = True,
         tokens: Mapping[str, str] | None = None,
@@ -62,7 +63,7 @@ class AsyncIdPoolClient:
         )
         self.target_seconds = target_seconds
         self.prefetch_at = prefetch_at
-        self.initial_count = initial_count
+        self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
         self._tags: dict[str, _Tag] = {}
         self._closed = False
@@ -207,6 +208,13 @@ class AsyncIdPoolClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def held(self, tag: str) -> int:
+        """IDs of ``tag`` this client holds now (at most twice ``max_count``)."""
+        t = self._tags.get(tag)
+        if t is None:
+            return 0
+        return max(0, t.stop - t.cur) + sum(map(len, t.pending))
 
     @property
     def lease_calls(self) -> int:
