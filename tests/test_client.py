@@ -434,3 +434,13 @@ def test_threads_switching_at_every_chance_under_a_tracer_repeat_and_lose_nothin
     returned = [i for s, e in fake.returned for i in range(s, e)]
     assert sorted(drawn + returned) == list(range(1, fake.next_start))
     assert max(fake.leased) <= 64
+
+
+def test_next_id_for_a_tag_draws_from_the_same_chain_as_next_id() -> None:
+    client, fake = fake_client(100, initial_count=100, max_count=100)
+    next_id = client.next_id_for("t")
+    drawn = [next_id(), client.next_id("t"), next_id(), next(client.ids("t"))]
+    drawn += [next_id() for _ in range(300)]  # across leases: refills run under it
+    drawn += list(client.next_ids("t", 5))
+    assert drawn == list(range(1, len(drawn) + 1))
+    client.close()

@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -190,6 +190,14 @@ class IdPoolClient:
         ``next_id`` raises. Should it ever end (a KeyboardInterrupt delivered
         inside a refill ends a chain), ask for it again."""
         return self._chain(tag, None)
+
+    def next_id_for(self, tag: str) -> Callable[[], int]:
+        """``next_id`` bound to ``tag``, the fastest call form: after
+        ``next_id = client.next_id_for("orders")``, ``next_id()`` is the bound
+        ``__next__`` of ``ids(tag)``, C code while a chunk lasts (no Python frame,
+        no dict lookup). Thread-safe like ``ids``; should it ever raise
+        StopIteration (see ``ids``), ask for it again."""
+        return self.ids(tag).__next__
 
     def next_ids(self, tag: str, n: int) -> Sequence[int]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""

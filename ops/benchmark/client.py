@@ -51,6 +51,11 @@ BIG = 10**15  # the in-memory designs draw from [0, BIG): no refill during a run
 DESIGNS = [
     ("count", "next(itertools.count())", "baseline"),
     ("ids", "next(it), it = client.ids(tag): a chain of range chunks", "kept: the fastest"),
+    (
+        "next_id_for",
+        "next_id(), next_id = client.next_id_for(tag): the chain's bound __next__",
+        "kept: next_id() bound to a tag",
+    ),
     ("next_id", "client.next_id(tag): next(chains[tag]) in a method", "kept: by tag name"),
     ("count_limit", "v0.1 next_id: next(count) and a compare with the run's limit", "replaced"),
     (
@@ -199,6 +204,7 @@ def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
     one: dict[str, Callable[[int], float]] = {
         "count": _loop(next, counter),
         "ids": _loop(next, ids),
+        "next_id_for": _loop(client.next_id_for(TAG)),
         "next_id": _loop(client.next_id, TAG),
         "count_limit": _loop(_CountAndLimit().next_id, TAG),
         "getattr": _loop(_getattr_design(), TAG),
@@ -209,6 +215,7 @@ def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
     four: dict[str, Callable[[int], float]] = {
         "count": _loop(next, shared),
         "next_id": _loop(client.next_id, TAG),
+        "next_id_for": _loop(client.next_id_for(TAG)),
         "ids": _loop(next, ids),
     }
     batches = max(1, calls // 1000)
@@ -250,6 +257,7 @@ def report(results: dict[str, float], aio: tuple[float, float], command: str) ->
     for name, label in (
         ("count", "one shared count"),
         ("next_id", "client.next_id(tag)"),
+        ("next_id_for", "next_id(), next_id = client.next_id_for(tag)"),
         ("ids", "next() on client.ids(tag)"),
     ):
         ns = results[f"{name}_4t"]
