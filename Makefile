@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install browser promtool constraints clean
+.PHONY: serve test check install browser promtool galera constraints clean
 
 # -c constraints.txt: the runtime dependencies at the versions the image pins, so
 # the tests run against what the image ships (`make constraints` after an upgrade).
@@ -33,8 +33,16 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
+# tests/test_galera.py starts a 3-member MariaDB Galera cluster: the provider
+# (Debian's galera-4), rsync for its SST, and ss (iproute2), which the SST script
+# uses to see its rsync daemon listen.
+galera:
+	@{ test -e /usr/lib/galera/libgalera_smm.so && command -v rsync >/dev/null 2>&1 && \
+		command -v ss >/dev/null 2>&1; } || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync iproute2 >/dev/null; }
+
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
-test: install browser promtool
+test: install browser promtool galera
 	$(VENV)/bin/ruff check idpool pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q

@@ -4,7 +4,8 @@ from here, not from the modules behind it:
 
 - stores of our own on free ports: ``RedisServer``, ``MariaServer``, a Redis
   under Sentinel (``RedisSentinelGroup``), a MariaDB primary and replica
-  (``MariaPair``), and ``TcpProxy`` to cut a store off from a node;
+  (``MariaPair``), a Galera cluster (``GaleraCluster``), and ``TcpProxy``
+  to cut a store off from a node;
 - idpool processes: ``NodeProcess`` (``idpool serve``), ``PreloaderProcess``,
   ``env_with`` (their environment), ports (``free_port``, ``wait_for_port``,
   ``wait_port_closed``), ``wait_ready`` (``/readyz``), ``node_stopped`` (the
@@ -14,6 +15,7 @@ from here, not from the modules behind it:
 
 from __future__ import annotations
 
+from .galera import GaleraCluster
 from .idclient import Answer, NodeConnections
 from .processes import (
     NodeProcess,
@@ -30,6 +32,7 @@ from .servers import MariaServer, RedisServer, TcpProxy
 
 __all__ = [
     "Answer",
+    "GaleraCluster",
     "MariaPair",
     "MariaServer",
     "NodeConnections",

@@ -135,8 +135,8 @@ class NoRangeAvailable(IdPoolError):
 class LeaseRefused(IdPoolError):
     """A return that is not the unused tail of a live lease; nothing was changed.
 
-    ``code`` is ``unknown_lease``, ``already_returned``, ``wrong_tag`` or
-    ``outside_lease``.
+    ``code`` is ``unknown_lease``, ``wrong_secret``, ``already_returned``,
+    ``wrong_tag`` or ``outside_lease``.
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import warnings
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -92,6 +94,16 @@ _CONNECTION_ERRORS = (
 )
 _UNKNOWN_DATABASE = 1049
 _NO_SUCH_TABLE = 1146
+# ER_LOCK_DEADLOCK: Galera's certification failure (at COMMIT, or a brute-force abort
+# by a replicated write set), or an InnoDB deadlock. The server rolled the whole
+# transaction back: nothing of it was applied on any member, so it may run again.
+_DEADLOCK = 1213
+CONFLICT_ATTEMPTS = 8  # tries of a claim that keeps losing certification
+CONFLICT_BACKOFF = 0.005  # s; the n-th retry waits up to this * 2**n, at random
+# Galera: every read first waits until this member has applied every write set
+# the cluster committed before it (1: SELECT, SHOW, BEGIN), so a tag created,
+# disabled or bounded on another member is seen at once.
+GALERA_SESSION = "SET SESSION wsrep_sync_wait = 1"
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
@@ -104,9 +116,12 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
 class Ledger:
     name = "mysql"  # in /status, /metrics and 503 messages
 
-    def __init__(self, connections: Any, timeout: float) -> None:
-        self._connections = connections  # aiomysql's connection pool
+    def __init__(self, pool: Any, timeout: float, *, galera: bool = False) -> None:
+        self._pool = pool
         self._timeout = timeout
+        self.galera = galera  # a Galera member: its sessions set wsrep_sync_wait
+        # (operation, reason) -> transactions run again after a conflict (/metrics)
+        self.retries: Counter[tuple[str, str]] = Counter()
 
     @classmethod
     async def connect(cls, settings: Settings, *, create: bool | None = None) -> Ledger:
@@ -118,35 +133,42 @@ class Ledger:
         create = settings.create_database if create is None else create
         try:
             try:
-                connections = await _connect(params, settings.store_timeout, params.database)
+                pool = await _open_pool(params, settings.store_timeout, params.database)
             except pymysql.err.OperationalError as e:
                 if e.args[0] != _UNKNOWN_DATABASE or not create:
                     raise
                 await _create_database(params, settings.store_timeout)
-                connections = await _connect(params, settings.store_timeout, params.database)
+                pool = await _open_pool(params, settings.store_timeout, params.database)
+            galera = await _is_galera(pool)
+            if galera:  # again, each new connection setting wsrep_sync_wait first
+                pool.close()
+                await pool.wait_closed()
+                pool = await _open_pool(
+                    params, settings.store_timeout, params.database, GALERA_SESSION
+                )
         except _CONNECTION_ERRORS as e:
             raise StoreUnavailable(
                 "mysql",
                 f"cannot open database {params.database!r} at {params.host}:{params.port} "
                 f"as {params.user!r} (check IDPOOL_MYSQL_URL): {_describe(e)}",
             ) from e
-        ledger = cls(connections, settings.store_timeout)
+        ledger = cls(pool, settings.store_timeout, galera=galera)
         if create:
             await ledger.ensure_schema()
         return ledger
 
     async def close(self) -> None:
-        if self._connections is None:
+        if self._pool is None:
             return
-        connections, self._connections = self._connections, None
-        connections.close()
+        pool, self._pool = self._pool, None
+        pool.close()
         try:
             # A connection still held (a query stuck on the server) must not hold
             # up the stop: past the store timeout, close every connection at once.
-            await asyncio.wait_for(connections.wait_closed(), self._timeout)
+            await asyncio.wait_for(pool.wait_closed(), self._timeout)
         except TimeoutError:
-            connections.terminate()
-            await connections.wait_closed()
+            pool.terminate()
+            await pool.wait_closed()
 
     async def ensure_schema(self) -> None:
         async def op(cur: Any) -> None:
@@ -190,7 +212,7 @@ class Ledger:
             await cur.connection.commit()
             return fresh
 
-        return await self._run(op, transaction=True)
+        return await self._run(op, transaction=True, retry="claim")
 
     async def raise_floor(self, tag: str, floor: int, *, start: bool = False) -> int:
         """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id.
@@ -210,7 +232,7 @@ class Ledger:
                 raise UnknownTag(tag)
             return int(row[0])
 
-        return await self._run(op, transaction=True)
+        return await self._run(op, transaction=True, retry="raise_floor")
 
     async def add_tag(
         self,
@@ -343,7 +365,7 @@ class Ledger:
             await cur.connection.commit()
             return None if row is None else int(row[0])
 
-        new = await self._run(op, transaction=True)
+        new = await self._run(op, transaction=True, retry="adapt_step")
         if new is None:
             raise UnknownTag(tag)
         return new
@@ -426,42 +448,73 @@ class Ledger:
 
         return await self._run(op)
 
-    async def _run(self, op: Callable[[Any], Awaitable[T]], *, transaction: bool = False) -> T:
-        if self._connections is None:
+    async def _run(
+        self, op: Callable[[Any], Awaitable[T]], *, transaction: bool = False, retry: str = ""
+    ) -> T:
+        """Run ``op`` on a pooled connection. With ``retry`` (the operation's name) a
+        transaction the server rolled back on a conflict runs again, at most
+        CONFLICT_ATTEMPTS times in all: it was not applied, so running it again
+        cannot claim a range twice. A lost answer is never retried (StoreUnavailable)."""
+        if self._pool is None:
             raise StoreUnavailable("mysql", "ledger is closed")
-        connections = self._connections
+        pool = self._pool
         try:
             async with asyncio.timeout(self._timeout):
-                conn = await connections.acquire()
-                try:
-                    if transaction:
-                        await conn.begin()
-                    async with conn.cursor() as cur:
-                        return await op(cur)
-                except BaseException as e:
-                    # A timeout or broken socket leaves the connection in an
-                    # unknown state (maybe mid-transaction): never reuse it.
-                    if not isinstance(e, pymysql.err.IntegrityError | _DomainErrors):
-                        conn.close()
-                    elif transaction:
-                        await conn.rollback()
-                    raise
-                finally:
-                    connections.release(conn)
+                attempt = 0
+                while True:
+                    attempt += 1
+                    try:
+                        return await self._run_once(pool, op, transaction)
+                    except pymysql.err.OperationalError as e:
+                        if not (retry and _is_conflict(e)):
+                            raise
+                        if attempt == CONFLICT_ATTEMPTS:
+                            raise StoreUnavailable(
+                                "mysql",
+                                f"{retry} rolled back by {CONFLICT_ATTEMPTS} conflicts in a row "
+                                f"(nothing applied): {_describe(e)}",
+                            ) from e
+                        self.retries[retry, "certification" if self.galera else "deadlock"] += 1
+                        # claims on several members collided: spread the next tries out
+                        await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF * 2**attempt))
         except _CONNECTION_ERRORS as e:
-            await self._drop_idle(connections)
+            await self._drop_idle(pool)
             raise StoreUnavailable("mysql", _describe(e)) from e
 
-    async def _drop_idle(self, connections: Any) -> None:
+    async def _run_once(self, pool: Any, op: Callable[[Any], Awaitable[T]], transaction: bool) -> T:
+        conn = await pool.acquire()
+        try:
+            if transaction:
+                await conn.begin()
+            async with conn.cursor() as cur:
+                return await op(cur)
+        except BaseException as e:
+            # A timeout or broken socket leaves the connection in an unknown
+            # state (maybe mid-transaction): never reuse it. After a conflict
+            # the server rolled back; the connection is sound.
+            if not isinstance(e, pymysql.err.IntegrityError | _DomainErrors) and not (
+                _is_conflict(e)
+            ):
+                conn.close()
+            elif transaction:
+                await conn.rollback()
+            raise
+        finally:
+            pool.release(conn)
+
+    async def _drop_idle(self, pool: Any) -> None:
         """After a connection error, close the idle connections too: behind a virtual
         IP or proxy that moved to a promoted replica they lead to the old server, and
         one that hangs (no RST from a vanished host) would cost a call a timeout each."""
         with contextlib.suppress(*_CONNECTION_ERRORS):
             async with asyncio.timeout(self._timeout):
-                await connections.clear()
+                await pool.clear()
 
 
 _DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable
+
+
+
 
 
 async def _exact_tag_names(cur: Any, table: str) -> None:
@@ -504,13 +557,27 @@ async def _add_column(cur: Any, column: str, definition: str) -> None:
             raise
 
 
+def _is_conflict(e: BaseException) -> bool:
+    return isinstance(e, pymysql.err.OperationalError) and bool(e.args) and e.args[0] == _DEADLOCK
+
+
+async def _is_galera(pool: Any) -> bool:
+    """Whether the server is a Galera member (``wsrep_on``); MySQL has no such variable."""
+    async with pool.acquire() as conn, conn.cursor() as cur:
+        await cur.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+        row = await cur.fetchone()
+    return row is not None and str(row[1]).upper() == "ON"
+
+
 def _describe(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "no answer in time"
     return f"{type(e).__name__}: {e}"
 
 
-async def _connect(params: MysqlParams, timeout: float, db: str) -> Any:
+async def _open_pool(
+    params: MysqlParams, timeout: float, db: str, init_command: str | None = None
+) -> Any:
     return await aiomysql.create_pool(
         host=params.host,
         port=params.port,
@@ -522,6 +589,7 @@ async def _connect(params: MysqlParams, timeout: float, db: str) -> Any:
         minsize=1,
         maxsize=4,
         pool_recycle=300,
+        init_command=init_command,
     )
 
 

@@ -149,9 +149,10 @@ _LEASES: Schema = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["lease", "first", "last"],
+                "required": ["lease", "secret", "first", "last"],
                 "properties": {
                     "lease": {"type": "string"},
+                    "secret": {"type": "string"},
                     "first": {"type": "integer"},
                     "last": {"type": "integer"},
                 },
@@ -337,12 +338,15 @@ def _lease_paths() -> Schema:
                         "400",
                         "bad_body",
                         "bad_lease",
+                        "bad_secret",
                         "bad_from",
                         "bad_tag",
                         "outside_lease",
                         "wrong_tag",
                     ),
-                    _error("404", "not_found"),
+                    _error("401", "unauthorized"),
+                    _error("403", "wrong_secret"),
+                    _error("404", "unknown_tag", "not_found"),
                     _error("405", "method_not_allowed"),
                     _error("409", "unknown_lease", "already_returned"),
                     _error("413", "body_too_large"),
@@ -351,14 +355,17 @@ def _lease_paths() -> Schema:
                 requestBody=_body(
                     {
                         "type": "object",
-                        "required": ["lease", "from"],
+                        "required": ["lease", "secret", "tag", "from"],
                         "properties": {
                             "lease": {"type": "string"},
+                            "secret": {"type": "string"},
                             "from": {"type": "integer"},
                             "tag": {"type": "string"},
                         },
                     }
                 ),  # fmt: skip
+                security=_TAG_SECURITY,
+                parameters=[_TOKEN_PARAM],
             )
         },
     }

@@ -158,10 +158,18 @@ def assemble(
             "draining": node.draining,
             "ready": node.not_ready() is None,
             "store_errors": dict(node.stats.store_errors),
+            "ledger_retries": ledger_retries(node),
         },
         "stores": stores,
         "tags": entries,
     }
+
+
+def ledger_retries(node: Node) -> list[dict[str, Any]]:
+    """Ledger transactions run again after a conflict (a Galera certification
+    failure), by operation and reason. Only the MySQL ledger has the counter."""
+    counts = getattr(node.source.claims.ledger, "retries", {})
+    return [{"op": op, "reason": why, "count": n} for (op, why), n in sorted(counts.items())]
 
 
 def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:

@@ -133,7 +133,7 @@ def test_options_and_wrong_methods_list_every_method_of_the_path(admin: TestClie
     # OPTIONS /admin/tags said "GET, HEAD": the first route's methods, not POST.
     expected = {
         "/admin/tags": "GET, HEAD, POST",
-        "/admin/tags/x": "DELETE, PATCH",  # DELETE: tag remove (merged into main beside this)
+        "/admin/tags/x": "DELETE, PATCH",  # DELETE: tag remove
         "/admin/tags/x/tokens": "GET, HEAD, POST",
         "/admin/tags/x/tokens/y": "DELETE",
         "/admin/drain": "POST",

@@ -425,3 +425,12 @@ async def test_a_moved_start_is_the_rows_start(ledger: LedgerStore, tag: str) ->
     assert (await ledger.get_tag(tag)).start_id == 7000
     await ledger.raise_floor(tag, 9000)  # a fence raise is not an operator's start
     assert (await ledger.get_tag(tag)).start_id == 7000
+async def test_plain_mariadb_is_not_taken_for_galera(settings: Settings) -> None:
+    """wsrep_sync_wait is set only on a Galera member (wsrep_on): the shared server
+    is a plain MariaDB, whose sessions are left as they are."""
+    ledger = await Ledger.connect(settings)
+    try:
+        assert ledger.galera is False
+        assert not ledger.retries
+    finally:
+        await ledger.close()
