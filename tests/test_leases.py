@@ -310,7 +310,7 @@ def test_a_lease_holds_at_most_its_count_and_the_rest_stays_in_the_pool(
 def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings, tag: str) -> None:
     add_tag(settings, tag, step=1000)
     with TestClient(create_app(settings)) as client:
-        run_pool = client.app.node.source.redis_pool  # type: ignore[attr-defined]
+        run_pool = client.app.node.source.pool  # type: ignore[attr-defined]
 
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise redis.TimeoutError("no answer")
@@ -324,6 +324,6 @@ def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings,
         run_pool.client.register_script = failing
         r = client.post(f"/lease/{tag}?count=100")
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
-        wasted = client.app.node.stats.tags[tag].wasted  # type: ignore[attr-defined]
+        wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]
         assert wasted["lease_not_recorded"] == 100
         assert wasted["push_outcome_unknown"] == 900
