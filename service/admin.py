@@ -26,6 +26,7 @@ from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
 from .errors import HttpRefusal, error, json_response
+from .formats import describe
 from .runtime import Runtime
 from .tag_fields import check_int, check_tag, new_tag
 
@@ -47,6 +48,7 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
         "ids_left": row.left,
         "disabled": row.disabled,
         "description": row.description,
+        "format": describe(row),  # null for a plain tag; never the obfuscation key
     }
 
 
@@ -100,6 +102,8 @@ async def add_tag(request: Request) -> Response:
         description=spec.description,
         end_id=spec.end_id,
         kind=spec.kind,
+        options=spec.options,
+        secret=spec.secret,
     )
     return json_response(tag_fields(row), 201)
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from idpool_client.formats import period_of_row
+
 from idpool.pool.errors import (
     Draining,
     KindNotServed,
@@ -28,6 +30,7 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
+from .formats import FormattedTags, Id
 from .kinds import KINDS, SEGMENT, IdKind
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
@@ -60,6 +63,7 @@ class Node:
     ) -> None:
         self._clock = clock  # monotonic seconds, for idleness and reloads
         self._wall_clock = wall_clock  # seconds since the epoch, for the consumption chart
+        self.wall_clock = wall_clock  # the same, for the dates of formatted IDs
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
         self.tag_reload_seconds = tag_reload_seconds
@@ -74,6 +78,7 @@ class Node:
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
         # one object per kind of ID: how a tag of that kind is served (kinds.py)
         self.kinds: dict[str, IdKind] = {name: make(self) for name, make in KINDS.items()}
+        self.formatted = FormattedTags(self)  # tags whose rows carry a format (formats.py)
         self.draining = False
         self.report_seconds = report_seconds
         self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
@@ -140,10 +145,10 @@ class Node:
             raise KindNotServed(tag, row.kind)
         return kind
 
-    async def next_id(self, tag: str) -> int:
+    async def next_id(self, tag: str) -> Id:
         return await (await self.kind_of(tag)).next_id(tag)
 
-    async def next_ids(self, tag: str, count: int) -> list[int]:
+    async def next_ids(self, tag: str, count: int) -> list[int] | list[str]:
         return await (await self.kind_of(tag)).next_ids(tag, count)
 
     def describe(self, tag: str) -> dict[str, Any] | None:
@@ -214,6 +219,7 @@ class Node:
         full = self.tags.full_at
         whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
         names = set(self.buffers) if changed is None else {*self.buffers, changed}
+        names |= {parent for parent, _ in filter(None, map(period_of_row, names))}
         try:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:

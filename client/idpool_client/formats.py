@@ -160,9 +160,8 @@ def _parse(template: str) -> _Parts:
                 f"format {template!r}: unknown field {{{name}}}: use {{id}} and {{date:...}}",
             )
     if id_spec is None:
-        raise FormatError(
-            "bad_format", f"format {template!r} has no {{id}}: e.g. 'INV-{{date:%Y%m%d}}-{{id:06d}}'"
-        )
+        example = "'INV-{date:%Y%m%d}-{id:06d}'"
+        raise FormatError("bad_format", f"format {template!r} has no {{id}}: e.g. {example}")
     return _Parts(tuple(before), id_spec, tuple(after), frozenset(directives))
 
 
