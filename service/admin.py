@@ -26,7 +26,7 @@ from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
 from .errors import HttpRefusal, error, json_response
-from .formats import describe
+from .formats import describe, split_periods
 from .runtime import Runtime
 from .tag_fields import check_int, check_tag, new_tag
 
@@ -86,8 +86,16 @@ def _admitted(request: Request) -> Runtime:
 
 async def list_tags(request: Request) -> Response:
     run = _admitted(request)
-    rows = await run.ledger.list_tags()
-    return json_response({"tags": [tag_fields(r) for r in rows]})
+    tags, periods = split_periods(await run.ledger.list_tags())
+    shown = []
+    for row in tags:
+        fields = tag_fields(row)
+        if row.tag in periods:  # a reset tag: each period's ledger position, newest first
+            fields["periods"] = {
+                key: p.max_id for key, p in sorted(periods[row.tag].items(), reverse=True)[:3]
+            }
+        shown.append(fields)
+    return json_response({"tags": shown})
 
 
 async def add_tag(request: Request) -> Response:

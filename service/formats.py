@@ -216,3 +216,16 @@ def tag_list_entry(row: TagRow) -> str:
         parts.append("obfuscated")
     return " ".join(parts)
 
+
+
+def split_periods(rows: list[TagRow]) -> tuple[list[TagRow], dict[str, dict[str, TagRow]]]:
+    """(the tags, and per reset tag its period rows by key): lists show tags only."""
+    tags: list[TagRow] = []
+    periods: dict[str, dict[str, TagRow]] = {}
+    for row in rows:
+        found = period_of_row(row.tag)
+        if found is None:
+            tags.append(row)
+        else:
+            periods.setdefault(found[0], {})[found[1]] = row
+    return tags, periods

@@ -1,0 +1,217 @@
+"""Formatted tags on a node: templates, period sequences, obfuscation, bad templates.
+
+Against the real MariaDB and Redis, through the admin API and the ID routes
+(fast path and routes both), with the node's wall clock injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from starlette.testclient import TestClient
+
+from idpool.pool.ledger import Ledger
+from idpool.pool.settings import Settings
+from idpool.service.app import NodeApp, create_app
+
+TOKEN = "admin-secret"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def at(text: str) -> float:
+    """Unix seconds of a UTC time written ``2026-11-24 23:59:59.5``."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def admin(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        yield c
+
+
+def node_of(client: TestClient) -> NodeApp:
+    app = client.app
+    assert isinstance(app, NodeApp) and app.node is not None
+    return app
+
+
+def add(client: TestClient, **fields: object) -> dict[str, object]:
+    r = client.post("/admin/tags", json=fields, headers=AUTH)
+    assert r.status_code == 201, r.text
+    body: dict[str, object] = r.json()
+    return body
+
+
+def test_template_renders_on_id_ids_and_leaf_path(admin: TestClient, tag: str) -> None:
+    clock = Clock(at("2026-11-24 10:00:00"))
+    node_of(admin).node.wall_clock = clock  # type: ignore[union-attr]
+    body = add(admin, tag=tag, step=10, format="INV-{date:%Y%m%d}-{id:06d}")
+    assert body["format"] == {"format": "INV-{date:%Y%m%d}-{id:06d}", "reset": None,
+                              "obfuscate": False}
+    first = admin.get(f"/id/{tag}")  # the routes (no buffer yet)
+    assert first.text == "INV-20261124-000001"
+    assert admin.get(f"/id/{tag}").text == "INV-20261124-000002"  # the fast path
+    assert admin.get(f"/api/segment/get/{tag}").text == "INV-20261124-000003"
+    many = admin.get(f"/ids/{tag}?count=3").json()
+    assert many == {"tag": tag, "ids": [f"INV-20261124-00000{i}" for i in (4, 5, 6)]}
+    # more than the buffer holds: the route waits for a range
+    batch = admin.get(f"/ids/{tag}?count=12").json()["ids"]
+    assert batch == [f"INV-20261124-{i:06d}" for i in range(7, 19)]
+
+
+def test_base62_and_base36(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, step=100, start=61, format="{id:b62}")
+    assert [admin.get(f"/id/{tag}").text for _ in range(3)] == ["z", "10", "11"]
+    other = tag + "x"
+    add(admin, tag=other, step=100, start=35, format="K{id:04b36}")
+    assert admin.get(f"/ids/{other}?count=2").json()["ids"] == ["K000z", "K0010"]
+
+
+def test_daily_reset_restarts_each_day_and_midnight_between_fetch_and_use(
+    admin: TestClient, tag: str
+) -> None:
+    clock = Clock(at("2026-11-24 23:59:59.5"))
+    app = node_of(admin)
+    assert app.node is not None
+    app.node.wall_clock = clock
+    add(admin, tag=tag, step=100, format="D{date:%Y%m%d}-{id}", reset="daily")
+    assert admin.get(f"/id/{tag}").text == "D20261124-1"
+    assert admin.get(f"/id/{tag}").text == "D20261124-2"  # from the buffer fetched above
+    clock.now = at("2026-11-25 00:00:00.1")  # midnight between the range's fetch and its use
+    assert admin.get(f"/id/{tag}").text == "D20261125-1"
+    assert admin.get(f"/ids/{tag}?count=2").json()["ids"] == ["D20261125-2", "D20261125-3"]
+    # a node whose clock is a second behind still renders the old period's numbers
+    # with the old date: unique
+    clock.now = at("2026-11-24 23:59:59.9")
+    assert admin.get(f"/id/{tag}").text == "D20261124-3"
+    rows = [t["tag"] for t in admin.get("/admin/tags", headers=AUTH).json()["tags"]]
+    assert tag in rows and f"{tag}@20261124" not in rows  # period rows are not tags
+    # a period's row is never served by its own name
+    assert admin.get(f"/id/{tag}@20261125").status_code == 400
+
+
+def test_a_batch_waits_across_midnight_takes_from_the_new_period(
+    settings: Settings, tag: str
+) -> None:
+    async def go() -> None:
+        from idpool.pool.claims import create_tag
+        from idpool.pool.stores import open_stores
+        from idpool.service.runtime import open_runtime
+        from idpool.service.tag_fields import new_tag
+
+        run = await open_runtime(settings, open_stores)
+        try:
+            clock = Clock(at("2026-11-24 23:59:59.9"))
+            run.node.wall_clock = clock
+            spec = new_tag({"tag": tag, "step": 5, "format": "{date:%Y%m%d}{id:04d}",
+                            "reset": "daily"}, 5)
+            await create_tag(run.ledger, run.pool, tag, step=5, start=1, options=spec.options)
+            assert await run.node.next_id(tag) == "202611240001"
+            fetch = run.node.source.fetch
+
+            async def slow_fetch(name: str, ids: int) -> list:  # type: ignore[type-arg]
+                clock.now = at("2026-11-25 00:00:01")  # midnight while the range is on its way
+                return await fetch(name, ids)
+
+            run.node.source.fetch = slow_fetch  # type: ignore[method-assign]
+            for buf in run.node.buffers.values():
+                buf._fetch = slow_fetch
+            ids = await run.node.next_ids(tag, 8)  # more than the buffer holds: waits
+            assert ids == [f"20261125{i:04d}" for i in range(1, 9)]
+        finally:
+            await run.stop()
+            await run.close()
+
+    asyncio.run(go())
+
+
+def test_period_rows_are_made_once_and_fenced(settings: Settings, admin: TestClient,
+                                              tag: str) -> None:
+    clock = Clock(at("2026-01-31 12:00:00"))
+    node_of(admin).node.wall_clock = clock  # type: ignore[union-attr]
+    add(admin, tag=tag, step=10, format="{date:%Y%m}-{id}", reset="monthly")
+    assert admin.get(f"/id/{tag}").text == "202601-1"
+
+    async def row_max() -> int:
+        ledger = await Ledger.connect(settings)
+        try:
+            return (await ledger.get_tag(f"{tag}@202601")).max_id
+        finally:
+            await ledger.close()
+
+    assert asyncio.run(row_max()) == 11
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "says"),
+    [
+        ({"format": "INV-{date:%Y%m%d}"}, "bad_format", "no {id}"),
+        ({"format": "{id}{order}"}, "bad_format", "unknown field {order}"),
+        ({"format": "{id:q}"}, "bad_format", "not an allowed id spec"),
+        ({"format": "{{x}}{id}"}, "bad_format", "literal braces"),
+        ({"format": "{id}" + "x" * 200}, "bad_format", "at most 128"),
+        ({"format": "{id}{id}"}, "bad_format", "twice"),
+        ({"format": "{date:%f}{id}"}, "bad_format", "%f is not allowed"),
+        ({"format": "{id}-{date:%Y%m}", "reset": "daily"}, "bad_reset", "%m and %d"),
+        ({"format": "{id}-{date:%y}", "reset": "yearly"}, "bad_reset", "%Y"),
+        ({"format": "{id}", "reset": "hourly"}, "bad_reset", "daily, monthly, yearly"),
+        ({"reset": "daily"}, "bad_reset", "needs a format"),
+        ({"obfuscate": "yes"}, "bad_obfuscate", "true or false"),
+        ({"format": 12}, "bad_format", "string"),
+    ],
+)
+def test_bad_templates_are_refused_with_what_is_wrong(
+    admin: TestClient, tag: str, fields: dict[str, object], code: str, says: str
+) -> None:
+    r = admin.post("/admin/tags", json={"tag": tag, **fields}, headers=AUTH)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == code
+    assert says in r.json()["message"]
+    assert admin.get(f"/id/{tag}").status_code == 404  # nothing was made
+
+
+def test_obfuscated_numbers_are_unique_bounded_and_not_ascending(
+    admin: TestClient, tag: str
+) -> None:
+    add(admin, tag=tag, step=50, obfuscate=True, max=2**53 - 1)
+    one = int(admin.get(f"/id/{tag}").text)
+    many = admin.get(f"/ids/{tag}?count=99").json()["ids"]
+    assert all(isinstance(v, int) for v in many)  # numbers in JSON, not strings
+    values = [one, *many]
+    assert len(set(values)) == 100
+    assert all(1 <= v <= 2**53 - 1 for v in values)
+    assert values != sorted(values)
+    listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+    shown = next(t for t in listed if t["tag"] == tag)
+    assert shown["format"] == {"format": None, "reset": None, "obfuscate": True}
+    # the key is nowhere on the operator's pages
+    key = _secret(admin, tag)
+    for page in ("/admin/tags", "/status.json", "/status", "/metrics"):
+        assert key not in admin.get(page, headers=AUTH).text
+
+
+def _secret(client: TestClient, tag: str) -> str:
+    app = node_of(client)
+    assert app.node is not None
+    row = app.node.tags.rows[tag]
+    assert row.secret and row.secret not in repr(row)
+    return row.secret
+
+
+def test_plain_tags_are_untouched(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, step=10)
+    assert admin.get(f"/id/{tag}").text == "1"
+    assert admin.get(f"/ids/{tag}?count=2").json()["ids"] == [2, 3]
+    app = node_of(admin)
+    assert app.node is not None and tag not in app.node.tags.formats
