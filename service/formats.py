@@ -217,7 +217,6 @@ def tag_list_entry(row: TagRow) -> str:
     return " ".join(parts)
 
 
-
 def split_periods(rows: list[TagRow]) -> tuple[list[TagRow], dict[str, dict[str, TagRow]]]:
     """(the tags, and per reset tag its period rows by key): lists show tags only."""
     tags: list[TagRow] = []

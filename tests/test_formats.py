@@ -57,8 +57,11 @@ def test_template_renders_on_id_ids_and_leaf_path(admin: TestClient, tag: str) -
     clock = Clock(at("2026-11-24 10:00:00"))
     node_of(admin).node.wall_clock = clock  # type: ignore[union-attr]
     body = add(admin, tag=tag, step=10, format="INV-{date:%Y%m%d}-{id:06d}")
-    assert body["format"] == {"format": "INV-{date:%Y%m%d}-{id:06d}", "reset": None,
-                              "obfuscate": False}
+    assert body["format"] == {
+        "format": "INV-{date:%Y%m%d}-{id:06d}",
+        "reset": None,
+        "obfuscate": False,
+    }
     first = admin.get(f"/id/{tag}")  # the routes (no buffer yet)
     assert first.text == "INV-20261124-000001"
     assert admin.get(f"/id/{tag}").text == "INV-20261124-000002"  # the fast path
@@ -114,8 +117,9 @@ def test_a_batch_waits_across_midnight_takes_from_the_new_period(
         try:
             clock = Clock(at("2026-11-24 23:59:59.9"))
             run.node.wall_clock = clock
-            spec = new_tag({"tag": tag, "step": 5, "format": "{date:%Y%m%d}{id:04d}",
-                            "reset": "daily"}, 5)
+            spec = new_tag(
+                {"tag": tag, "step": 5, "format": "{date:%Y%m%d}{id:04d}", "reset": "daily"}, 5
+            )
             await create_tag(run.ledger, run.pool, tag, step=5, start=1, options=spec.options)
             assert await run.node.next_id(tag) == "202611240001"
             fetch = run.node.source.fetch
@@ -136,8 +140,9 @@ def test_a_batch_waits_across_midnight_takes_from_the_new_period(
     asyncio.run(go())
 
 
-def test_period_rows_are_made_once_and_fenced(settings: Settings, admin: TestClient,
-                                              tag: str) -> None:
+def test_period_rows_are_made_once_and_fenced(
+    settings: Settings, admin: TestClient, tag: str
+) -> None:
     clock = Clock(at("2026-01-31 12:00:00"))
     node_of(admin).node.wall_clock = clock  # type: ignore[union-attr]
     add(admin, tag=tag, step=10, format="{date:%Y%m}-{id}", reset="monthly")

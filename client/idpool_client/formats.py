@@ -252,8 +252,7 @@ class Obfuscation:
         # One keyed BLAKE2b per round (the round number as its personalisation):
         # the Feistel round functions, a PRF each.
         self._rounds = [
-            hashlib.blake2b(key=key, digest_size=8, person=b"idpool-r%d" % i)
-            for i in range(ROUNDS)
+            hashlib.blake2b(key=key, digest_size=8, person=b"idpool-r%d" % i) for i in range(ROUNDS)
         ]
 
     def __repr__(self) -> str:
