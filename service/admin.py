@@ -25,6 +25,7 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
+from .decode import decode
 from .errors import HttpRefusal, error, json_response
 from .formats import describe, split_periods
 from .runtime import Runtime
@@ -146,6 +147,15 @@ async def change_tag(request: Request) -> Response:
     return json_response(tag_fields(row))
 
 
+async def decode_id(request: Request) -> Response:
+    run = _admitted(request)
+    tag = check_tag(request.path_params["tag"])
+    values = request.query_params.getlist("value")
+    if len(values) != 1:
+        raise InvalidInput("bad_value", "give value exactly once: ?value=<an ID of the tag>")
+    return json_response(decode(await run.ledger.get_tag(tag), values[0]))
+
+
 async def add_token(request: Request) -> Response:
     run = _admitted(request)
     tag = check_tag(request.path_params["tag"])
@@ -195,6 +205,7 @@ ROUTES = [
     Route("/admin/tags", list_tags, methods=["GET"]),
     Route("/admin/tags", add_tag, methods=["POST"]),
     Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+    Route("/admin/tags/{tag}/decode", decode_id, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
     Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),

@@ -220,3 +220,59 @@ def test_plain_tags_are_untouched(admin: TestClient, tag: str) -> None:
     assert admin.get(f"/ids/{tag}?count=2").json()["ids"] == [2, 3]
     app = node_of(admin)
     assert app.node is not None and tag not in app.node.tags.formats
+
+
+def test_cli_add_list_and_decode(settings: Settings, tag: str) -> None:
+    from .test_cli import idpool
+
+    made = idpool(settings, "tag", "add", tag, "--format", "INV-{date:%Y%m%d}-{id:06d}")
+    assert made.returncode == 0, made.stderr
+    assert "format 'INV-{date:%Y%m%d}-{id:06d}'" in made.stdout
+    listed = idpool(settings, "tag", "list")
+    assert "format 'INV-{date:%Y%m%d}-{id:06d}'" in listed.stdout
+    decoded = idpool(settings, "tag", "decode", tag, "INV-20261124-001234")
+    assert decoded.returncode == 0, decoded.stderr
+    assert "sequence number 1234" in decoded.stdout
+    wrong = idpool(settings, "tag", "decode", tag, "INV-2026112x-00z234")
+    assert wrong.returncode == 2 and "is not an ID of tag" in wrong.stderr
+    hidden = tag + "o"
+    made = idpool(settings, "tag", "add", hidden, "--obfuscate", "--max", "9007199254740991")
+    assert made.returncode == 0, made.stderr
+    assert "obfuscated" in idpool(settings, "tag", "list").stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--format", "INV-{date:%Y%m%d}"], "--format 'INV-{date:%Y%m%d}' has no {id}"),
+        (["--format", "{id}-{date:%Y}", "--reset", "daily"], "lacks %m and %d (or %j)"),
+        (["--format", "{nope}{id}"], "unknown field {nope}"),
+        (["--reset", "daily"], "--reset needs a --format"),
+    ],
+)
+def test_cli_refuses_bad_templates(
+    settings: Settings, tag: str, options: list[str], says: str
+) -> None:
+    from .test_cli import idpool
+
+    refused = idpool(settings, "tag", "add", tag, *options)
+    assert refused.returncode == 2
+    assert says in refused.stderr
+    assert tag not in idpool(settings, "tag", "list").stdout
+
+
+def test_admin_decode_dispatches_on_the_tag(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, obfuscate=True, max=10**6)
+    values = admin.get(f"/ids/{tag}?count=5").json()["ids"]
+    for n, value in enumerate(values, start=1):
+        r = admin.get(f"/admin/tags/{tag}/decode", params={"value": str(value)}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["sequence"] == n
+    bad = admin.get(f"/admin/tags/{tag}/decode", params={"value": "abc"}, headers=AUTH)
+    assert bad.status_code == 400 and bad.json()["error"] == "bad_value"
+    outside = admin.get(f"/admin/tags/{tag}/decode", params={"value": "0"}, headers=AUTH)
+    assert outside.status_code == 400
+    plain = tag + "p"
+    add(admin, tag=plain)
+    r = admin.get(f"/admin/tags/{plain}/decode", params={"value": "17"}, headers=AUTH)
+    assert r.json()["sequence"] == 17
