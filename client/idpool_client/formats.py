@@ -416,7 +416,7 @@ class TagFormat:
             return _from_b62(middle)
         if base == 36:
             return int(middle, 36)
-        kind = spec[-1:] if spec[-1:] in "xXob" else "d"
+        kind = spec[-1] if spec[-1:] in ("x", "X", "o", "b") else "d"
         radix = {"d": 10, "x": 16, "X": 16, "o": 8, "b": 2}[kind]
         return int(middle.replace(",", "").replace("_", ""), radix)
 
