@@ -19,6 +19,7 @@ import secrets
 from typing import Any
 
 import orjson
+from idpool_client.formats import period_of_row
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -105,21 +106,37 @@ async def lease(request: Request) -> Response:
     await run.node.tags.lookup(tag)  # its tokens are read with it
     if not auth.allowed(run.node.tags, tag, request):
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
-    ranges = merge(await lease_ranges(run, tag, count))
+    # A formatted tag: the client renders as the node does, so the answer carries
+    # the format (with the obfuscation key: every holder of the tag's token gets
+    # it). With a reset the numbers come from the period's row, named in each lease.
+    fmt = run.node.tags.formats.get(tag)
+    sequence, since, until = tag, 0.0, 0.0
+    if fmt is not None:
+        sequence, since, until = await run.node.formatted.sequence(tag, fmt)
+    ranges = merge(await lease_ranges(run, sequence, count))
     leases = [(secrets.token_urlsafe(16), r) for r in ranges]
     try:
-        recorded = await store.record(tag, leases)
+        recorded = await store.record(sequence, leases)
     except (StoreUnavailable, LeaseClash) as e:
         # Not recorded, or not known to be: a lease that could not be returned
         # (or, if half-known, returned twice) is never handed out. Waste instead.
         for _, r in leases:
-            run.node.waste.record(tag, [r], Reason.LEASE_NOT_RECORDED, str(e))
+            run.node.waste.record(sequence, [r], Reason.LEASE_NOT_RECORDED, str(e))
         raise HttpRefusal("unavailable", f"could not record the lease in Redis: {e}") from e
     run.node.waste.dropped(recorded.dropped)
     for lease_id, r in leases:
-        logger.info("event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), lease_id)
-    answer = [{"lease": i, "first": r.start, "last": r.end - 1} for i, r in leases]
-    return json_response({"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer})
+        logger.info("event=range_leased tag=%s range=%s lease=%s", sequence, r.to_text(), lease_id)
+    answer: list[dict[str, Any]] = [
+        {"lease": i, "first": r.start, "last": r.end - 1} for i, r in leases
+    ]
+    body: dict[str, Any] = {"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer}
+    if fmt is not None:
+        body["format"] = fmt.to_json(secret=True)
+        if sequence != tag:
+            body["period"] = {"key": sequence.rpartition("@")[2], "from": since, "until": until}
+            for one in answer:
+                one["sequence"] = sequence  # the row its tail goes back to
+    return json_response(body)
 
 
 def _return_fields(body: dict[str, Any]) -> tuple[str, int, str]:
@@ -128,9 +145,15 @@ def _return_fields(body: dict[str, Any]) -> tuple[str, int, str]:
         raise InvalidInput("bad_lease", "lease must be the id POST /lease/{tag} answered")
     if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= MAX_ID + 1:
         raise InvalidInput("bad_from", "from must be the first unused ID of the lease (an integer)")
-    if not isinstance(tag, str) or (tag and not is_valid_tag(tag)):
+    if not isinstance(tag, str) or (tag and not is_valid_tag(_tag_of(tag))):
         raise InvalidInput("bad_tag", f"tag, if given, must be a valid tag: {TAG_RULE}")
     return lease_id, start, tag
+
+
+def _tag_of(name: str) -> str:
+    """The tag of a lease's sequence: itself, or the tag of a period's row."""
+    found = period_of_row(name)
+    return name if found is None else found[0]
 
 
 async def give_back(request: Request) -> Response:

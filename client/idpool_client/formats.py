@@ -224,6 +224,14 @@ def period_bounds(reset: str, now: float) -> tuple[str, float, float]:
     return start.strftime(_PERIOD_KEY[reset]), start.timestamp(), end.timestamp()
 
 
+def within(now: float, since: float, until: float) -> float:
+    """``now``, or the nearest moment of the period ``[since, until)``: a number of
+    that period is never rendered with another period's date, whatever the clocks."""
+    if now < since:
+        return since
+    return now if now < until else until - 0.001
+
+
 def period_row(tag: str, key: str) -> str:
     """The ledger row (and pool list) of one period of a reset tag."""
     return f"{tag}{PERIOD_MARK}{key}"

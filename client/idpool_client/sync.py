@@ -29,8 +29,10 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .formats import within
 from .transport import Lease, Transport
 
 RETRY_BACKOFF = 0.5  # seconds between lease attempts after a failed one
@@ -61,6 +63,8 @@ class _Tag:
     error: IdPoolError | None = None
     retry_at: float = 0.0
     started_at: float = 0.0  # when the current lease was installed
+    # tails of leases whose reset period ended (formats.py): returned at close
+    ended: list[tuple[Lease, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ready = threading.Condition(self.lock)
@@ -114,8 +118,11 @@ class IdPoolClient:
 
     # -- the hot path -------------------------------------------------------
 
-    def next_id(self, tag: str) -> int:
-        """The next ID of ``tag``. Blocks only when no ID of the tag is in memory."""
+    def next_id(self, tag: str) -> Any:
+        """The next ID of ``tag``. Blocks only when no ID of the tag is in memory.
+
+        An int; a str for a tag with a template (rendered as the node renders it).
+        A formatted tag takes the tag's lock per ID (its runs are not in ``_runs``)."""
         try:
             run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
         except KeyError:
@@ -125,38 +132,55 @@ class IdPoolClient:
             return i
         return self._slow_id(tag, run, i)
 
-    def next_ids(self, tag: str, n: int) -> Sequence[int]:
-        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""
+    def next_ids(self, tag: str, n: int) -> Sequence[Any]:
+        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
+        list (of rendered IDs for a formatted tag)."""
         if n < 1:
             raise ValueError("n must be at least 1")
         t = self._tag(tag)
         parts: list[range] = []
+        leases: list[Lease] = []
         with t.lock:
+            now = time.time()
             while n > 0:
                 run = self._current(t)
+                if now >= run.lease.until:
+                    self._period_ended(t, run)
+                    continue
                 self._retire(run)  # run.retired_from: the first ID nobody has drawn
                 start = run.retired_from
                 assert start is not None
                 take = min(n, run.stop - start)
                 if take > 0:
                     parts.append(range(start, start + take))
+                    leases.append(run.lease)
                     n -= take
                 if start + take < run.stop:
                     # the rest of the lease as a new run (a new counter: the old one is dead)
                     self._install(t, run.lease, start + take, fresh=False)
+        if leases[0].format is not None:
+            return [
+                v
+                for part, lease in zip(parts, leases, strict=True)
+                for v in _render_many(lease, part, now)
+            ]
         if len(parts) == 1:
             return parts[0]
         return [i for part in parts for i in part]
 
     # -- the slow path --------------------------------------------------------
 
-    def _slow_id(self, tag: str, run: _Run | None, i: int) -> int:
+    def _slow_id(self, tag: str, run: _Run | None, i: int) -> Any:
         t = self._tag(tag)
         with t.lock:
+            now = time.time()
             if run is None or i >= (run.stop if run.retired_from is None else run.retired_from):
                 # i is past the run's end, or the run was cut off: never handed out.
                 while True:
                     run = self._current(t)
+                    if now >= run.lease.until:
+                        self._period_ended(t, run)
+                        continue
                     i = next(run.ids)
                     if i < run.stop:
                         break
@@ -167,7 +191,20 @@ class IdPoolClient:
                 self._prefetch(t)
                 if t.fetcher is not None or t.pending:
                     run.limit = run.stop
-            return i
+            fmt = run.lease.format
+            if fmt is None:
+                return i
+            # never a date outside the lease's period (a node's clock ahead of ours)
+            return fmt.render(i, within(now, run.lease.since, run.lease.until))
+
+    def _period_ended(self, t: _Tag, run: _Run) -> None:
+        """The lease's reset period is over by this clock: its numbers are never
+        rendered with a later date. Cut it off; its tail goes back at close.
+        Called with the lock held."""
+        self._retire(run)
+        assert run.retired_from is not None
+        if run.retired_from < run.stop:
+            t.ended.append((run.lease, run.retired_from))
 
     def _current(self, t: _Tag) -> _Run:
         """The tag's run, switching to the next lease (waiting for it if need be).
@@ -195,7 +232,10 @@ class IdPoolClient:
             t.started_at = time.monotonic()
         run = _Run(lease, start, lease.end)
         t.run = run
-        self._runs[t.tag] = run
+        if lease.format is None:
+            self._runs[t.tag] = run
+        else:  # rendered (and its period checked) in the slow path, under the lock
+            self._runs.pop(t.tag, None)
         if t.pending or t.fetcher is not None:
             return  # the next lease is here or on its way: no trigger
         trigger = lease.start + int(len(lease) * self.prefetch_at)
@@ -290,7 +330,9 @@ class IdPoolClient:
                     if run.retired_from < run.stop:
                         tails.append((run.lease, run.retired_from))
                 tails += [(lease, lease.start) for lease in t.pending]
+                tails += t.ended
                 t.pending.clear()
+                t.ended.clear()
                 self._runs.pop(t.tag, None)
                 if t.fetcher is not None:
                     fetchers.append(t.fetcher)
@@ -327,3 +369,9 @@ def _close_ref(ref: weakref.ref[IdPoolClient]) -> None:
     client = ref()
     if client is not None:
         client.close()
+
+
+def _render_many(lease: Lease, numbers: range, now: float) -> list[Any]:
+    fmt = lease.format
+    assert fmt is not None
+    return fmt.render_many(numbers, within(now, lease.since, lease.until))

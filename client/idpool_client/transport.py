@@ -11,21 +11,33 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .errors import IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .formats import TagFormat
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """One leased range, half-open ``[start, end)``."""
+    """One leased range, half-open ``[start, end)``.
+
+    A formatted tag's lease carries its format (``formats.py``; with an
+    obfuscation key, which the node sends to every lease holder) and, with a
+    reset, the UTC period its numbers belong to: ``[since, until)`` in unix
+    seconds. Its numbers are only ever rendered with a date in that period, and
+    ``tag`` is then the period's ledger row (``TAG@KEY``), where the tail goes back.
+    """
 
     lease_id: str
     tag: str
     start: int
     end: int
+    format: TagFormat | None = None
+    since: float = -math.inf
+    until: float = math.inf
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -65,8 +77,20 @@ class Transport:
         path = f"/lease/{quote(tag, safe='')}?count={max(1, count)}"
         body = self._post("lease", path, None, f"lease for tag {tag!r}")
         try:
+            fmt = None if body.get("format") is None else TagFormat.from_json(body["format"])
+            period = body.get("period") or {}
+            since = float(period.get("from", -math.inf))
+            until = float(period.get("until", math.inf))
             return [
-                Lease(str(x["lease"]), tag, int(x["first"]), int(x["last"]) + 1)
+                Lease(
+                    str(x["lease"]),
+                    str(x.get("sequence", tag)),
+                    int(x["first"]),
+                    int(x["last"]) + 1,
+                    fmt,
+                    since,
+                    until,
+                )
                 for x in body["leases"]
             ]
         except (KeyError, TypeError, ValueError) as e:
