@@ -190,7 +190,9 @@ def test_obfuscated_numbers_are_unique_bounded_and_not_ascending(
     admin: TestClient, tag: str
 ) -> None:
     add(admin, tag=tag, step=50, obfuscate=True, max=2**53 - 1)
-    one = int(admin.get(f"/id/{tag}").text)
+    first = admin.get(f"/id/{tag}")
+    assert first.status_code == 200, first.text
+    one = int(first.text)
     many = admin.get(f"/ids/{tag}?count=99").json()["ids"]
     assert all(isinstance(v, int) for v in many)  # numbers in JSON, not strings
     values = [one, *many]
@@ -200,6 +202,9 @@ def test_obfuscated_numbers_are_unique_bounded_and_not_ascending(
     listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
     shown = next(t for t in listed if t["tag"] == tag)
     assert shown["format"] == {"format": None, "reset": None, "obfuscate": True}
+    shown_here = next(t for t in admin.get("/status.json").json()["tags"] if t["tag"] == tag)
+    assert shown_here["format"] == "obfuscated"
+    assert 'data-field="tags.0.format">obfuscated<' in admin.get("/status").text
     # the key is nowhere on the operator's pages
     key = _secret(admin, tag)
     for page in ("/admin/tags", "/status.json", "/status", "/metrics"):
