@@ -281,3 +281,34 @@ def test_admin_decode_dispatches_on_the_tag(admin: TestClient, tag: str) -> None
     add(admin, tag=plain)
     r = admin.get(f"/admin/tags/{plain}/decode", params={"value": "17"}, headers=AUTH)
     assert r.json()["sequence"] == 17
+
+
+def test_disabling_a_reset_tag_stops_its_period_buffers(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, step=100, format="{date:%Y%m%d}-{id}", reset="daily")
+    assert admin.get(f"/id/{tag}").status_code == 200
+    assert admin.get(f"/id/{tag}").status_code == 200  # the fast path, from the period buffer
+    r = admin.patch(f"/admin/tags/{tag}", json={"disabled": True}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert admin.get(f"/id/{tag}").status_code == 410
+    assert admin.get(f"/ids/{tag}?count=2").status_code == 410
+    app = node_of(admin)
+    assert app.node is not None
+    assert not [name for name in app.node.buffers if name.startswith(f"{tag}@")]
+    r = admin.patch(f"/admin/tags/{tag}", json={"disabled": False}, headers=AUTH)
+    assert admin.get(f"/id/{tag}").status_code == 200
+
+
+def test_embedded_mode_serves_formats(sqlite_settings: Settings, tag: str) -> None:
+    with TestClient(create_app(sqlite_settings.with_changes(admin_token=TOKEN))) as c:
+        clock = Clock(at("2026-11-24 23:59:59"))
+        node = node_of(c).node
+        assert node is not None
+        node.wall_clock = clock
+        add(c, tag=tag, step=10, format="E{date:%Y%m%d}-{id:03d}", reset="daily")
+        assert c.get(f"/id/{tag}").text == "E20261124-001"
+        clock.now = at("2026-11-25 00:00:01")
+        assert c.get(f"/ids/{tag}?count=2").json()["ids"] == ["E20261125-001", "E20261125-002"]
+        hidden = tag + "h"
+        add(c, tag=hidden, obfuscate=True, max=1000)
+        values = c.get(f"/ids/{hidden}?count=50").json()["ids"]
+        assert len(set(values)) == 50 and all(1 <= v <= 1000 for v in values)

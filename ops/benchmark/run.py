@@ -46,7 +46,9 @@ from .servers import (
     uvicorn_command,
 )
 
-DATABASE = "idpool_bench"  # created and dropped by the benchmark; nothing else uses it
+# created and dropped by the benchmark; nothing else uses it. IDPOOL_BENCH_DATABASE
+# names another, for two benchmarks on one MariaDB at once (each drops its own).
+DATABASE = os.environ.get("IDPOOL_BENCH_DATABASE", "idpool_bench")
 MYSQL_SERVER = "mysql://root@127.0.0.1:3306"
 REDIS_PREFIX = "idpool_bench"
 BATCH = 1000
@@ -607,7 +609,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         micro_ns = micro.run_all(plan.quick)
         print(f"== micro: {json.dumps(micro_ns)}", flush=True)
         bench.setup()
-        micro_ns["handler"] = micro.handler_overhead(Settings.from_env(bench.env), "bench")
+        micro_ns["handler"] = micro.handler_overhead(
+            Settings.from_env(bench.env), "bench", formatted="invoice"
+        )
         micro_ns["stores"] = micro.store_costs(Settings.from_env(bench.env), "bench")
         print(f"== micro handler, stores: {micro_ns['handler']} {micro_ns['stores']}", flush=True)
         main_rows: dict[int, dict[str, dict[str, Any]]] = {}
