@@ -109,6 +109,12 @@ def describe(row: TagRow) -> dict[str, Any] | None:
     }
 
 
+def parent_of(name: str) -> str | None:
+    """The tag of a period's row (``TAG@KEY``), None for any other name."""
+    found = period_of_row(name)
+    return None if found is None else found[0]
+
+
 def formats_of(rows: list[TagRow] | tuple[TagRow, ...]) -> dict[str, TagFormat | None]:
     """What ``TagDirectory.formats`` learns from rows: a format per formatted tag,
     None per period row (never served by its own name)."""

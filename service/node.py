@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from idpool_client.formats import period_of_row
-
 from idpool.pool.errors import (
     Draining,
     KindNotServed,
@@ -30,7 +28,7 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
-from .formats import FormattedTags, Id
+from .formats import FormattedTags, Id, parent_of
 from .kinds import KINDS, SEGMENT, IdKind
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
@@ -219,7 +217,9 @@ class Node:
         full = self.tags.full_at
         whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
         names = set(self.buffers) if changed is None else {*self.buffers, changed}
-        names |= {parent for parent, _ in filter(None, map(period_of_row, names))}
+        # A period row (formats with a reset) is read with its tag, and its tag with it.
+        names |= {parent for parent in map(parent_of, names) if parent is not None}
+        names |= {n for n, row in self.tags.rows.items() if row.disabled and parent_of(n) in names}
         try:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:

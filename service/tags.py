@@ -18,14 +18,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from idpool_client.formats import TagFormat, period_of_row
+from idpool_client.formats import TagFormat
 
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from idpool.pool.stores import LedgerStore
 from idpool.pool.tokens import TokenRow
 from idpool.pool.values import TagRow
 
-from .formats import formats_of
+from .formats import formats_of, parent_of
 
 UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
 MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
@@ -95,7 +95,7 @@ class TagDirectory:
     def disabled(self) -> set[str]:
         """Tags the last reload found disabled (a period's row with its tag)."""
         off = {tag for tag, row in self.rows.items() if row.disabled}
-        return off | {name for name in self.formats if _parent(name) in off}
+        return off | {name for name in self.formats if parent_of(name) in off}
 
     def added(self, row: TagRow) -> None:
         """A row this node just created (a period's row): known at once."""
@@ -182,8 +182,3 @@ def _hashes(tokens: Iterable[TokenRow]) -> dict[str, frozenset[str]]:
     for token in tokens:
         found.setdefault(token.tag, set()).add(token.token_hash)
     return {tag: frozenset(hashes) for tag, hashes in found.items()}
-
-
-def _parent(name: str) -> str | None:
-    found = period_of_row(name)
-    return None if found is None else found[0]
