@@ -96,6 +96,14 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
         )
     except InvalidInput as e:
         raise InvalidInput(e.code, _spelled(str(e), name)) from None
+    if options and kind != SEGMENT:
+        # A format renders a segment tag's sequence (service/formats.py); another
+        # kind would store it and hand out bare IDs.
+        raise InvalidInput(
+            "bad_format",
+            f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
+            f"{SEGMENT} tags only, not to kind {kind!r}",
+        )
     return NewTag(tag, step, start, end_id, description, kind, options, secret)
 
 

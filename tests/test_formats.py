@@ -312,3 +312,15 @@ def test_embedded_mode_serves_formats(sqlite_settings: Settings, tag: str) -> No
         add(c, tag=hidden, obfuscate=True, max=1000)
         values = c.get(f"/ids/{hidden}?count=50").json()["ids"]
         assert len(set(values)) == 50 and all(1 <= v <= 1000 for v in values)
+
+
+def test_formats_are_for_segment_tags_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from idpool.pool.errors import InvalidInput
+    from idpool.service.kinds import KINDS, SegmentKind
+    from idpool.service.tag_fields import new_tag
+
+    monkeypatch.setitem(KINDS, "other", SegmentKind)  # a kind of ID of another engineer
+    assert new_tag({"tag": "x", "kind": "other"}, 10).kind == "other"
+    with pytest.raises(InvalidInput) as refused:
+        new_tag({"tag": "x", "kind": "other", "format": "{id}"}, 10)
+    assert refused.value.code == "bad_format" and "segment tags only" in str(refused.value)
