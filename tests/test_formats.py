@@ -324,3 +324,29 @@ def test_formats_are_for_segment_tags_only(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(InvalidInput) as refused:
         new_tag({"tag": "x", "kind": "other", "format": "{id}"}, 10)
     assert refused.value.code == "bad_format" and "segment tags only" in str(refused.value)
+
+
+def test_a_period_row_deleted_by_hand_is_made_again_above_its_mark(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+
+    seen: list[str] = []
+    for _ in range(2):
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            node = node_of(c).node
+            assert node is not None
+            node.wall_clock = Clock(at("2026-03-05 10:00:00"))
+            if not seen:
+                add(c, tag=tag, step=10, format="{date:%Y%m%d}.{id}", reset="daily")
+            seen += [c.get(f"/id/{tag}").text for _ in range(12)]
+        # the row of that day deleted by hand (the node's remainder went back to its list)
+        params = settings.mysql_params()
+        conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                               database=params.database, autocommit=True)  # fmt: skip
+        try:
+            conn.cursor().execute("DELETE FROM idpool_tags WHERE tag = %s", (f"{tag}@20260305",))
+        finally:
+            conn.close()
+    assert len(seen) == len(set(seen)) == 24  # made again above the mark: nothing repeats
+    assert seen[:12] == [f"20260305.{i}" for i in range(1, 13)]
