@@ -57,7 +57,10 @@ def test_invalid_tag_is_refused(settings: Settings) -> None:
 
 def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
     port = free_port()
-    r = idpool(settings, "serve", IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x")
+    listen = str(free_port())  # not 8000: another node may serve there
+    r = idpool(
+        settings, "serve", "--port", listen, IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x"
+    )
     assert r.returncode == 3 and "IDPOOL_MYSQL_URL" in r.stderr
     r = idpool(settings, "pool", "show", IDPOOL_REDIS_URL=f"redis://127.0.0.1:{port}/0")
     assert r.returncode == 3 and "IDPOOL_REDIS_URL" in r.stderr
