@@ -37,7 +37,7 @@ from idpool_client.formats import (
 )
 
 from idpool.pool.claims import create_tag
-from idpool.pool.errors import InvalidInput, TagExists
+from idpool.pool.errors import InvalidInput, KindNotServed, TagExists
 from idpool.pool.ranges import MAX_ID
 from idpool.pool.values import TagRow
 
@@ -123,7 +123,12 @@ def formats_of(rows: list[TagRow] | tuple[TagRow, ...]) -> dict[str, TagFormat |
         if period_of_row(row.tag) is not None:
             found[row.tag] = None
         elif row.options:
-            found[row.tag] = format_of(row)
+            try:
+                found[row.tag] = format_of(row)
+            except (ValueError, TypeError, AttributeError):
+                # Options this idpool cannot read (a newer one, or a hand edit): None,
+                # so the tag is refused (format_for), never served as bare numbers.
+                found[row.tag] = None
     return found
 
 
@@ -133,6 +138,17 @@ class FormattedTags:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._creating: dict[str, asyncio.Task[None]] = {}
+
+    def format_for(self, tag: str) -> TagFormat | None:
+        """The tag's format, None for a plain tag; raises KindNotServed for a
+        format this node cannot read."""
+        formats = self.node.tags.formats
+        if tag not in formats:
+            return None
+        fmt = formats[tag]
+        if fmt is None:
+            raise KindNotServed(tag, "segment, with a format this node cannot read")
+        return fmt
 
     def take_now(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any] | None:
         """From memory, in one synchronous step (NodeApp's fast path): one ID for

@@ -53,7 +53,7 @@ class SegmentKind:
         self.node = node
 
     async def next_id(self, tag: str) -> int | str:
-        fmt = self.node.tags.formats.get(tag)  # a rendering on top of the segment tag
+        fmt = self.node.formatted.format_for(tag)  # a rendering on top of the segment tag
         if fmt is not None:
             one = await self.node.formatted.take(tag, fmt, 0)
             assert not isinstance(one, list)
@@ -61,7 +61,7 @@ class SegmentKind:
         return await self.node.take(tag)
 
     async def next_ids(self, tag: str, count: int) -> list[int] | list[str]:
-        fmt = self.node.tags.formats.get(tag)
+        fmt = self.node.formatted.format_for(tag)
         if fmt is not None:
             many = await self.node.formatted.take(tag, fmt, count)
             assert isinstance(many, list)

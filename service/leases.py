@@ -109,7 +109,7 @@ async def lease(request: Request) -> Response:
     # A formatted tag: the client renders as the node does, so the answer carries
     # the format (with the obfuscation key: every holder of the tag's token gets
     # it). With a reset the numbers come from the period's row, named in each lease.
-    fmt = run.node.tags.formats.get(tag)
+    fmt = run.node.formatted.format_for(tag)
     sequence, since, until = tag, 0.0, 0.0
     if fmt is not None:
         sequence, since, until = await run.node.formatted.sequence(tag, fmt)

@@ -350,3 +350,21 @@ def test_a_period_row_deleted_by_hand_is_made_again_above_its_mark(
             conn.close()
     assert len(seen) == len(set(seen)) == 24  # made again above the mark: nothing repeats
     assert seen[:12] == [f"20260305.{i}" for i in range(1, 13)]
+
+
+def test_a_format_this_node_cannot_read_is_refused_not_served_bare(
+    admin: TestClient, tag: str
+) -> None:
+    import dataclasses
+
+    add(admin, tag=tag, format="X{id}")
+    app = node_of(admin)
+    assert app.node is not None
+    assert admin.get(f"/id/{tag}").text == "X1"
+    tags = app.node.tags
+    row = dataclasses.replace(tags.rows[tag], options='{"format": "X{id}", "reset": "hourly"}')
+    tags.added(row)  # as a reload would find a newer idpool's options
+    assert tags.formats[tag] is None
+    for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
+        r = admin.get(path)
+        assert r.status_code == 503 and "cannot read" in r.json()["message"], r.text
