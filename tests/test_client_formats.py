@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
@@ -125,3 +126,61 @@ def test_bad_bounds() -> None:
         Obfuscation(b"k" * 16, 1)
     with pytest.raises(FormatError):
         Obfuscation(b"k" * 16, 2**63)
+
+
+class FakeTransport:
+    """Leases of a daily tag: one per call, from the period ``period_of()`` names."""
+
+    def __init__(self, fmt: TagFormat, now: list[float]) -> None:
+        self.fmt, self.now = fmt, now
+        self.timeout, self.servers = 1.0, ["x"]
+        self.calls = {"lease": 0, "return": 0}
+        self.returned: list[tuple[str, int, int]] = []
+        self.next = {}  # period key -> next number
+
+    def lease(self, tag: str, count: int) -> list[object]:
+        from idpool_client import Lease
+
+        key, since, until = self.fmt.period(self.now[0])
+        first = self.next.get(key, 1)
+        self.next[key] = first + 10
+        self.calls["lease"] += 1
+        return [Lease(f"l{key}{first}", period_row(tag, key), first, first + 10,
+                      self.fmt, since, until)]  # fmt: skip
+
+    def give_back(self, lease: object, start: int) -> int:
+        self.returned.append((lease.tag, start, lease.end))  # type: ignore[attr-defined]
+        return lease.end - start  # type: ignore[attr-defined]
+
+
+def test_the_client_never_renders_a_number_outside_its_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import idpool_client.aio
+    import idpool_client.sync
+    from idpool_client import AsyncIdPoolClient, IdPoolClient
+
+    fmt = TagFormat("{date:%Y%m%d}-{id}", reset="daily")
+    now = [datetime(2026, 11, 24, 23, 59, 59, tzinfo=UTC).timestamp()]
+    monkeypatch.setattr(idpool_client.sync.time, "time", lambda: now[0])
+    client = IdPoolClient("http://127.0.0.1:9", return_at_exit=False)
+    transport = FakeTransport(fmt, now)
+    client.transport = transport  # type: ignore[assignment]
+    assert [client.next_id("inv") for _ in range(3)] == [f"20261124-{i}" for i in (1, 2, 3)]
+    now[0] += 2  # midnight: the lease of the 24th is cut off, one of the 25th leased
+    assert client.next_id("inv") == "20261125-1"
+    assert list(client.next_ids("inv", 2)) == ["20261125-2", "20261125-3"]
+    client.close()
+    assert ("inv@20261124", 4, 11) in transport.returned  # the old period's tail, to its row
+
+    async def run() -> list[object]:
+        now[0] = datetime(2026, 11, 26, 23, 59, 59, tzinfo=UTC).timestamp()
+        aclient = AsyncIdPoolClient("http://127.0.0.1:9", return_at_exit=False)
+        aclient.transport = FakeTransport(fmt, now)  # type: ignore[assignment]
+        got = [await aclient.next_id("inv")]
+        now[0] += 2
+        got += [await aclient.next_id("inv"), *await aclient.next_ids("inv", 2)]
+        await aclient.aclose()
+        return got
+
+    assert asyncio.run(run()) == ["20261126-1", "20261127-1", "20261127-2", "20261127-3"]
