@@ -368,3 +368,16 @@ def test_a_format_this_node_cannot_read_is_refused_not_served_bare(
     for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
         r = admin.get(path)
         assert r.status_code == 503 and "cannot read" in r.json()["message"], r.text
+
+
+def test_the_preloader_skips_periods_that_ended() -> None:
+    from idpool.pool.values import period_over, period_rows_between
+
+    now = at("2026-11-24 00:00:01")
+    assert period_over("inv@20261123", now) and not period_over("inv@20261124", now)
+    assert period_over("inv@202610", now) and not period_over("inv@202611", now)
+    assert period_over("inv@2025", now) and not period_over("inv@2026", now)
+    assert not period_over("inv", now) and not period_over("a@b", now)
+    low, high = period_rows_between("inv")
+    assert low <= "inv@20261124" <= high and not low <= "inv" <= high
+    assert not low <= "inv.x" <= high and not low <= "inv2" <= high
