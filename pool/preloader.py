@@ -201,7 +201,8 @@ class Preloader:
         unknown = sorted(t for t in visit if t not in self._rows)
         if unknown:  # created since the last sweep
             self._rows.update((row.tag, row) for row in await self.ledger.list_tags(unknown))
-        return visit
+        # A tag with a reset serves from its period rows, never from its own row.
+        return {t for t in visit if t not in self._rows or not self._rows[t].by_period}
 
     def refill_soon(self, tag: str) -> None:
         """A node here saw the tag's list run low: refill it now rather than at the

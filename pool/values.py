@@ -6,6 +6,7 @@ list's summary.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -53,6 +54,17 @@ class TagRow:
     def max(self) -> int | None:
         """The highest ID the tag may hand out (``--max``), or None when unbounded."""
         return None if self.end_id >= MAX_ID else self.end_id - 1
+
+    @property
+    def by_period(self) -> bool:
+        """True for a tag with a reset (ID formats): its numbers come from a row per
+        period (``TAG@KEY``), never from its own row, whose list stays empty."""
+        if not self.options:
+            return False
+        try:
+            return bool(json.loads(self.options).get("reset"))  # service/formats.py wrote it
+        except (ValueError, AttributeError):
+            return False
 
     @property
     def left(self) -> int:

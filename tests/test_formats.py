@@ -168,7 +168,7 @@ def test_period_rows_are_made_once_and_fenced(
         ({"format": "{id}" + "x" * 200}, "bad_format", "at most 128"),
         ({"format": "{id}{id}"}, "bad_format", "twice"),
         ({"format": "{date:%f}{id}"}, "bad_format", "%f is not allowed"),
-        ({"format": "{id}-{date:%Y%m}", "reset": "daily"}, "bad_reset", "%m and %d"),
+        ({"format": "{id}-{date:%Y%m}", "reset": "daily"}, "bad_reset", "lacks %d (or %j"),
         ({"format": "{id}-{date:%y}", "reset": "yearly"}, "bad_reset", "%Y"),
         ({"format": "{id}", "reset": "hourly"}, "bad_reset", "daily, monthly, yearly"),
         ({"reset": "daily"}, "bad_reset", "needs a format"),
@@ -250,7 +250,7 @@ def test_cli_add_list_and_decode(settings: Settings, tag: str) -> None:
     ("options", "says"),
     [
         (["--format", "INV-{date:%Y%m%d}"], "--format 'INV-{date:%Y%m%d}' has no {id}"),
-        (["--format", "{id}-{date:%Y}", "--reset", "daily"], "lacks %m and %d (or %j)"),
+        (["--format", "{id}-{date:%Y}", "--reset", "daily"], "lacks %m and %d (or %j"),
         (["--format", "{nope}{id}"], "unknown field {nope}"),
         (["--reset", "daily"], "--reset needs a --format"),
     ],
@@ -381,3 +381,29 @@ def test_the_preloader_skips_periods_that_ended() -> None:
     low, high = period_rows_between("inv")
     assert low <= "inv@20261124" <= high and not low <= "inv" <= high
     assert not low <= "inv.x" <= high and not low <= "inv2" <= high
+
+
+def test_the_preloader_fills_a_reset_tags_periods_not_its_own_row(
+    settings: Settings, tag: str
+) -> None:
+    from idpool.pool.preloader import Preloader
+    from idpool.pool.stores import open_stores
+
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag=tag, step=10, format="{date:%Y%m%d}-{id}", reset="daily")
+        plain = tag + "p"
+        add(c, tag=plain, step=10)
+        assert c.get(f"/id/{tag}").status_code == 200  # makes today's period row
+
+    async def tick() -> set[str]:
+        ledger, pool = await open_stores(settings)
+        try:
+            reports = await Preloader(settings, ledger, pool).refill_all()
+            return {r.tag for r in reports if r.pushed}
+        finally:
+            await pool.close()
+            await ledger.close()
+
+    filled = asyncio.run(tick())
+    assert plain in filled and tag not in filled
+    assert any(t.startswith(f"{tag}@") for t in filled)

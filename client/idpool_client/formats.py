@@ -200,7 +200,8 @@ def _missing_for_reset(reset: str, directives: frozenset[str]) -> str | None:
     if reset == "monthly" and "m" not in directives:
         need.append("%m")
     if reset == "daily" and "j" not in directives and not {"m", "d"} <= directives:
-        need.append("%m and %d (or %j)")
+        lacking = " and ".join(f"%{d}" for d in "md" if d not in directives)
+        need.append(f"{lacking} (or %j, the day of the year)")
     return " and ".join(need) or None
 
 

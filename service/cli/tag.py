@@ -204,7 +204,7 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
             shown = tag_list_entry(row)
             if shown:  # a format: under its row, so the columns stay as they were
                 latest = sorted(periods.get(row.tag, {}).items())[-1:]
-                now = "".join(f"; period {k}: next {p.max_id} claimed" for k, p in latest)
+                now = "".join(f"; period {k}: max_id {p.max_id}" for k, p in latest)
                 print(f"{'':<24} format {shown}{now}")
     return 0
 
