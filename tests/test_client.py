@@ -162,9 +162,12 @@ def test_no_node_reachable_serves_from_memory_then_raises(
     assert failed.value.failures[0][0] == node.base_url
     assert "ConnectionRefusedError" in failed.value.failures[0][1]
     node.start()  # the node is back: the client recovers (after its backoff)
-    threading.Event().wait(0.6)
-    assert client.next_id(tag) > 200
-    client.close()
+    try:
+        threading.Event().wait(0.6)
+        assert client.next_id(tag) > 200
+        client.close()
+    finally:
+        node.stop()  # the restarted node, by its process (it was left running)
 
 
 def test_unknown_tag_is_a_request_error(cluster: tuple[Settings, list[str]]) -> None:
