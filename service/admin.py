@@ -1,5 +1,5 @@
-"""The admin API: create tags, change a step, move a start forward, disable or
-enable a tag, add, list and revoke a tag's tokens, drain the node.
+"""The admin API: create tags, change a step, move a start forward, disable,
+enable or remove a tag, add, list and revoke a tag's tokens, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.claims import disable_tag, enable_tag, move_start, remove_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.tokens import hash_token, new_token
@@ -102,18 +102,7 @@ async def list_tags(request: Request) -> Response:
 async def add_tag(request: Request) -> Response:
     run = _admitted(request)
     spec = new_tag(await _body(request), run.settings.default_step)
-    row = await create_tag(
-        run.ledger,
-        run.pool,
-        spec.tag,
-        step=spec.step,
-        start=spec.start,
-        description=spec.description,
-        end_id=spec.end_id,
-        kind=spec.kind,
-        options=spec.options,
-        secret=spec.secret,
-    )
+    row = await spec.create(run.ledger, run.pool)
     return json_response(tag_fields(row), 201)
 
 
@@ -154,6 +143,15 @@ async def decode_id(request: Request) -> Response:
     if len(values) != 1:
         raise InvalidInput("bad_value", "give value exactly once: ?value=<an ID of the tag>")
     return json_response(decode(await run.ledger.get_tag(tag), values[0]))
+
+
+async def remove(request: Request) -> Response:
+    run = _admitted(request)
+    tag = check_tag(request.path_params["tag"])
+    row, drained = await remove_tag(run.ledger, run.pool, tag)
+    run.node.waste.record(tag, drained, Reason.TAG_REMOVED)
+    await run.node.refresh_tags(tag)  # this node stops at once; others within a reload
+    return json_response({"tag": tag, "removed": tag_fields(row), "wasted": sum(map(len, drained))})
 
 
 async def add_token(request: Request) -> Response:
@@ -205,6 +203,7 @@ ROUTES = [
     Route("/admin/tags", list_tags, methods=["GET"]),
     Route("/admin/tags", add_tag, methods=["POST"]),
     Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+    Route("/admin/tags/{tag}", remove, methods=["DELETE"]),
     Route("/admin/tags/{tag}/decode", decode_id, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
     Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +172,15 @@ class Node:
             self._forget(tag, buf)
             raise
 
+    def undelivered(self, tag: str, ids: Sequence[Id]) -> None:
+        """IDs taken for an answer the client never got (it hung up first): waste,
+        never served again. One log line a second at most: a client that hangs
+        up in a loop must not flood the log. A formatted tag's IDs are counted by
+        their sequence numbers (with a reset: numbers within their period)."""
+        fmt = self.tags.formats.get(tag)
+        numbers = [int(v) for v in ids] if fmt is None else [fmt.decode(v) for v in ids]
+        self.waste.undelivered(tag, numbers)
+
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
         # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
         if buf.current is None and self.buffers.get(tag) is buf:
@@ -226,10 +235,20 @@ class Node:
             return  # the copy stands; tried again next time
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
+        for tag in set(self.buffers) - set(self.tags.rows):
+            await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
+        # A removed formatted tag's format goes once no buffer of its name is left
+        # (never a formatted tag's buffer served as a plain one): its name is then
+        # unknown (404), or a tag added again under it is read with its own format.
+        for tag in set(self.tags.formats) - set(self.tags.rows) - set(self.buffers):
+            del self.tags.formats[tag]
 
-    async def _stop_disabled(self, tag: str, buf: SegmentBuffer) -> None:
-        """Drop a disabled tag's buffer; what it held is waste, never served again
-        (enabled, the tag goes on from fresh ranges above its ledger's max_id)."""
+    async def _stop_disabled(
+        self, tag: str, buf: SegmentBuffer, reason: Reason = Reason.TAG_DISABLED
+    ) -> None:
+        """Drop a disabled (or removed) tag's buffer; what it held is waste, never
+        served again (enabled or added again, the tag goes on from fresh ranges
+        above its ledger's max_id, or its tombstone's)."""
         if self.buffers.get(tag) is not buf:
             return
         # Out of `buffers` first, in one synchronous step: the fast path and new
@@ -239,7 +258,7 @@ class Node:
         remainder = await buf.drain()  # waits for a fetch under way: it is waste too
         self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         self.stats.tags[tag].history.clear()
-        self.waste.record(tag, remainder, Reason.TAG_DISABLED)
+        self.waste.record(tag, remainder, reason)
 
     async def report(self) -> None:
         """Tell the preloader how many IDs this node handed out per tag since the

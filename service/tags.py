@@ -152,8 +152,13 @@ class TagDirectory:
             rows = await self.ledger.list_tags(names)
             tokens = await self.ledger.list_tokens()
             # In one synchronous step, as a full reload: rows and tokens agree.
+            found = {row.tag: row for row in rows}
+            for gone in set(names) - set(found):
+                # removed (idpool tag remove): unknown from now on; its format goes
+                # once its buffer has (Node.refresh_tags)
+                self.rows.pop(gone, None)
             self.formats.update(formats_of(rows))
-            self.rows.update((row.tag, row) for row in rows)
+            self.rows.update(found)
             self.tokens = _hashes(tokens)
             return
         if self._loading is None:

@@ -184,3 +184,58 @@ def test_the_client_never_renders_a_number_outside_its_period(
         return got
 
     assert asyncio.run(run()) == ["20261126-1", "20261127-1", "20261127-2", "20261127-3"]
+
+
+def test_threads_drawing_a_formatted_tag_never_get_one_id_twice() -> None:
+    import threading
+
+    from idpool_client import IdPoolClient, Lease
+
+    fmt = TagFormat("F{id:08d}")
+
+    class Counter:
+        timeout, servers = 1.0, ["x"]
+
+        def __init__(self) -> None:
+            self.calls = {"lease": 0, "return": 0}
+            self.next = 1
+            self.lock = threading.Lock()
+
+        def lease(self, tag: str, count: int) -> list[Lease]:
+            with self.lock:
+                first, self.next = self.next, self.next + 37
+                self.calls["lease"] += 1
+            return [Lease(f"l{first}", tag, first, first + 37, fmt)]
+
+        def give_back(self, lease: Lease, start: int) -> int:
+            return lease.end - start
+
+    client = IdPoolClient("http://127.0.0.1:9", return_at_exit=False, max_count=37)
+    client.transport = Counter()  # type: ignore[assignment]
+    got: list[list[object]] = [[] for _ in range(8)]
+
+    def draw(k: int) -> None:
+        ids, one = client.ids("f"), client.next_id_for("f")
+        for i in range(500):
+            form = i % 4
+            if form == 0:
+                got[k].append(next(ids))
+            elif form == 1:
+                got[k].append(one())
+            elif form == 2:
+                got[k].append(client.next_id("f"))
+            else:
+                got[k].extend(client.next_ids("f", 3))
+
+    threads = [threading.Thread(target=draw, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    client.close()
+    everything = [v for part in got for v in part]
+    assert len(everything) == 8 * 125 * 6
+    assert len(set(everything)) == len(everything)  # no ID twice
+    assert all(isinstance(v, str) and v.startswith("F") for v in everything)
+    numbers = sorted(int(str(v)[1:]) for v in everything)
+    assert numbers == list(range(1, len(numbers) + 1))  # none skipped while drawn

@@ -407,3 +407,75 @@ def test_the_preloader_fills_a_reset_tags_periods_not_its_own_row(
     filled = asyncio.run(tick())
     assert plain in filled and tag not in filled
     assert any(t.startswith(f"{tag}@") for t in filled)
+
+
+def test_a_reset_tags_lease_is_returned_to_its_period_row_with_the_tags_token(
+    admin: TestClient, tag: str
+) -> None:
+    add(admin, tag=tag, step=100, format="{date:%Y%m%d}-{id}", reset="daily")
+    token = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+    bearer = {"authorization": f"Bearer {token}"}
+    leased = admin.post(f"/lease/{tag}?count=10", headers=bearer).json()
+    (lease,) = leased["leases"]
+    row = lease["sequence"]
+    assert row.startswith(f"{tag}@") and lease["secret"] and "format" in leased
+    back = {"lease": lease["lease"], "secret": lease["secret"], "tag": row, "from": 4}
+    # the period row's return needs the tag's token, as the lease did
+    assert admin.post("/lease/return", json=back).status_code == 401
+    r = admin.post("/lease/return", json=back, headers=bearer)
+    assert r.status_code == 200, r.text
+    assert r.json()["tag"] == row and r.json()["count"] == 7
+
+    from idpool_client.transport import Lease
+
+    # the Python client sends the token of the tag, not of its period row
+    assert Lease("l", row, 1, 11, secret="s").token_tag == tag
+    assert Lease("l", tag, 1, 11).token_tag == tag
+
+
+def test_a_removed_formatted_tag_is_unknown_and_added_again_plain_is_plain(
+    admin: TestClient, tag: str
+) -> None:
+    app = node_of(admin)
+    assert app.node is not None
+    app.node.tags.min_interval = 0  # a name found unknown is not remembered as such
+    add(admin, tag=tag, step=100, format="R-{id}", obfuscate=True)
+    assert admin.get(f"/id/{tag}").text.startswith("R-")
+    assert admin.get(f"/id/{tag}").text.startswith("R-")  # the fast path
+    r = admin.delete(f"/admin/tags/{tag}", headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert admin.get(f"/id/{tag}").status_code == 404
+    assert admin.get(f"/ids/{tag}?count=2").status_code == 404
+    add(admin, tag=tag, step=100)  # the name again, without a format
+    value = admin.get(f"/id/{tag}").text
+    assert value.isdigit() and int(value) > 100  # plain, above all the old tag issued
+
+
+def test_a_formatted_answer_the_client_never_got_is_counted_as_waste(
+    admin: TestClient, tag: str
+) -> None:
+    from starlette.types import Message, Scope
+
+    add(admin, tag=tag, step=100, format="W-{id:04d}")
+    app = node_of(admin)
+    assert admin.get(f"/id/{tag}").text == "W-0001"  # the buffer is made
+
+    async def hung_up(path: str, query: bytes = b"") -> None:
+        scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": ""}
+        scope.update(query_string=query, headers=[], http_version="1.1", scheme="http")
+        scope["state"] = admin.app_state.copy()
+
+        async def receive() -> Message:
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            raise AssertionError("nothing is sent to a client that is gone")
+
+        await app(scope, receive, send)
+
+    assert admin.portal is not None
+    admin.portal.call(hung_up, f"/id/{tag}")  # the fast path: W-0002
+    admin.portal.call(hung_up, f"/ids/{tag}", b"count=3")  # W-0003..W-0005
+    entry = next(t for t in admin.get("/status.json").json()["tags"] if t["tag"] == tag)
+    assert entry["counters"]["ids_wasted"] == {"answer_undelivered": 4}
+    assert admin.get(f"/id/{tag}").text == "W-0006"

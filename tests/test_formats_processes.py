@@ -20,7 +20,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.tag_fields import new_tag
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .conftest import MYSQL_URL, REDIS_URL, new_name
 
