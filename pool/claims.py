@@ -160,6 +160,8 @@ async def create_tag(
     description: str = "",
     end_id: int = MAX_ID,
     kind: str = "segment",
+    options: str = "",
+    secret: str = "",
 ) -> TagRow:
     """Add a tag, starting above any ID ever issued under that name, and never
     handing out ``end_id`` or above (ValueError unless ``start < end_id``).
@@ -182,6 +184,8 @@ async def create_tag(
         floor=floor,
         end_id=end_id,
         kind=kind,
+        options=options,
+        secret=secret,
     )
 
 
