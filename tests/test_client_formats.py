@@ -121,6 +121,15 @@ def test_json_round_trip_carries_the_key_only_when_asked() -> None:
     assert again.render(5, NOW) == fmt.render(5, NOW)
 
 
+@pytest.mark.parametrize(
+    "template", ["INV-{date:%Y\x00%m%d}-{id}", "A\n{id}", "{id}\r", "\u200b{id}"]
+)
+def test_control_characters_are_refused(template: str) -> None:
+    # strftime stopped at the NUL: every day rendered 'INV-2026-1', a daily reset repeated
+    with pytest.raises(FormatError, match="is not allowed"):
+        TagFormat(template, reset="daily")
+
+
 def test_bad_bounds() -> None:
     with pytest.raises(FormatError):
         Obfuscation(b"k" * 16, 1)

@@ -123,6 +123,14 @@ def _parse(template: str) -> _Parts:
         raise FormatError(
             "bad_format", f"format is {len(template)} characters long: at most {MAX_TEMPLATE}"
         )
+    if not template.isprintable():
+        # strftime stops at a NUL: '{date:%Y\x00%m%d}' would render '2026' every day,
+        # so a daily reset repeated its strings; newlines would split /id answers.
+        bad = next(c for c in template if not c.isprintable())
+        raise FormatError(
+            "bad_format",
+            f"format {template!r}: {bad!r} is not allowed (no control or invisible characters)",
+        )
     try:
         pieces = list(string.Formatter().parse(template))
     except ValueError as e:
