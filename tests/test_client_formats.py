@@ -298,3 +298,30 @@ def test_a_node_clock_behind_at_midnight_costs_one_lease_not_a_storm(
 
     got, leases = asyncio.run(run())
     assert got == ["20261126-1", "20261126-2", "20261126-3"] and leases <= 2
+
+
+class MidnightAnswer(FakeTransport):
+    """A lease asked for at 23:59:59 whose answer comes in after midnight."""
+
+    def lease(self, tag: str, count: int) -> list[object]:
+        leases = super().lease(tag, count)
+        self.now[0] += 2 if self.calls["lease"] == 1 else 0
+        return leases
+
+
+def test_a_lease_asked_before_midnight_and_answered_after_is_still_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not late (the node's clock is not behind): its numbers are not rendered with
+    # yesterday's date for the rest of its life; the next lease is of the new day.
+    import idpool_client.sync
+    from idpool_client import IdPoolClient
+
+    fmt = TagFormat("{date:%Y%m%d}-{id}", reset="daily")
+    now = [datetime(2026, 11, 24, 23, 59, 59, tzinfo=UTC).timestamp()]
+    monkeypatch.setattr(idpool_client.sync.time, "time", lambda: now[0])
+    client = IdPoolClient("http://127.0.0.1:9", return_at_exit=False)
+    client.transport = MidnightAnswer(fmt, now)  # type: ignore[assignment]
+    assert client.next_id("inv") == "20261124-1"  # drawn at 23:59:59
+    assert client.next_id("inv") == "20261125-1"
+    client.close()
