@@ -322,6 +322,11 @@ def test_a_lease_asked_before_midnight_and_answered_after_is_still_cut_off(
     monkeypatch.setattr(idpool_client.sync.time, "time", lambda: now[0])
     client = IdPoolClient("http://127.0.0.1:9", return_at_exit=False)
     client.transport = MidnightAnswer(fmt, now)  # type: ignore[assignment]
-    assert client.next_id("inv") == "20261124-1"  # drawn at 23:59:59
+    # Asked for at 23:59:59, handed out once its lease came in, after midnight:
+    # that lease is not late, so it is cut off, never rendered with the new date
+    # nor used for the rest of its life with the old one; the ID is the new day's.
     assert client.next_id("inv") == "20261125-1"
+    assert client.next_id("inv") == "20261125-2"
     client.close()
+    # the cut-off lease went back whole to yesterday's row: none of it was used
+    assert ("inv@20261124", 1, 11) in client.transport.returned  # type: ignore[attr-defined]
