@@ -1,9 +1,11 @@
 """Client leases in Redis: which ranges a client holds, and their one-time return.
 
 A node leases whole ranges to client libraries (``POST /lease/{tag}``). Each lease
-is recorded under ``idpool:leased:{run_id}:{replid}:{lease_id}`` (see
-``pool/keys.py``) with a TTL, so that a return (``POST /lease/return``) is taken
-only for a range idpool really leased, and only once:
+is recorded under ``idpool:{R}:leased:{run_id}:{replid}:{lease_id}`` (see
+``pool/keys.py``; ``R`` is a short string in the tag's slot, which the lease id
+ends with, so a return naming only the lease reaches the tag's shard) with a TTL,
+so that a return (``POST /lease/return``) is taken only for a range idpool
+really leased, and only once:
 
 - a record is ``"L tag first last end"`` while the lease is out, and becomes the
   tombstone ``"R tag first last end from"`` in the same script that pushes the
@@ -21,36 +23,38 @@ Numbers stay decimal strings inside Lua (doubles lose 64-bit precision): ``end``
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from .cluster import Client
 from .errors import IdPoolError, StoreUnavailable
-from .keys import Keys
+from .keys import Keys, Legacy, lease_route, route_of
 from .ranges import IdRange
 
 # The incarnation check of the pool scripts, shared so both compute it the same way.
-from .redis_pool import _PRELUDE
+from .redis_pool import _PRELUDE, Lua, run_script
 
-# KEYS[1] = pools set, KEYS[2] = incarnation key (the prelude's);
-# ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix (the prelude's),
-# ARGV[3] = leased-record prefix, ARGV[4] = TTL seconds, ARGV[5] = tag,
-# ARGV[6..] = lease_id, first, last, end, lease_id, first, ... Returns {dropped, n recorded}.
+# KEYS[1] = the tag's clean marker, KEYS[2] = its pool list, KEYS[3] = the lease
+# route key (never written: it takes the script to the tag's shard), KEYS[4] = the
+# old layout's list (single Redis); ARGV[1] = tag, ARGV[2] = old clean prefix (the
+# prelude's), ARGV[3] = leased-record prefix, ARGV[4] = TTL seconds,
+# ARGV[5..] = lease_id, first, last, end, lease_id, first, ... Returns {dropped, n recorded}.
 _RECORD = (
     _PRELUDE
     + """
-local dropped = ensure_clean()
+local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
 local base = ARGV[3] .. incarnation() .. ':'
 -- SET NX: a record is written once; a (vanishingly unlikely) id clash fails the
 -- whole lease instead of overwriting another client's record.
-for i = 6, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   if redis.call('EXISTS', base .. ARGV[i]) == 1 then return {dropped, -1} end
 end
 local n = 0
-for i = 6, #ARGV, 4 do
-  local value = 'L ' .. ARGV[5] .. ' ' .. ARGV[i + 1] .. ' ' .. ARGV[i + 2] .. ' ' .. ARGV[i + 3]
+for i = 5, #ARGV, 4 do
+  local value = 'L ' .. ARGV[1] .. ' ' .. ARGV[i + 1] .. ' ' .. ARGV[i + 2] .. ' ' .. ARGV[i + 3]
   redis.call('SET', base .. ARGV[i], value, 'EX', ARGV[4])
   n = n + 1
 end
@@ -58,8 +62,12 @@ return {dropped, n}
 """
 )
 
-# Same KEYS and ARGV[1..4]; ARGV[5] = tag the caller names ('' for any),
-# ARGV[6] = lease_id, ARGV[7] = from (first unused ID, decimal).
+# KEYS[1] = the lease route key (the record's slot, which is its tag's slot);
+# ARGV[1] = key prefix (the tag's keys are ARGV[1] .. '{tag}:...', built here from
+# the record, in the same slot), ARGV[2] = leased-record prefix, ARGV[3] = TTL
+# seconds, ARGV[4] = tag the caller names ('' for any), ARGV[5] = lease_id,
+# ARGV[6] = from (first unused ID, decimal), ARGV[7] = the old layout's key prefix
+# ('' on a cluster: its lists and clean markers are taken in by ensure_clean).
 # Returns {dropped, verdict, tag, pushed 'from-last' or ''}.
 _RETURN = (
     _PRELUDE
@@ -67,24 +75,26 @@ _RETURN = (
 local function le(a, b)  -- a <= b for decimal strings without leading zeros
   return #a < #b or (#a == #b and a <= b)
 end
-local dropped = ensure_clean()
-local key = ARGV[3] .. incarnation() .. ':' .. ARGV[6]
+local key = ARGV[2] .. incarnation() .. ':' .. ARGV[5]
 local record = redis.call('GET', key)
-if not record then return {dropped, 'unknown_lease', '', ''} end
+if not record then return {{}, 'unknown_lease', '', ''} end
 local state, tag, first, last, stop = string.match(record, '^(%a) (%S+) (%d+) (%d+) (%d+)')
-if ARGV[5] ~= '' and ARGV[5] ~= tag then return {dropped, 'wrong_tag', tag, ''} end
+local old_list, old_clean = nil, ''
+if ARGV[7] ~= '' then old_list, old_clean = ARGV[7] .. 'pool:' .. tag, ARGV[7] .. 'clean:' end
+local list = ARGV[1] .. '{' .. tag .. '}:pool'
+local dropped = ensure_clean(ARGV[1] .. '{' .. tag .. '}:clean', list, tag, old_list, old_clean)
+if ARGV[4] ~= '' and ARGV[4] ~= tag then return {dropped, 'wrong_tag', tag, ''} end
 if state == 'R' then return {dropped, 'already_returned', tag, ''} end
-local from = ARGV[7]
+local from = ARGV[6]
 if not (le(first, from) and le(from, stop)) then return {dropped, 'outside_lease', tag, ''} end
 -- Tombstone, not DEL: a retried return (its first answer lost) must read
 -- "already returned", not "unknown". Same script as the push, so a tail can
 -- reach the list at most once.
 redis.call('SET', key, 'R ' .. tag .. ' ' .. first .. ' ' .. last .. ' ' .. stop .. ' ' .. from,
-  'EX', ARGV[4])
+  'EX', ARGV[3])
 if from == stop then return {dropped, 'ok', tag, ''} end
 local tail = from .. '-' .. last
-redis.call('SADD', KEYS[1], tag)
-redis.call('LPUSH', ARGV[2] .. tag, tail)
+redis.call('LPUSH', list, tail)
 return {dropped, 'ok', tag, tail}
 """
 )
@@ -119,31 +129,41 @@ class Recorded(NamedTuple):
 class LeaseStore:
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: Client,
         keys: Keys,
         ttl_seconds: int,
         send: Callable[[Any], Awaitable[Any]] | None = None,
+        legacy: Legacy | None = None,
     ) -> None:
         self._send = send
         self.client = client
         self.keys = keys
         self.ttl_seconds = ttl_seconds
-        self._record = client.register_script(_RECORD)
-        self._return = client.register_script(_RETURN)
+        self.legacy = legacy  # the old layout's records and lists (a single Redis)
+        self._record = Lua.of(_RECORD)
+        self._return = Lua.of(_RETURN)
 
-    def _args(self, tag: str) -> tuple[list[str], list[str]]:
-        keys = [self.keys.pools, self.keys.incarnation]
-        args = [self.keys.clean_prefix, self.keys.pool(""), self.keys.leased_prefix]
-        return keys, [*args, str(self.ttl_seconds), tag]
+    @staticmethod
+    def new_lease_id(tag: str) -> str:
+        """A fresh lease id: 128 random bits, then the route to the tag's slot."""
+        return f"{secrets.token_urlsafe(16)}-{route_of(tag)}"
 
     async def record(self, tag: str, leases: Sequence[tuple[str, IdRange]]) -> Recorded:
-        """Record every (lease_id, range) of one answer, in one script call.
+        """Record every (lease_id, range) of one answer, in one script call. The
+        ids must come from ``new_lease_id(tag)``.
 
         Raises StoreUnavailable (outcome unknown: the caller must not hand the
         ranges out) or LeaseClash.
         """
-        keys, args = self._args(tag)
+        route = route_of(tag)
+        keys = [self.keys.clean(tag), self.keys.pool(tag), self.keys.lease_route(route)]
+        args = [tag, "", self.keys.leased_prefix(route), str(self.ttl_seconds)]
+        if self.legacy is not None:
+            keys.append(self.legacy.pool(tag))
+            args[1] = self.legacy.clean_prefix
         for lease_id, r in leases:
+            if lease_route(lease_id) != route:
+                raise ValueError(f"lease id {lease_id!r} does not route to tag {tag!r}")
             args += [lease_id, str(r.start), str(r.end - 1), str(r.end)]
         dropped, n = await self._call(self._record, keys, args)
         if int(n) < 0:
@@ -157,21 +177,28 @@ class LeaseStore:
         unknown: the client may retry, and a retry after a success is refused
         as ``already_returned``).
         """
-        keys, args = self._args(tag)
-        args += [lease_id, str(start)]
-        dropped, verdict, found_tag, tail = await self._call(self._return, keys, args)
+        route = lease_route(lease_id)
+        old = "" if self.legacy is None else self.legacy.prefix + ":"
+        if route is not None:
+            key, prefix = self.keys.lease_route(route), self.keys.leased_prefix(route)
+        elif self.legacy is not None:  # leased by a node of the old layout
+            key, prefix = self.legacy.leased_prefix, self.legacy.leased_prefix
+        else:  # no such lease on a cluster
+            raise LeaseRefused("unknown_lease", _MESSAGES["unknown_lease"].format(lease=lease_id))
+        args = [self.keys.tag_prefix, prefix, str(self.ttl_seconds), tag, lease_id, str(start), old]
+        dropped, verdict, found_tag, tail = await self._call(self._return, [key], args)
         if verdict != "ok":
             raise LeaseRefused(verdict, _MESSAGES[verdict].format(lease=lease_id, tag=found_tag))
         pushed = IdRange.from_text(tail) if tail else None
         return Returned(found_tag, pushed, list(dropped))
 
-    async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
+    async def _call(self, script: Lua, keys: list[str], args: list[str]) -> Any:
         # Run once, never retried here (the client is built with retries off),
         # through the pool's connection slots when it has them.
         if self._send is not None:
-            return await self._send(script(keys=keys, args=args))
+            return await self._send(run_script(self.client, script, keys, args))
         try:
-            return await script(keys=keys, args=args)
+            return await run_script(self.client, script, keys, args)
         except (RedisError, OSError, TimeoutError) as e:
             detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             raise StoreUnavailable("redis", detail) from e

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +108,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         store = stores.get(id(pool))
         if store is None:
             store = stores[id(pool)] = LeaseStore(
-                pool.client, pool.keys, settings.client_lease_seconds, pool.send
+                pool.client, pool.keys, settings.client_lease_seconds, pool.send, pool.legacy
             )
         return store
 
@@ -149,7 +148,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         except (IdPoolError, Draining) as e:
             logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
             return _error(503, "unavailable", str(e))
-        leases = [(secrets.token_urlsafe(16), r) for r in ranges]
+        leases = [(store.new_lease_id(tag), r) for r in ranges]
         try:
             recorded = await store.record(tag, leases)
         except (StoreUnavailable, LeaseClash) as e:

@@ -323,8 +323,7 @@ async def test_the_preloaders_tick_cleans_a_new_incarnation(
     # from an old snapshot: the active preloader's read of the moved set cleans it.
     await redis_pool.push(tag, [R("1-10"), R("11-20")], head=False)
     client = redis_pool.client
-    marker = await client.get(redis_pool.keys.incarnation)
-    await client.delete(marker)  # as if this Redis had never been cleaned
+    await client.delete(redis_pool.keys.clean(tag))  # as if this Redis had never been cleaned
     moved = await redis_pool.take_moved()
     assert moved.dropped == [f"{tag}=1-10", f"{tag}=11-20"]
     assert await redis_pool.depth(tag) == 0
