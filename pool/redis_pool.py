@@ -293,6 +293,7 @@ class RedisPool:
         self._drain = Lua.of(_DRAIN)
         self._take_lifetime = Lua.of(_TAKE_LIFETIME)
         self._touch = Lua.of(_TOUCH)
+        self._incarnation = Lua.of(_INCARNATION)
         self._seen: dict[str, str] = {}  # server -> incarnation whose lists this process cleaned
         self._closed = False
         self._verified = not self.clustered  # a cluster's coverage and state, checked once
@@ -509,7 +510,7 @@ class RedisPool:
         )
         for server in servers:
             name = "" if server is None else server.name
-            here = str(await self._plain(self._on(server, "EVAL", _INCARNATION, 0)))
+            here = str(await self._plain(self._incarnation_of(server)))
             if self._seen.get(name) == here:
                 continue
             dropped += await self._clean_server(server, here)
@@ -521,10 +522,14 @@ class RedisPool:
         options: dict[str, Any] = {} if server is None else {"target_nodes": server}
         return {key async for key in self.client.scan_iter(match=match, count=1000, **options)}
 
-    def _on(self, server: Any, *args: Any) -> Any:
-        if server is None:
-            return self.client.execute_command(*args)
-        return self.client.execute_command(*args, target_nodes=server)
+    async def _incarnation_of(self, server: Any) -> Any:
+        """The incarnation script on one server (by SHA; its text only after NOSCRIPT)."""
+        options: dict[str, Any] = {} if server is None else {"target_nodes": server}
+        script = self._incarnation
+        try:
+            return await self.client.execute_command("EVALSHA", script.sha, 0, **options)
+        except NoScriptError:
+            return await self.client.execute_command("EVAL", script.text, 0, **options)
 
     async def _clean_server(self, server: Any, here: str) -> list[str]:
         head, tail = len(self.keys.tag_prefix) + 1, len("}:pool")
