@@ -356,3 +356,33 @@ async def test_a_whole_shard_restarted_empty_repeats_nothing(
     for tag in rig.tags:  # every tag is served again, within 5 s of the shard's return
         after = [t for t in rig.served_at[tag] if t > back[0]]
         assert after and min(after) - back[0] < 5.0, (tag, rig.errors[-3:])
+
+
+async def test_a_mark_waits_for_the_replica_of_its_own_shard(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    # WAIT counts the writes of the connection it is sent on: sent anywhere else it
+    # answers at once, and a raise the replica lacks would count.
+    pool = RedisPool.from_settings(cs.with_changes(redis_mark_replicas=1))
+    try:
+        await pool.check()
+        # a tag away from the node redis-py sends keyless commands (WAIT) to
+        default = pool.client.get_default_node().port  # type: ignore[union-attr]
+        tag = next(
+            t
+            for t in tags_over_shards(cluster, 1, "mw")
+            if cluster.primary_of(pool.keys.hwm(t)).port != default
+        )
+        assert await pool.raise_high_water(tag, 100) == 100
+        replica = cluster.replicas_of(cluster.primary_of(pool.keys.hwm(tag)))[0]
+        replica.pause()  # online for the primary still, but acknowledges nothing
+        try:
+            with pytest.raises(StoreUnavailable) as e:
+                await pool.raise_high_water(tag, 200)
+            assert "IDPOOL_REDIS_MARK_REPLICAS" in str(e.value)
+        finally:
+            replica.resume()
+        await asyncio.to_thread(cluster.wait_ok, 30.0)
+        assert await pool.raise_high_water(tag, 300) == 300
+    finally:
+        await pool.close()
