@@ -71,3 +71,30 @@ def test_passwords_and_tokens_stay_out_of_repr() -> None:
     text = repr(s) + repr(s.mysql_params())
     assert "s3cret" not in text
     assert s.mysql_params().password == "s3cret-m"
+
+
+def test_a_cluster_url_names_seeds_credentials_and_tls() -> None:
+    s = Settings.from_env({"IDPOOL_REDIS_URL": "redis+cluster://u:s3cret@10.0.0.1:7000,[::1],h2"})
+    params = s.cluster_params()
+    assert params is not None and s.sentinel_params() is None
+    assert params.nodes == (("10.0.0.1", 7000), ("::1", 6379), ("h2", 6379))
+    assert (params.username, params.password, params.tls) == ("u", "s3cret", False)
+    assert "s3cret" not in repr(params) and "s3cret" not in repr(s)
+    tls = Settings(redis_url="rediss+cluster://h:7000/0").validated().cluster_params()
+    assert tls is not None and tls.tls
+    assert Settings().cluster_params() is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://",
+        "redis+cluster://h:7000/1",
+        "redis+cluster://h:port",
+        "redis+cluster://h:7000?read_from_replicas=1",
+        "redis+cluster://h:70000",
+    ],
+)
+def test_malformed_cluster_urls_are_refused_naming_the_variable(url: str) -> None:
+    with pytest.raises(ConfigError, match="IDPOOL_REDIS_URL"):
+        Settings(redis_url=url).validated()
