@@ -79,7 +79,8 @@ class Settings:
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     # IDPOOL_REDIS_MARK_REPLICAS: replicas that must acknowledge (WAIT) a raised
     # high-water mark before the range it covers is served; 0 does not wait. Set it
-    # to 1 under Sentinel so a failover to a lagging replica cannot lose a mark.
+    # to 1 under Sentinel or on a Redis Cluster (each mark waits for its own shard's replica)
+    # so a failover to a lagging replica cannot lose a mark.
     redis_mark_replicas: int = 0
     # IDPOOL_REDIS_PREFIX: first part of every Redis key (see pool/keys.py)
     redis_prefix: str = "idpool"
