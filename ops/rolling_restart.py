@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from idpool.pool.claims import create_tag
+from idpool.pool.claims import create_tag, remove_tag
 from idpool.pool.errors import ConfigError, StoreUnavailable, TagExists
 from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import IdRange
@@ -423,6 +423,18 @@ async def new_tag(settings: Settings, tag: str, step: int) -> None:
         await ledger.close()
 
 
+async def drop_tag(settings: Settings, tag: str) -> int:
+    """Remove the run's tag (`idpool tag remove`): the IDs still pooled for it are
+    wasted, and its tombstone keeps the name from ever issuing them again."""
+    ledger, pool = await open_stores(settings)
+    try:
+        _, drained = await remove_tag(ledger, pool, tag)
+    finally:
+        await pool.close()
+        await ledger.close()
+    return sum(map(len, drained))
+
+
 # --- the run -----------------------------------------------------------------
 
 
@@ -484,6 +496,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         for node in local:
             if node.proc is not None:
                 node.stop()
+        if args.local:  # a demo's tag: removed once its nodes (and preloaders) stopped
+            try:
+                drained = asyncio.run(drop_tag(settings, tag))
+                print(f"removed tag={tag} pooled_ids_wasted={drained}", flush=True)
+            except StoreUnavailable as e:
+                print(f"rolling-restart: tag {tag!r} not removed: {e}", file=sys.stderr)
 
 
 def _drive(args: argparse.Namespace, settings: Settings, tag: str, targets: list[Target]) -> int:

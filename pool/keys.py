@@ -37,12 +37,15 @@ With the default prefix ``idpool`` and the tag ``orders``:
 
 ``idpool:{R}:leased:{run_id}:{replid}:{lease_id}``  STRING with a TTL
     (``IDPOOL_CLIENT_LEASE_SECONDS``), one range leased to a client library:
-    ``"L tag first last end"`` while out, then the tombstone
-    ``"R tag first last end from"`` once its tail was returned. ``R`` is a short
+    ``"L tag first last end hash"`` while out, then the tombstone
+    ``"R tag first last end hash from"`` once its tail was returned; ``hash`` is
+    the SHA-256 of the lease's secret, which a return must show (the key's name
+    alone returns nothing). ``R`` is a short
     string in the tag's slot, and the lease id ends with it (``<token>-<R>``), so
     a return that names only the lease reaches the tag's shard. Written by a
-    node's lease script (SET) and its return script (which also LPUSHes the
-    tail); read by the return script only. The incarnation in the name means a
+    node's lease script (SET; it also LPUSHes what was cut off the lease back to
+    the tag's list) and its return script (which also LPUSHes the tail); read by
+    the return script only. The incarnation in the name means a
     Redis restored from an old snapshot cannot take a lease's return twice.
 
 Keys that are not a tag's (each in a slot of its own; hints and coordination,
@@ -55,8 +58,11 @@ tick's work, never an ID):
     minute, checks every list's depth).
 
 ``idpool:preloader``  STRING with a TTL, the id of the one active preloader.
-    Taken with SET NX PX and renewed each tick by its holder; the other
-    preloaders stand by, one SET NX a tick each, and take over when it expires.
+    Taken with SET NX PX and renewed each tick (and before each claim) by its
+    holder; the other preloaders stand by, one SET NX a tick each, and take over
+    when it expires. A preloader's push lands only while it holds the lease:
+    read by the push script on a single Redis; on a cluster (another slot than
+    the tag's keys) by a GET right before the push.
 
 ``idpool:nodes``  ZSET of node ids scored by the unix time of their last
     heartbeat (ZADD by each node every ``IDPOOL_REPORT_SECONDS``; entries older

@@ -112,18 +112,24 @@ MAX_POP_RANGES = 10_000
 # ambiguous write.
 MAX_CONNECTIONS = 32
 
-# KEYS[1] = clean marker, KEYS[2] = pool list, KEYS[3] = old list (single Redis);
-# ARGV[1] = tag, ARGV[2] = old clean prefix, ARGV[3] = 'head' or 'tail', ARGV[4..] =
-# ranges in the order they should be served. Returns {dropped, new length}.
+# KEYS[1] = clean marker, KEYS[2] = pool list, KEYS[3] = the preloader lease and
+# KEYS[4] = the old list (single Redis only); ARGV[1] = tag, ARGV[2] = old clean
+# prefix, ARGV[3] = 'head' or 'tail', ARGV[4] = the pushing preloader's id to check
+# here ('' for a node, and on a cluster, where the lease is in another slot: checked
+# just before, see push()), ARGV[5..] = ranges in the order they should be served.
+# Returns {dropped, new length, or -1: lease not held}.
 _PUSH = (
     _PRELUDE
     + """
-local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[3], ARGV[2])
+local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
+-- A preloader frozen past its lease (SIGSTOP, swap) must not push what it claimed
+-- while the new holder fills the same list: its push counts only while it holds it.
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then return {dropped, -1} end
 local n = 0
 if ARGV[3] == 'head' then
-  for i = #ARGV, 4, -1 do n = redis.call('LPUSH', KEYS[2], ARGV[i]) end
+  for i = #ARGV, 5, -1 do n = redis.call('LPUSH', KEYS[2], ARGV[i]) end
 else
-  for i = 4, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  for i = 5, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
 end
 return {dropped, n}
 """
@@ -251,6 +257,7 @@ class PoolSummary(NamedTuple):
 class PushResult(NamedTuple):
     depth: int
     dropped: list[str]
+    lease_lost: bool = False  # a preloader's push refused: another holds the lease
 
 
 def make_client(settings: Settings) -> Client:
@@ -364,14 +371,30 @@ class RedisPool:
         taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, list(dropped), int(depth), int(target or 0))
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
+        With ``leader`` (a preloader's id), only while it holds the preloader lease:
+        otherwise nothing is pushed and the result says ``lease_lost``.
 
         Called once per batch; never retried (an error means "maybe pushed").
         """
         keys, old, args = self._tag_args(tag)
-        args += ["head" if head else "tail", *(r.to_text() for r in ranges)]
+        if self.clustered:
+            # The lease key is in another slot than the tag's keys: a script cannot
+            # read both on a cluster. Read right before the push instead: a preloader
+            # frozen between the two still pushes, ranges it claimed with the mark
+            # (waste, never a duplicate; docs/design.md, "Redis Cluster").
+            if leader and await self._plain(self.client.get(self.keys.preloader)) != leader:
+                return PushResult(0, [], lease_lost=True)
+            leader = ""
+        else:
+            keys.append(self.keys.preloader)
+        args += ["head" if head else "tail", leader, *(r.to_text() for r in ranges)]
         dropped, depth = await self._call(self._push, keys + old, args)
+        if int(depth) < 0:
+            return PushResult(0, list(dropped), lease_lost=True)
         return PushResult(int(depth), list(dropped))
 
     async def depth(self, tag: str) -> int:
@@ -428,20 +451,37 @@ class RedisPool:
         if isinstance(self.client, RedisCluster):
             return await self._raise_on_shard(self.client, tag, value)
         keys = [self.keys.hwm(tag)] + ([] if self.legacy is None else [self.legacy.hwm(tag)])
-        mark, online = await self._call(self._raise_hwm, keys, [str(value)])
-        # Only replicas that are online count: with none (the replica was just
-        # promoted, or is down) there is nothing a failover could promote, and
-        # waiting for one would stop every claim until a new replica has synced.
-        wanted = min(self._mark_replicas, int(online))
-        if wanted:
-            ms = self._wait_ms()
-            acked = int(await self._plain(self.client.wait(wanted, ms)))
-            if acked < wanted:
-                raise _not_acknowledged(acked, wanted, ms)
-        return int(mark)
+        if not self._mark_replicas:
+            mark, _ = await self._call(self._raise_hwm, keys, [str(value)])
+            return int(mark)
+        return int(await self._plain(self._raise_and_wait(keys, value)))
 
     def _wait_ms(self) -> int:
         return max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
+
+    async def _raise_and_wait(self, keys: list[str], value: int) -> str:
+        # WAIT counts only the writes of its own connection: a WAIT sent on another
+        # pooled connection would answer for that one's writes, not the raise. So
+        # both run on one connection, held from the pool (one slot, see _plain).
+        # A plain Redis: its aclose gives the connection back and closes nothing else.
+        assert isinstance(self.client, aioredis.Redis)
+        one = aioredis.Redis(
+            connection_pool=self.client.connection_pool, single_connection_client=True
+        )
+        try:
+            mark, online = await run_script(one, self._raise_hwm, keys, [str(value)])
+            # Only replicas that are online count: with none (the replica was just
+            # promoted, or is down) there is nothing a failover could promote, and
+            # waiting for one would stop every claim until a new replica has synced.
+            wanted = min(self._mark_replicas, int(online))
+            if wanted:
+                ms = self._wait_ms()
+                acked = int(await one.wait(wanted, ms))
+                if acked < wanted:
+                    raise _not_acknowledged(acked, wanted, ms)
+        finally:
+            await one.aclose()
+        return str(mark)
 
     async def _raise_on_shard(self, client: RedisCluster, tag: str, value: int) -> int:
         """The raise, then its WAIT, on one connection to the primary of the tag's

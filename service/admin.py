@@ -1,5 +1,5 @@
-"""The admin API: create tags, change a step, move a start forward, disable or
-enable a tag, add, list and revoke a tag's tokens, drain the node.
+"""The admin API: create tags, change a step, move a start forward, disable,
+enable or remove a tag, add, list and revoke a tag's tokens, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -19,9 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start, remove_tag
 from idpool.pool.errors import (
     IdPoolError,
+    StartAboveMax,
     StartBelowIssued,
     StoreUnavailable,
     TagExists,
@@ -85,13 +86,16 @@ def _when(at: datetime) -> str:
     return at.isoformat()
 
 
-def _count_drained(run: Running, tag: str, drained: list[IdRange]) -> None:
+def _count_drained(
+    run: Running, tag: str, drained: list[IdRange], reason: str = "tag_disabled"
+) -> None:
     if drained:
-        run.node.stats.waste(tag, "tag_disabled", sum(map(len, drained)))
+        run.node.stats.waste(tag, reason, sum(map(len, drained)))
         logger.warning(
-            "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+            "event=range_abandoned tag=%s range=%s reason=%s",
             tag,
             ",".join(r.to_text() for r in drained),
+            reason,
         )
 
 
@@ -213,9 +217,28 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
             return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
         except StartBelowIssued as e:
             return _error(409, "start_below_issued", str(e))
+        except StartAboveMax as e:
+            return _error(409, "start_above_max", str(e))
         except IdPoolError as e:
             return _error(503, "unavailable", str(e))
         return _json(_row(row))
+
+    async def remove(request: Request) -> Response:
+        if (refused := denied(request)) is not None:
+            return refused
+        tag = request.path_params["tag"]
+        if not is_valid_tag(tag):
+            return _error(400, "bad_tag", f"tag must be {TAG_RULE}")
+        run = running()
+        try:
+            row, drained = await remove_tag(run.ledger, run.pool, tag)
+        except UnknownTag:
+            return _error(404, "unknown_tag", f"tag {tag!r} does not exist")
+        except IdPoolError as e:
+            return _error(503, "unavailable", str(e))
+        _count_drained(run, tag, drained, "tag_removed")
+        await run.node.refresh_tags(tag)  # this node stops at once; others within a reload
+        return _json({"tag": tag, "removed": _row(row), "wasted": sum(map(len, drained))})
 
     async def add_token(request: Request) -> Response:
         if (refused := denied(request)) is not None:
@@ -289,6 +312,7 @@ def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
         Route("/admin/tags", list_tags, methods=["GET"]),
         Route("/admin/tags", add_tag, methods=["POST"]),
         Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+        Route("/admin/tags/{tag}", remove, methods=["DELETE"]),
         Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
         Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
         Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),

@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from idpool.pool.claims import LedgerClaims
@@ -66,7 +66,9 @@ def json_response(body: object, status_code: int = 200) -> Response:
 
 
 def error(status_code: int, code: str, message: str) -> Response:
-    return json_response({"error": code, "message": message}, status_code)
+    response = json_response({"error": code, "message": message}, status_code)
+    response.headers[ERROR_HEADER] = code  # counted by error code (idpool_http_errors_total)
+    return response
 
 
 def _failure(tag: str, e: IdPoolError) -> Response:
@@ -126,6 +128,52 @@ def _bad_tag(tag: str) -> Response:
 
 
 ROUTES_HINT = "GET /id/{tag}, GET /ids/{tag}?count=N, GET /api/segment/get/{tag}"
+_HEAD_REFUSED = frozenset({"/id/{tag}", "/api/segment/get/{tag}", "/ids/{tag}"})
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route takes on this path, less a HEAD that is refused.
+
+    Starlette's 405 names only the first route that matched the path: OPTIONS
+    on /admin/tags said GET, HEAD, leaving out POST.
+    """
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+            if route.path in _HEAD_REFUSED:
+                methods.discard("HEAD")
+    return ", ".join(sorted(methods))
+
+
+def _too_large(limit: int) -> str:
+    return (
+        f"the request body is over {limit} bytes (IDPOOL_MAX_BODY_BYTES); "
+        "idpool's calls take a JSON object of a few hundred bytes"
+    )
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0  # the server refuses a bad one
+    return 0
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """``receive``, refusing a body once it passes ``limit`` bytes (a chunked body
+    has no Content-Length to check up front): nothing past it is kept."""
+    seen = 0
+
+    async def limited() -> Message:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise HTTPException(413, _too_large(limit))
+        return message
+
+    return limited
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -136,8 +184,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
             404, "not_found", f"no such path {request.url.path[:80]!r}; use {ROUTES_HINT}"
         )
     elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
+        allowed = _allowed(request)
         response = error(405, "method_not_allowed", f"use {allowed} here, not {request.method}")
+        response.headers["allow"] = allowed
+        return response
+    elif exc.status_code == 413:
+        response = error(413, "body_too_large", str(exc.detail))
+        response.headers["connection"] = "close"  # the rest of the body is not read
     else:
         response = error(exc.status_code, "http_error", str(exc.detail))
     response.headers.update(exc.headers or {})
@@ -177,6 +230,11 @@ _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextRes
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
+CLIENT_GONE = 499  # the request count's code for an answer not delivered (nginx's)
+# An error answer's code, so the metrics can tell a tag at its max (503 tag_exhausted,
+# the client's to handle) from the service failing (503 unavailable).
+ERROR_HEADER = "x-idpool-error"
+ERROR_HEADER_RAW = ERROR_HEADER.encode()
 
 
 class NodeApp(Starlette):
@@ -194,6 +252,7 @@ class NodeApp(Starlette):
 
     node: Node | None = None  # set by the lifespan while the node serves
     max_count = 0  # the largest /ids count the fast path answers (settings.max_count)
+    max_body = 65_536  # the largest request body read (settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
@@ -208,22 +267,46 @@ class NodeApp(Starlette):
             answer = self._from_memory(node, scope["path"], scope["query_string"])
             if answer is not None:
                 route, body, content_type = answer
+                # A client that hung up before its answer: its IDs are waste, counted.
+                if (await receive())["type"] == "http.disconnect":
+                    _undelivered(node, scope["path"], route, body)
+                    return
                 node.stats.latency[route].observe(_clock() - started)  # as the routes do
+                try:
+                    await _send(send, body, content_type)
+                except OSError:  # a server that says so (ASGI 2.4) when the client is gone
+                    _undelivered(node, scope["path"], route, body)
+                    raise
                 node.stats.requests[_OK[route]] += 1
-                await _send(send, body, content_type)
                 return
-        if node is None or scope["type"] != "http":
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        counts = node.stats.requests
-        route = route_of(scope["path"])
+        if node is not None:
+            counts, errors = node.stats.requests, node.stats.errors
+            route = route_of(scope["path"])
+            answer_to = send
 
-        async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                counts[(route, message["status"])] += 1
-            await send(message)
+            async def counted(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    counts[(route, message["status"])] += 1
+                    if message["status"] >= 400:
+                        for name, value in message.get("headers", ()):
+                            if name == ERROR_HEADER_RAW:
+                                errors[(route, value.decode("latin-1"))] += 1
+                await answer_to(message)
 
-        await super().__call__(scope, receive, counted)
+            send = counted
+        # Bodies are refused over the limit before they are read: up front by their
+        # Content-Length, and while read when chunked (GET routes never read one).
+        if _declared_length(scope) > self.max_body:
+            too_large = error(413, "body_too_large", _too_large(self.max_body))
+            too_large.headers["connection"] = "close"  # the body is not read
+            await too_large(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            receive = _limited(receive, self.max_body)
+        await super().__call__(scope, receive, send)
 
     def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:
         """(route, body, content type) for a GET the node can answer from its
@@ -259,6 +342,17 @@ class NodeApp(Starlette):
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
 
+def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
+    """Count the IDs of a fast answer that could not be delivered as waste."""
+    if route == "ids":
+        answer = orjson.loads(body)
+        node.undelivered(answer["tag"], answer["ids"])
+    else:
+        tag = path[4:] if path.startswith("/id/") else path[len(_LEAF_PREFIX) :]
+        node.undelivered(tag, [int(body)])
+    node.stats.requests[(route, CLIENT_GONE)] += 1
+
+
 async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> None:
     headers = [(b"content-length", str(len(body)).encode()), content_type]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -286,6 +380,9 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             value = await node.next_id(tag)
         except IdPoolError as e:
             return _failure(tag, e)
+        if await request.is_disconnected():  # hung up while it waited: the ID is waste
+            node.undelivered(tag, [value])
+            return Response(status_code=CLIENT_GONE)
         node.stats.latency["id"].observe(_clock() - started)
         return PlainTextResponse(str(value))
 
@@ -306,6 +403,9 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
             ids = await node.next_ids(tag, count)
         except IdPoolError as e:
             return _failure(tag, e)
+        if await request.is_disconnected():
+            node.undelivered(tag, ids)
+            return Response(status_code=CLIENT_GONE)
         body = orjson.dumps({"tag": tag, "ids": ids})
         node.stats.latency["ids"].observe(_clock() - started)
         return Response(body, media_type="application/json")
@@ -440,4 +540,5 @@ def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_s
     ]
     app = NodeApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.max_count = settings.max_count
+    app.max_body = settings.max_body_bytes
     return app

@@ -1,4 +1,4 @@
-"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
+"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable/remove,
 tag token add/list/revoke, pool show, status.
 
 Logging is configured here and nowhere else.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import logging
 import logging.config
 import os
@@ -23,18 +25,21 @@ from urllib.parse import quote, unquote_plus
 from idpool.pool.claims import LedgerClaims, create_tag, disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     ConfigError,
+    StartAboveMax,
     StartBelowIssued,
     StoreUnavailable,
     TagExists,
     UnknownTag,
 )
+from idpool.pool.ledger import TagRow
 from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, open_ledger, open_pool, open_stores
 from idpool.pool.tokens import hash_token, new_token
+from idpool.service.metrics import VERSION
 from idpool.service.node import Node, RangeSource, node_ttl
-from idpool.service.status import cluster, read_stores, runway_seconds, snapshot
+from idpool.service.status import cluster, read_stores, runway_seconds, runway_text, snapshot
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
@@ -43,7 +48,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
-_QUERY_PARAMETER = re.compile(r"([?&])([^=&\s\"]*)=([^&\s\"]*)")
+# `;` too: Starlette does not split on it, but a client that does sends its token after one.
+_QUERY_PARAMETER = re.compile(r"([?&;])([^=&;\s\"]*)=([^&;\s\"]*)")
 
 
 def _redact(text: str) -> str:
@@ -122,6 +128,16 @@ def _integer(top: int) -> Callable[[str], int]:
     return parse
 
 
+def _port(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 1 to 65535")
+    return number
+
+
 def _common_options(parser: argparse.ArgumentParser, default: object) -> None:
     """--log-level and --embedded, taken before or after the subcommand.
 
@@ -146,6 +162,7 @@ def _common_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
+    parser.add_argument("--version", action="version", version=f"idpool {VERSION}")
     _common_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
     embedded = argparse.ArgumentParser(add_help=False)
@@ -155,8 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", parents=[embedded], help="run a node (HTTP API; preloader inside by default)"
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn workers; each is a node")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument(
+        "--workers", type=_integer(1024), default=1, help="uvicorn workers; each is a node"
+    )
     serve.add_argument("--access-log", action="store_true", help="log every request")
 
     sub.add_parser(
@@ -202,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=_tag)
     step.add_argument("step", type=_integer(MAX_STEP))
+    remove = tag.add_parser(
+        "remove",
+        parents=[embedded],
+        help="delete a tag for good: 404 unknown_tag, tokens dropped, ready ranges wasted; "
+        "the name added again starts above every ID it issued",
+    )
+    remove.add_argument("tag", type=_tag)
+    remove.add_argument("--yes", action="store_true", help="do it (without: say what it does)")
     start = tag.add_parser(
         "start", parents=[embedded], help="move a tag's next ID forward (never back)"
     )
@@ -299,7 +326,18 @@ def _check_port(host: str, port: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it
         try:
             sock.bind((host, port))
+        except (socket.gaierror, UnicodeError):
+            # not an address, and no name that resolves: the host is wrong, not the port
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {host!r} is not an address or host name "
+                "of this machine; choose another --host (e.g. 127.0.0.1 or 0.0.0.0)"
+            ) from None
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise CannotListen(
+                    f"cannot listen on {host}:{port}: {e.strerror}: {host} is not an address "
+                    "of this machine; choose another --host (e.g. 127.0.0.1 or 0.0.0.0)"
+                ) from None
             raise CannotListen(
                 f"cannot listen on {host}:{port}: {e.strerror}; "
                 "stop what uses it or choose another --port"
@@ -347,6 +385,8 @@ async def _tag_command(settings: Settings, args: argparse.Namespace) -> int:
             return await _tag_start(settings, ledger, args)
         if args.tag_command in ("disable", "enable"):
             return await _tag_toggle(settings, ledger, args)
+        if args.tag_command == "remove":
+            return await _tag_remove(settings, ledger, args)
         if args.tag_command == "token":
             return await _tag_token(ledger, args)
         return await _tag_list(settings, ledger)
@@ -374,7 +414,7 @@ async def _tag_list(settings: Settings, ledger: LedgerStore) -> int:
         runway = runway_seconds(row, found.ids if found else 0, rate)
         print(
             f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12} "
-            f"{_show(row.max):>20} {_duration(runway):>10} "
+            f"{_show(row.max):>20} {runway_text(runway, row.max is not None, ''):>10} "
             f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
         )
     return 0
@@ -386,13 +426,15 @@ async def _tag_token(ledger: LedgerStore, args: argparse.Namespace) -> int:
         if args.token_command == "add":
             token_id, token = new_token()
             await ledger.add_token(args.tag, token_id, hash_token(token))
-            # stdout only, never a log line: this is the one time the token is shown
-            print(f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed:")
-            print(token)
+            # The token alone on stdout (TOKEN=$(idpool tag token add TAG)), the words
+            # on stderr; never a log line: this is the one time the token is shown.
             print(
+                f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed. "
                 f"{args.tag} now needs a token (Authorization: Bearer <token> or ?token=) "
-                "at every node within IDPOOL_TAG_RELOAD_SECONDS"
+                "at every node within IDPOOL_TAG_RELOAD_SECONDS",
+                file=sys.stderr,
             )
+            print(token)
             return 0
         if args.token_command == "revoke":
             if not await ledger.revoke_token(args.tag, args.token_id):
@@ -409,16 +451,6 @@ async def _tag_token(ledger: LedgerStore, args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S}")
     return 0
-
-
-def _duration(seconds: float | None) -> str:
-    """A runway for people: 45s, 12m, 5.5h, 30d; "-" when there is none to speak of."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 async def _tag_toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
@@ -454,6 +486,55 @@ async def _tag_toggle(settings: Settings, ledger: LedgerStore, args: argparse.Na
         f"{row.tag}: disabled (410 tag_disabled at every node within "
         f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
         f"max_id {row.max_id} is kept"
+    )
+    return 0
+
+
+async def _tag_remove(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    if not args.yes:
+        try:
+            row = await ledger.get_tag(args.tag)
+        except UnknownTag:
+            print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+            return EXIT_USAGE
+        print(
+            f"idpool: this removes {row.tag} for good: requests get 404 unknown_tag, its "
+            "tokens are dropped, its ready ranges are wasted, and the name added again starts "
+            f"at {row.max_id} or above; run again with --yes to remove it",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    removed: TagRow | None = None
+    with contextlib.suppress(UnknownTag):  # removed before: its list may still need draining
+        removed = await ledger.remove_tag(args.tag)
+    pool = await open_pool(settings, check=False)
+    try:
+        drained = await pool.drain(args.tag)
+    except StoreUnavailable as e:
+        if removed is None:
+            raise
+        print(
+            f"idpool: {args.tag!r} is removed, but its ready ranges could not be taken out of "
+            f"the pool ({e}); run the command again",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
+    finally:
+        await pool.close()
+    if removed is None and not drained:
+        print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    ids = sum(map(len, drained))
+    if drained:
+        logging.getLogger("idpool.cli").warning(
+            "event=range_abandoned tag=%s range=%s reason=tag_removed",
+            args.tag,
+            ",".join(r.to_text() for r in drained),
+        )
+    kept = "" if removed is None else f"; added again it starts at {removed.max_id} or above"
+    print(
+        f"{args.tag}: removed (404 unknown_tag at every node within "
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted{kept}"
     )
     return 0
 
@@ -496,7 +577,7 @@ async def _tag_start(settings: Settings, ledger: LedgerStore, args: argparse.Nam
     except UnknownTag:
         print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
         return EXIT_USAGE
-    except StartBelowIssued as e:
+    except (StartBelowIssued, StartAboveMax) as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
@@ -556,16 +637,18 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         )
     print(
         f"  {'tag':<20} {'max_id':>14} {'max':>16} {'ranges':>9} {'minutes':>8} {'IDs/s':>9} "
-        f"{'returned':>9} {'runway':>8}  wasted / state"
+        f"{'returned':>9} {'runway':>9}  wasted / state"
     )
     for t in shown["tags"]:
         ranges = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
         wasted = " ".join(f"{reason}={ids}" for reason, ids in sorted(t["wasted"].items()))
+        bounded = t["max"] is not None or t["max_id"] is None  # no row: not known
         state = ", ".join(t["problems"])
         print(
             f"  {t['tag']:<20} {_show(t['max_id']):>14} {_show(t['max']):>16} {ranges:>9} "
             f"{_show(t['minutes_of_supply']):>8} {_show(t['ids_per_s']):>9} "
-            f"{t['returned']:>9} {_duration(t['runway_s']):>8}  {wasted or '-'}"
+            f"{t['returned']:>9} {runway_text(t['runway_s'], bounded, ''):>9}"
+            f"  {wasted or '-'}"
             + (f"  [{state}]" if state else "")
         )
     if len(names) > len(shown["tags"]):

@@ -284,6 +284,13 @@ class Node:
             self._forget(tag, buf)
             raise
 
+    def undelivered(self, tag: str, ids: list[int]) -> None:
+        """IDs taken for an answer the client never got (it hung up first): waste,
+        never served again. One log line a second at most: a client that hangs
+        up in a loop must not flood the log."""
+        self.stats.waste(tag, "answer_undelivered", len(ids))
+        _undelivered_log.log(tag, ids)
+
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
         # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
         if buf.current is None and self.buffers.get(tag) is buf:
@@ -335,10 +342,15 @@ class Node:
             return  # the copy stands; tried again next time
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
+        for tag in set(self.buffers) - set(self.tags.rows):
+            await self._stop_disabled(tag, self.buffers[tag], "tag_removed")
 
-    async def _stop_disabled(self, tag: str, buf: SegmentBuffer) -> None:
-        """Drop a disabled tag's buffer; what it held is waste, never served again
-        (enabled, the tag goes on from fresh ranges above its ledger's max_id)."""
+    async def _stop_disabled(
+        self, tag: str, buf: SegmentBuffer, reason: str = "tag_disabled"
+    ) -> None:
+        """Drop a disabled (or removed) tag's buffer; what it held is waste, never
+        served again (enabled or added again, the tag goes on from fresh ranges
+        above its ledger's max_id, or its tombstone's)."""
         if self.buffers.get(tag) is not buf:
             return
         # Out of `buffers` first, in one synchronous step: the fast path and new
@@ -349,11 +361,12 @@ class Node:
         self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         self.stats.tags[tag].history.clear()
         if remainder:
-            self.stats.waste(tag, "tag_disabled", sum(map(len, remainder)))
+            self.stats.waste(tag, reason, sum(map(len, remainder)))
             logger.warning(
-                "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+                "event=range_abandoned tag=%s range=%s reason=%s",
                 tag,
                 ",".join(r.to_text() for r in remainder),
+                reason,
             )
 
     async def report(self) -> None:
@@ -525,6 +538,38 @@ class Node:
         logger.info("event=range_returned tag=%s range=%s depth=%d", tag, texts, result.depth)
 
 
+class _UndeliveredLog:
+    """event=range_abandoned reason=answer_undelivered at most once a second,
+    with how many answers and IDs the line stands for."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._answers = self._ids = 0
+
+    def log(self, tag: str, ids: list[int]) -> None:
+        self._answers += 1
+        self._ids += len(ids)
+        now = time.monotonic()
+        if now < self._next:
+            return
+        runs = [IdRange(first, first + 1) for first in ids[:1]]
+        for value in ids[1:]:
+            if value == runs[-1].end:
+                runs[-1] = IdRange(runs[-1].start, value + 1)
+            else:
+                runs.append(IdRange(value, value + 1))
+        logger.warning(
+            "event=range_abandoned tag=%s range=%s reason=answer_undelivered "
+            "answers_since_last=%d ids_since_last=%d",
+            tag,
+            ",".join(r.to_text() for r in runs),
+            self._answers,
+            self._ids,
+        )
+        self._next, self._answers, self._ids = now + 1.0, 0, 0
+
+
+_undelivered_log = _UndeliveredLog()
 _BUSY_RETRIES = 3  # a remainder push that was never sent is sent again, this often
 _RETURNS_AT_ONCE = 16  # remainder pushes in flight at shutdown
 _FULL_TAG_RELOAD_SECONDS = 60.0  # the whole tag list; the served tags every reload

@@ -88,9 +88,14 @@ _WHY = {
     "bad_body": "the body is not a JSON object, or names a field the call does not take",
     "tag_exists": "the tag exists",
     "start_below_issued": "a start may only move forward",
-    "method_not_allowed": "wrong method (HEAD on /id and /ids would use up IDs)",
+    "start_above_max": "a start past the tag's max would leave it no ID",
+    "method_not_allowed": "wrong method; Allow lists every method the path takes "
+    "(not HEAD on /id and /ids: it would use up IDs)",
+    "body_too_large": "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread",
     "leases_unavailable": "leases need Redis; this node runs embedded",
     "bad_lease": "lease is not an id POST /lease/{tag} answered",
+    "bad_secret": "secret is not a secret POST /lease/{tag} answered",
+    "wrong_secret": "the secret is not this lease's (only the lease answer gives it)",
     "bad_from": "from is not an integer",
     "outside_lease": "from is not between the lease's first ID and its last + 1",
     "wrong_tag": "the lease is another tag's",
@@ -242,9 +247,10 @@ def document(max_count: int) -> Schema:
                                         "type": "array",
                                         "items": {
                                             "type": "object",
-                                            "required": ["lease", "first", "last"],
+                                            "required": ["lease", "secret", "first", "last"],
                                             "properties": {
                                                 "lease": {"type": "string"},
+                                                "secret": {"type": "string"},
                                                 "first": {"type": "integer"},
                                                 "last": {"type": "integer"},
                                             },
@@ -254,6 +260,7 @@ def document(max_count: int) -> Schema:
                             },
                         ),
                         *_ID_ERRORS[:-1],
+                        _error("413", "body_too_large"),
                         _error(
                             "503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"
                         ),
@@ -302,27 +309,34 @@ def document(max_count: int) -> Schema:
                             "400",
                             "bad_body",
                             "bad_lease",
+                            "bad_secret",
                             "bad_from",
                             "bad_tag",
                             "outside_lease",
                             "wrong_tag",
                         ),
-                        _error("404", "not_found"),
+                        _error("401", "unauthorized"),
+                        _error("403", "wrong_secret"),
+                        _error("404", "unknown_tag", "not_found"),
                         _error("405", "method_not_allowed"),
                         _error("409", "unknown_lease", "already_returned"),
+                        _error("413", "body_too_large"),
                         _error("503", "unavailable", "leases_unavailable"),
                     ],  # fmt: skip
                     requestBody=_body(
                         {
                             "type": "object",
-                            "required": ["lease", "from"],
+                            "required": ["lease", "secret", "tag", "from"],
                             "properties": {
                                 "lease": {"type": "string"},
-                                "from": {"type": "integer"},
+                                "secret": {"type": "string"},
                                 "tag": {"type": "string"},
+                                "from": {"type": "integer"},
                             },
                         }
                     ),  # fmt: skip
+                    security=_TAG_SECURITY,
+                    parameters=[_TOKEN_PARAM],
                 )
             },
             "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
@@ -385,6 +399,7 @@ def document(max_count: int) -> Schema:
                             "bad_description",
                         ),
                         _error("409", "tag_exists"),
+                        _error("413", "body_too_large"),
                     ],  # fmt: skip
                     requestBody=_body(new_tag),
                 ),
@@ -397,11 +412,33 @@ def document(max_count: int) -> Schema:
                         _error(
                             "400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"
                         ),
-                        _error("409", "start_below_issued"),
+                        _error("409", "start_below_issued", "start_above_max"),
+                        _error("413", "body_too_large"),
                     ],  # fmt: skip
                     parameters=[_TAG_PARAM],
                     requestBody=_body(change),
-                )
+                ),
+                "delete": _admin(
+                    "Remove the tag for good: unknown from then on, its tokens dropped, its "
+                    "ready ranges wasted; the name added again starts above all it issued",
+                    [
+                        _ok(
+                            "the row as it was removed, and the ready IDs wasted",
+                            "application/json",
+                            {
+                                "type": "object",
+                                "required": ["tag", "removed", "wasted"],
+                                "properties": {
+                                    "tag": {"type": "string"},
+                                    "removed": tag_row,
+                                    "wasted": {"type": "integer"},
+                                },
+                            },
+                        ),
+                        _error("400", "bad_tag"),
+                    ],  # fmt: skip
+                    parameters=[_TAG_PARAM],
+                ),
             },
             "/admin/tags/{tag}/tokens": {
                 "post": _admin(

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from idpool.pool.keys import Keys, Legacy
-from idpool.pool.lease_store import LeaseRefused, LeaseStore
+from idpool.pool.lease_store import LeaseRefused, LeaseStore, hash_secret
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
@@ -56,15 +56,16 @@ class OldNode:
     async def push(self, tag: str, ranges: list[IdRange], head: bool = False) -> None:
         keys, args = self._head(tag)
         side = "head" if head else "tail"
-        await self._push(keys=keys, args=[*args, tag, side, *(r.to_text() for r in ranges)])
+        keys.append(f"{self.p}:preloader")
+        await self._push(keys=keys, args=[*args, tag, side, "", *(r.to_text() for r in ranges)])
 
     async def raise_mark(self, tag: str, value: int) -> None:
         await self._raise(keys=[self.old.hwm(tag)], args=[str(value)])
 
-    async def lease(self, tag: str, lease_id: str, r: IdRange) -> None:
+    async def lease(self, tag: str, lease_id: str, secret: str, r: IdRange) -> None:
         keys, args = self._head(tag)
-        args += [self.old.leased_prefix, "600", tag, lease_id, str(r.start), str(r.end - 1)]
-        await self._record(keys=keys[:2], args=[*args, str(r.end)])
+        args += [self.old.leased_prefix, "600", tag, "0", lease_id, str(r.start), str(r.end - 1)]
+        await self._record(keys=keys[:2], args=[*args, str(r.end), hash_secret(secret)])
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -103,6 +104,16 @@ async def test_an_old_list_of_an_earlier_incarnation_is_dropped_not_moved(
     assert popped.ranges == [] and popped.dropped == [f"{tag}=1-10"]
 
 
+async def test_a_removed_tags_old_and_new_lists_are_both_drained(
+    redis_pool: RedisPool, old: OldNode, tag: str
+) -> None:
+    await old.push(tag, [R("1-10")])  # an old preloader's push, not taken in yet
+    await redis_pool.client.rpush(redis_pool.keys.pool(tag), "11-20")
+    drained = await redis_pool.drain(tag)
+    assert sorted(r.start for r in drained) == [1, 11]
+    assert await old.pop(tag) == [] and (await redis_pool.pop(tag)).ranges == []
+
+
 async def test_the_old_mark_counts_and_is_raised_with_the_new(
     redis_pool: RedisPool, old: OldNode, tag: str
 ) -> None:
@@ -118,12 +129,18 @@ async def test_the_old_mark_counts_and_is_raised_with_the_new(
 async def test_an_old_lease_is_returned_once_through_a_new_node(
     redis_pool: RedisPool, old: OldNode, tag: str, settings: Settings
 ) -> None:
-    await old.lease(tag, "oldlease0123456789abcd", R("1-100"))
+    await old.lease(tag, "oldlease0123456789abcd", "the-secret", R("1-100"))
     store = LeaseStore(redis_pool.client, redis_pool.keys, 600, redis_pool.send, redis_pool.legacy)
-    returned = await store.give_back("oldlease0123456789abcd", 41)
+    with pytest.raises(LeaseRefused) as e:
+        await store.give_back("oldlease0123456789abcd", "not-the-secret", 41, tag)
+    assert e.value.code == "wrong_secret"
+    with pytest.raises(LeaseRefused) as e:
+        await store.give_back("oldlease0123456789abcd", "the-secret", 41, "another-tag")
+    assert e.value.code == "wrong_tag"
+    returned = await store.give_back("oldlease0123456789abcd", "the-secret", 41, tag)
     assert returned.tag == tag and returned.tail == R("41-100")
     with pytest.raises(LeaseRefused) as e:
-        await store.give_back("oldlease0123456789abcd", 41)
+        await store.give_back("oldlease0123456789abcd", "the-secret", 41, tag)
     assert e.value.code == "already_returned"
     assert await redis_pool.ranges(tag) == [R("41-100")]
 

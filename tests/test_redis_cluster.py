@@ -23,7 +23,7 @@ from redis.crc import key_slot
 from idpool.pool.claims import LedgerClaims
 from idpool.pool.errors import IdPoolError, StoreUnavailable
 from idpool.pool.keys import Keys, route_of
-from idpool.pool.lease_store import LeaseStore
+from idpool.pool.lease_store import LeaseRefused, LeaseStore, new_lease
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
@@ -129,12 +129,38 @@ async def test_pool_scripts_leases_and_marks_on_every_shard(
             with replica.client() as c:
                 c.execute_command("READONLY")
                 assert c.get(pool.keys.hwm(tag)) == "100"
-            lease_id = store.new_lease_id(tag)
-            await store.record(tag, [(lease_id, R("21-30"))])
-            returned = await store.give_back(lease_id, 25)  # names only the lease
-            assert returned.tag == tag and returned.tail == R("25-30")
-            assert await pool.drain(tag) == [R("25-30"), R("11-20")]
+            lease_id, secret = new_lease(tag)
+            # the lease holds 21-25; its rest goes back to the head in the same script
+            await store.record(tag, [(lease_id, secret, R("21-25"))], [R("26-30")])
+            assert await pool.ranges(tag) == [R("26-30"), R("11-20")]
+            with pytest.raises(LeaseRefused) as refused:
+                await store.give_back(lease_id, "not-" + secret, 23)
+            assert refused.value.code == "wrong_secret"
+            returned = await store.give_back(lease_id, secret, 23)  # names only the lease
+            assert returned.tag == tag and returned.tail == R("23-25")
+            with pytest.raises(LeaseRefused) as refused:
+                await store.give_back(lease_id, secret, 23, tag)
+            assert refused.value.code == "already_returned"
+            assert await pool.drain(tag) == [R("23-25"), R("26-30"), R("11-20")]
         assert len(await pool.take_moved()) == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_preloaders_push_lands_only_while_it_holds_the_lease(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    """The lease is in another slot than the tag's list: asked right before the push."""
+    pool = RedisPool.from_settings(cs)
+    try:
+        for tag in tags_over_shards(cluster, 1, "pl"):
+            assert (await pool.push(tag, [R("1-10")], head=False, leader="a")).lease_lost
+            assert await pool.lead("a", 10)
+            assert not (await pool.push(tag, [R("11-20")], head=False, leader="a")).lease_lost
+            assert (await pool.push(tag, [R("21-30")], head=False, leader="b")).lease_lost
+            assert not (await pool.push(tag, [R("5-10")], head=True)).lease_lost  # a node's
+            assert await pool.ranges(tag) == [R("5-10"), R("11-20")]
+            await pool.resign("a")
     finally:
         await pool.close()
 

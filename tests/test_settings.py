@@ -98,3 +98,25 @@ def test_a_cluster_url_names_seeds_credentials_and_tls() -> None:
 def test_malformed_cluster_urls_are_refused_naming_the_variable(url: str) -> None:
     with pytest.raises(ConfigError, match="IDPOOL_REDIS_URL"):
         Settings(redis_url=url).validated()
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        # A password holding an unencoded / ? or # ends the host part early; urllib
+        # then reads a piece of it as the port (a traceback quoting it, before).
+        ("IDPOOL_REDIS_URL", "redis://:Zq9/s3cret@127.0.0.1:6379/0"),
+        ("IDPOOL_REDIS_URL", "redis://:Zq9#s3cret@127.0.0.1:6379/0"),
+        ("IDPOOL_REDIS_URL", "redis+sentinel://:Zq9/s3cret@127.0.0.1:26379/mymaster"),
+        ("IDPOOL_REDIS_URL", "redis+sentinel://127.0.0.1/m?sentinel_password=Zq9&s3cret=1"),
+        ("IDPOOL_REDIS_URL", "redis+cluster://:Zq9/s3cret@127.0.0.1:7000"),
+        ("IDPOOL_REDIS_URL", "redis+cluster://:Zq9#s3cret@127.0.0.1:7000"),
+        ("IDPOOL_REDIS_URL", "redis+cluster://u:Zq9s3cret@h1:7000,h2:port"),
+        ("IDPOOL_MYSQL_URL", "mysql://root:Zq9?s3cret@127.0.0.1:3306/idpool"),
+        ("IDPOOL_MYSQL_URL", "mysql://root:Zq9#s3cret@127.0.0.1/idpool"),
+    ],
+)
+def test_a_bad_store_url_never_shows_its_password(name: str, url: str) -> None:
+    with pytest.raises(ConfigError, match=name) as refused:
+        Settings.from_env({name: url})
+    assert "Zq9" not in str(refused.value) and "s3cret" not in str(refused.value)

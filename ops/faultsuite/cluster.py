@@ -16,6 +16,7 @@ from pathlib import Path
 
 from redis import Redis
 
+from ops.galera import GaleraCluster
 from ops.processes import NodeProcess, PreloaderProcess, env_with
 from ops.redis_cluster import LocalCluster
 from ops.replication import MariaPair, RedisSentinelGroup
@@ -70,7 +71,8 @@ class Run:
 @dataclass
 class Cluster:
     directory: Path
-    maria: MariaServer | MariaPair  # a pair: primary + replica behind a proxy
+    # a pair: primary + replica behind a proxy; Galera: node i on member i % 3
+    maria: MariaServer | MariaPair | GaleraCluster
     tag: str
     redis_mode: str = "aof"
     nodes: int = 3
@@ -81,6 +83,7 @@ class Cluster:
     database: str = "idpool_faults"
     env_overrides: dict[str, str] = field(default_factory=dict)
     idle_tags: int = 0  # tags nobody asks for, beside the scenario's
+    step: int = STEP  # the scenario's tag's range size
     redis: RedisServer | RedisSentinelGroup | LocalCluster = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
@@ -108,6 +111,13 @@ class Cluster:
             **{**NODE_ENV, **self.env_overrides},
         )
 
+    def env_for(self, index: int) -> dict[str, str]:
+        """Process ``index``'s settings: on Galera, each on a member of its own
+        (node i on member i, the preloader on the member after the last node's)."""
+        if not isinstance(self.maria, GaleraCluster):
+            return self.env
+        return {**self.env, "IDPOOL_MYSQL_URL": self.maria.member_url(index, self.database)}
+
     @property
     def ports(self) -> list[int]:
         return [node.port for node in self.node_procs]
@@ -117,7 +127,7 @@ class Cluster:
         self.redis.start()
         subprocess.run(
             [sys.executable, "-m", "idpool.service.cli", "tag", "add", self.tag]
-            + ["--step", str(STEP)],
+            + ["--step", str(self.step)],
             env=self.env,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -125,9 +135,11 @@ class Cluster:
         if self.idle_tags:
             self.add_idle_tags(self.idle_tags)
         self.node_procs = [
-            NodeProcess(self.env, self.directory / f"node{i}") for i in range(self.nodes)
+            NodeProcess(self.env_for(i), self.directory / f"node{i}") for i in range(self.nodes)
         ]
-        self.preloader = PreloaderProcess(self.env, self.directory / "preloader")
+        self.preloader = PreloaderProcess(
+            self.env_for(self.nodes), self.directory / "preloader"
+        )
         for proc in [*self.node_procs, self.preloader]:
             proc.start(wait=False)
         for proc in [*self.node_procs, self.preloader]:
@@ -189,6 +201,10 @@ class Cluster:
         assert isinstance(self.redis, RedisSentinelGroup), "a Sentinel scenario's fault"
         return self.redis
 
+    def galera(self) -> GaleraCluster:
+        assert isinstance(self.maria, GaleraCluster), "a Galera scenario's fault"
+        return self.maria
+
     def maria_pair(self) -> MariaPair:
         assert isinstance(self.maria, MariaPair), "a MariaDB replication scenario's fault"
         return self.maria
@@ -225,8 +241,10 @@ class Cluster:
             for node in self.redis.nodes:
                 if node.proc is None:
                     node.start()
+        if isinstance(self.maria, GaleraCluster):
+            self.maria.ensure_up()
         for name, server in (("redis", self.redis), ("mariadb", self.maria)):
-            if isinstance(server, RedisSentinelGroup | LocalCluster):
+            if isinstance(server, RedisSentinelGroup | LocalCluster | GaleraCluster):
                 continue
             if server.proc is None:
                 self.store(name, "start")

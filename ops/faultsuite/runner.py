@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ops.galera import GaleraCluster
 from ops.replication import MariaPair
 from ops.servers import MariaServer
 
@@ -78,9 +79,11 @@ def run_scenario(
 ) -> Outcome:
     tag = f"{scenario.name}-{rng.randrange(10**6):06d}"
     started = time.monotonic()
-    ledger: MariaServer | MariaPair = maria
+    ledger: MariaServer | MariaPair | GaleraCluster = maria
     if scenario.topology == "mysql-replica":
         ledger = MariaPair(directory / scenario.name / "mariadb")
+    elif scenario.topology == "galera":
+        ledger = GaleraCluster(3)  # a temp dir of its own, owned by mysql (the rsync SST)
     cluster = Cluster(
         directory / scenario.name,
         ledger,
@@ -92,9 +95,10 @@ def run_scenario(
         database="faults_" + scenario.name.replace("-", "_"),
         env_overrides=dict(scenario.env),
         idle_tags=args.idle_tags,
+        step=scenario.step or STEP,
     )
     try:
-        if isinstance(ledger, MariaPair):
+        if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.start()
         cluster.start()
         start_id, _ = cluster.ledger_row()
@@ -133,7 +137,7 @@ def run_scenario(
         result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
-        if isinstance(ledger, MariaPair):
+        if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.stop()
     outcome = Outcome(
         scenario,
@@ -208,7 +212,8 @@ def render(outcome: Outcome, hold_note: str) -> str:
         + "".join(f"\n     - {f}" for f in outcome.failures),
         "   timeline (s from cluster start):",
         *(f"     {t:7.2f}  {what}" for t, what in outcome.events),
-        f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed",
+        f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed"
+        + (f" (step {sc.step})" if sc.step else ""),
         f"   handed out: {acc.issued:,} IDs in {tally.requests:,} requests; "
         f"duplicates: {acc.total_duplicates}",
         f"   in the Redis list at the end: {acc.in_pool:,} IDs"
@@ -314,7 +319,8 @@ def run(
             f"$ {command}",
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {len(scenarios)} scenarios, "
             f"{args.nodes} nodes + 1 standalone preloader each, {args.clients} client threads "
-            f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), step {STEP}, "
+            f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), "
+            f"step {STEP} (unless a scenario says), "
             f"seed {args.seed}; {args.idle_tags} idle tags beside; logs in {workdir}"
             + ("" if args.workdir else " (removed at the end if every scenario passed)"),
         ]
