@@ -18,7 +18,7 @@ really leased, and only once:
   script compares the hashes in constant time. Logs name a lease by its
   ``fingerprint`` (a hash of its id), never by its id or secret;
 - the key names the Redis *incarnation*, computed in the script exactly as the
-  pool scripts' ``_PRELUDE`` does. A Redis restored from an old snapshot (or a
+  pool scripts' ``PRELUDE`` does. A Redis restored from an old snapshot (or a
   promoted replica) is a new incarnation: it cannot see the records of the old
   one, so a lease returned before the data loss cannot be returned again (its
   record in the snapshot still says "L"), and its tail cannot reach the list twice.
@@ -37,12 +37,12 @@ from typing import Any, NamedTuple
 from redis.exceptions import RedisError
 
 from .cluster import Client
-from .errors import IdPoolError, StoreUnavailable
+from .errors import LeaseClash, LeaseRefused, StoreUnavailable
 from .keys import Keys, Legacy, lease_route, route_of
-from .ranges import IdRange
+from .ranges import IdRange, TaggedRange, tagged_ranges
 
 # The incarnation check of the pool scripts, shared so both compute it the same way.
-from .redis_pool import _PRELUDE, Lua, run_script
+from .redis_pool import PRELUDE, Lua, run_script
 
 # KEYS[1] = the tag's clean marker, KEYS[2] = its pool list, KEYS[3] = the lease
 # route key (never written: it takes the script to the tag's shard), KEYS[4] = the
@@ -51,7 +51,7 @@ from .redis_pool import _PRELUDE, Lua, run_script
 # ARGV[6..5+k] = the rest ('first-last', in serving order), ARGV[6+k..] = lease_id,
 # first, last, end, secret hash, lease_id, ... Returns {dropped, n recorded}.
 _RECORD = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
 local base = ARGV[3] .. incarnation() .. ':'
@@ -85,7 +85,7 @@ return {dropped, n}
 # ('' on a cluster: its lists and clean markers are taken in by ensure_clean),
 # ARGV[8] = the secret's hash. Returns {dropped, verdict, tag, pushed 'from-last' or ''}.
 _RETURN = (
-    _PRELUDE
+    PRELUDE
     + """
 local function le(a, b)  -- a <= b for decimal strings without leading zeros
   return #a < #b or (#a == #b and a <= b)
@@ -126,22 +126,6 @@ return {dropped, 'ok', tag, tail}
 )
 
 
-class LeaseRefused(IdPoolError):
-    """A return that is not the unused tail of a live lease; nothing was changed.
-
-    ``code`` is ``unknown_lease``, ``wrong_secret``, ``already_returned``,
-    ``wrong_tag`` or ``outside_lease``.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class LeaseClash(IdPoolError):
-    """A lease id was already recorded (never in practice: ids are 128-bit random)."""
-
-
 def new_lease(tag: str) -> tuple[str, str]:
     """(lease id, secret), 128 random bits each; the id ends with the route to the
     tag's slot (``<token>-<R>``). Only the secret's hash is stored."""
@@ -161,11 +145,11 @@ def fingerprint(lease_id: str) -> str:
 class Returned(NamedTuple):
     tag: str
     tail: IdRange | None  # pushed to the head of the tag's list; None: nothing left
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
 
 
 class Recorded(NamedTuple):
-    dropped: list[str]
+    dropped: list[TaggedRange]
 
 
 class LeaseStore:
@@ -219,7 +203,7 @@ class LeaseStore:
         dropped, n = await self._call(self._record, keys, args)
         if int(n) < 0:
             raise LeaseClash("a lease id is already recorded")
-        return Recorded(list(dropped))
+        return Recorded(tagged_ranges(dropped))
 
     async def give_back(self, lease_id: str, secret: str, start: int, tag: str = "") -> Returned:
         """Close the lease and push [start, end of lease) to the head of its tag's list,
@@ -245,7 +229,7 @@ class LeaseStore:
             message = _MESSAGES[verdict].format(lease=fingerprint(lease_id), tag=found_tag)
             raise LeaseRefused(verdict, message)
         pushed = IdRange.from_text(tail) if tail else None
-        return Returned(found_tag, pushed, list(dropped))
+        return Returned(found_tag, pushed, tagged_ranges(dropped))
 
     async def _call(self, script: Lua, keys: list[str], args: list[str]) -> Any:
         # Run once, never retried here (the client is built with retries off),

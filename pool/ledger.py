@@ -13,8 +13,6 @@ import random
 import warnings
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeVar
 
 import aiomysql
@@ -24,12 +22,13 @@ from .errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, Unkn
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 from .tokens import TokenRow
+from .values import TagRow, check_bound, cut, step_bounds
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
-DEFAULT_MAX_STEP = 1_000_000
 _COLUMNS = (
-    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled"
+    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
+    "kind"
 )
 
 SCHEMA = f"""
@@ -43,6 +42,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     end_id      BIGINT       NOT NULL DEFAULT 9223372036854775807
                              COMMENT 'first ID never handed out: the tag bound (--max) + 1',
     disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
+    kind        VARCHAR(16)  NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made',
     description VARCHAR(255) NOT NULL DEFAULT '',
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
@@ -80,6 +80,7 @@ _MIGRATIONS = [
         "COMMENT 'first ID never handed out: the tag bound (--max) + 1'",
     ),
     ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
+    ("kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
 ]
 _DUPLICATE_COLUMN = 1060
 
@@ -105,47 +106,10 @@ CONFLICT_BACKOFF = 0.005  # s; the n-th retry waits up to this * 2**n, at random
 GALERA_SESSION = "SET SESSION wsrep_sync_wait = 1"
 
 
-def step_bounds(step: int, min_step: int | None, max_step: int | None) -> tuple[int, int]:
-    """A new tag's dynamic-step bounds: ``[step, max(step, DEFAULT_MAX_STEP)]`` unless given."""
-    lo = step if min_step is None else min_step
-    hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
-    return lo, hi
-
-
-def check_bound(start: int, end_id: int) -> None:
-    """A tag's bound must leave it at least its first ID."""
-    if not start < end_id <= MAX_ID:
-        raise ValueError(f"max must be from start ({start}) to {MAX_ID - 1}")
-
-
-@dataclass(frozen=True)
-class TagRow:
-    tag: str
-    max_id: int
-    step: int
-    start_id: int
-    description: str
-    updated_at: datetime
-    min_step: int
-    max_step: int
-    end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
-    disabled: bool = False
-
-    @property
-    def max(self) -> int | None:
-        """The highest ID the tag may hand out (``--max``), or None when unbounded."""
-        return None if self.end_id >= MAX_ID else self.end_id - 1
-
-    @property
-    def left(self) -> int:
-        """IDs not yet claimed below the bound."""
-        return max(0, self.end_id - self.max_id)
-
-
 def _tag_row(values: Sequence[Any]) -> TagRow:
-    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off = values
+    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off, kind = values
     return TagRow(
-        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off)
+        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off), kind
     )
 
 
@@ -281,6 +245,7 @@ class Ledger:
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = MAX_ID,
+        kind: str = "segment",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)``.
 
@@ -309,9 +274,9 @@ class Ledger:
             try:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
-                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (tag, first, step, start, description, lo, hi, end_id),
+                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (tag, first, step, start, description, lo, hi, end_id, kind),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None
@@ -549,16 +514,7 @@ class Ledger:
 _DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable
 
 
-def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
-    """The range a claim of ``ids`` IDs from ``start`` gets: cut short at the
-    tag's bound, never past it. Shared by both ledgers so they agree."""
-    if disabled:
-        raise TagDisabled(f"tag {tag!r} is disabled; enable it with `idpool tag enable {tag}`")
-    if start >= end_id:
-        bound = "64-bit IDs" if end_id >= MAX_ID else f"IDs up to its max {end_id - 1}"
-        raise TagExhausted(f"tag {tag!r} has run out of {bound}")
-    # Written as start < end_id - ids so the sum cannot leave 64 bits.
-    return IdRange(start, start + ids if start < end_id - ids else end_id)
+
 
 
 async def _exact_tag_names(cur: Any, table: str) -> None:

@@ -3,7 +3,7 @@
 Every read-modify-write is a Lua script over the keys of one tag (one slot, so
 one shard of a Redis Cluster), so it is atomic on the server. Every script that
 touches a pool list first checks that the tag's keys belong to the server's
-current *incarnation* (see ``_PRELUDE``), so a Redis that restarted from an old
+current *incarnation* (see ``PRELUDE``), so a Redis that restarted from an old
 snapshot, or a replica promoted with missing writes, can never hand out a range
 that was already popped. The same code runs on a single Redis, behind Sentinel,
 and on a Redis Cluster (``pool/cluster.py``).
@@ -42,12 +42,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .cluster import Client, cluster_client, on_one_connection, verify_cluster
 from .errors import StoreBusy, StoreNotSent, StoreUnavailable
 from .keys import Keys, Legacy
-from .ranges import IdRange
+from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 # Shared head of the pool scripts: the incarnation check, per tag.
-_PRELUDE = """
+PRELUDE = """
 local function incarnation()
   local server = redis.call('INFO', 'server')
   local repl = redis.call('INFO', 'replication')
@@ -88,7 +89,7 @@ end
 # range): a batch larger than a range is one call, not one per range.
 # Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
 local want, most, got, taken = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, {}
@@ -105,7 +106,6 @@ return {dropped, taken, redis.call('LLEN', KEYS[2]), redis.call('HGET', KEYS[3],
 )
 
 # The most ranges one pop may take (a batch of IDPOOL_MAX_COUNT IDs at step 1).
-MAX_POP_RANGES = 10_000
 # At most this many commands in flight per client, so redis-py's pool (sized to
 # match; per shard on a cluster) is never found full: a full pool raises at once,
 # and a command that was never sent must not be taken for a Redis fault or an
@@ -119,7 +119,7 @@ MAX_CONNECTIONS = 32
 # just before, see push()), ARGV[5..] = ranges in the order they should be served.
 # Returns {dropped, new length, or -1: lease not held}.
 _PUSH = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
 -- A preloader frozen past its lease (SIGSTOP, swap) must not push what it claimed
@@ -180,7 +180,7 @@ return tags
 # KEYS = the tag's list (and the old layout's). Read and delete in one step: a
 # pop or push between the read and the delete would otherwise be lost from the
 # answer (a pushed range deleted unread) or counted twice.
-_DRAIN = """
+_TAKE_ALL = """
 local taken = {}
 for i = 1, #KEYS do
   for _, r in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do taken[#taken + 1] = r end
@@ -192,14 +192,14 @@ return taken
 # KEYS as the push's; ARGV[1] = tag, ARGV[2] = old clean prefix. Only the
 # incarnation check: a tag's list cleaned without popping or pushing.
 _TOUCH = (
-    _PRELUDE
+    PRELUDE
     + """
 return ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[3], ARGV[2])
 """
 )
 
 # The server's incarnation, as the prelude computes it.
-_INCARNATION = _PRELUDE + "\nreturn incarnation()\n"
+_INCARNATION = PRELUDE + "\nreturn incarnation()\n"
 
 # KEYS[1] = stats hash. Read and clear the last lifetime: one observation, one decision.
 _TAKE_LIFETIME = """
@@ -226,38 +226,6 @@ class Lua(NamedTuple):
 # connection on CLUSTERDOWN, also those other commands are using, which then
 # fail inside redis-py ("'NoneType' object has no attribute ..."): outcome unknown.
 _ERRORS = (RedisError, OSError, TimeoutError, RedisClusterException, AttributeError)
-
-
-class PopResult(NamedTuple):
-    ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
-    depth: int = 0  # ranges left in the list after the pop
-    target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
-
-    @property
-    def range(self) -> IdRange | None:
-        """The first range taken, or None when the list was empty."""
-        return self.ranges[0] if self.ranges else None
-
-
-class Moved(NamedTuple):
-    tags: list[str]  # tags that moved since the last read
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
-
-
-class PoolSummary(NamedTuple):
-    """A list's state from O(1) reads: what /status and /metrics show per tag."""
-
-    depth: int
-    head: IdRange | None
-    ids: int  # the head range's IDs plus (depth - 1) full ranges of the published step
-    stats: dict[str, str]
-
-
-class PushResult(NamedTuple):
-    depth: int
-    dropped: list[str]
-    lease_lost: bool = False  # a preloader's push refused: another holds the lease
 
 
 def make_client(settings: Settings) -> Client:
@@ -297,7 +265,7 @@ class RedisPool:
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
-        self._drain = Lua.of(_DRAIN)
+        self._take_all = Lua.of(_TAKE_ALL)
         self._take_lifetime = Lua.of(_TAKE_LIFETIME)
         self._touch = Lua.of(_TOUCH)
         self._incarnation = Lua.of(_INCARNATION)
@@ -369,7 +337,7 @@ class RedisPool:
         # the moved set is on another shard of a cluster).
         self._mark_moved(tag)
         taken = [IdRange.from_text(t) for t in texts]
-        return PopResult(taken, list(dropped), int(depth), int(target or 0))
+        return PopResult(taken, tagged_ranges(dropped), int(depth), int(target or 0))
 
     async def push(
         self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
@@ -394,8 +362,8 @@ class RedisPool:
         args += ["head" if head else "tail", leader, *(r.to_text() for r in ranges)]
         dropped, depth = await self._call(self._push, keys + old, args)
         if int(depth) < 0:
-            return PushResult(0, list(dropped), lease_lost=True)
-        return PushResult(int(depth), list(dropped))
+            return PushResult(0, tagged_ranges(dropped), lease_lost=True)
+        return PushResult(int(depth), tagged_ranges(dropped))
 
     async def depth(self, tag: str) -> int:
         return int(await self._plain(self.client.llen(self.keys.pool(tag))))
@@ -429,11 +397,11 @@ class RedisPool:
             found.update(await self._plain(self.client.smembers(self.legacy.pools)))
         return sorted(found)
 
-    async def drain(self, tag: str) -> list[IdRange]:
+    async def take_all(self, tag: str) -> list[IdRange]:
         """Remove every ready range of ``tag`` and return them (a disabled tag's
         list). On an error they may or may not be gone: the caller calls again."""
         keys = [self.keys.pool(tag)] + ([] if self.legacy is None else [self.legacy.pool(tag)])
-        texts = await self._call(self._drain, keys, [])
+        texts = await self._call(self._take_all, keys, [])
         return [IdRange.from_text(t) for t in texts]
 
     async def high_water(self, tag: str) -> int:
@@ -535,7 +503,7 @@ class RedisPool:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._moved_task), self._slot_wait)
         tags = await self._call(self._take_moved, [self.keys.moved], [])
-        return Moved(sorted(tags), await self._clean_new_incarnations())
+        return Moved(sorted(tags), tagged_ranges(await self._clean_new_incarnations()))
 
     async def _clean_new_incarnations(self) -> list[str]:
         """Clean every list of a server that is a new incarnation since the last
@@ -734,13 +702,6 @@ def _not_acknowledged(acked: int, wanted: int, ms: int) -> StoreUnavailable:
         f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
         "(IDPOOL_REDIS_MARK_REPLICAS)",
     )
-
-
-def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
-    head = None if head_text is None else IdRange.from_text(head_text)
-    step = int(stats.get("step", 0))
-    ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
-    return PoolSummary(depth, head, ids, stats)
 
 
 def _never_sent(e: BaseException) -> bool:

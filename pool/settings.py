@@ -18,6 +18,14 @@ from .errors import ConfigError
 ENV_PREFIX = "IDPOOL_"
 
 
+# Other variables a setting is read from when its own is unset: a better name
+# (the ledger may be SQLite), or the old one (a "lease" is now a client's range).
+ENV_ALIASES = {
+    "mysql_url": ("IDPOOL_LEDGER_URL",),
+    "leader_seconds": ("IDPOOL_LEASE_SECONDS",),
+}
+
+
 @dataclass(frozen=True)
 class MysqlParams:
     host: str
@@ -67,8 +75,8 @@ _SENTINEL_FORM = (
 
 @dataclass(frozen=True)
 class Settings:
-    # IDPOOL_MYSQL_URL: the ledger; mysql://user:password@host:port/database, or
-    # sqlite:///path/file.db for the embedded mode (one node; ledger and pool in that
+    # IDPOOL_MYSQL_URL (or IDPOOL_LEDGER_URL): the ledger; mysql://user:password@host:port/
+    # database, or sqlite:///path/file.db for the embedded mode (one node; ledger and pool in that
     # file, Redis not used). Never chosen unless named here or by `serve --embedded`.
     mysql_url: str = field(default="mysql://root@127.0.0.1:3306/idpool", repr=False)
     # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db, or behind
@@ -114,9 +122,10 @@ class Settings:
     rate_window: float = 60.0
     # IDPOOL_PRELOAD_INTERVAL: seconds between preloader ticks
     preload_interval: float = 1.0
-    # IDPOOL_LEASE_SECONDS: how long the active preloader's lease lasts unless renewed
-    # (each tick renews it); a standby takes over this long after the holder died
-    lease_seconds: float = 10.0
+    # IDPOOL_LEADER_SECONDS (or its old name IDPOOL_LEASE_SECONDS): how long the active
+    # preloader's leadership lasts unless renewed (each tick renews it); a standby
+    # takes over this long after the leader died
+    leader_seconds: float = 10.0
     # IDPOOL_SWEEP_SECONDS: how often the active preloader reads every list's depth
     # (one pipelined round) and fills those under IDPOOL_POOL_DEPTH; between sweeps
     # it visits only the tags that moved
@@ -158,6 +167,9 @@ class Settings:
         for f in fields(cls):
             name = ENV_PREFIX + f.name.upper()
             raw = env.get(name)
+            for alias in ENV_ALIASES.get(f.name, ()):
+                if raw is None or raw == "":
+                    name, raw = alias, env.get(alias)
             if raw is None or raw == "":
                 continue
             values[f.name] = _parse(name, raw, type(getattr(cls(), f.name)))
@@ -177,7 +189,7 @@ class Settings:
             (self.step_seconds >= 0, "IDPOOL_STEP_SECONDS must be 0 or more"),
             (self.rate_window > 0, "IDPOOL_RATE_WINDOW must be positive"),
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
-            (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
+            (self.leader_seconds > 0, "IDPOOL_LEADER_SECONDS must be positive"),
             (self.sweep_seconds > 0, "IDPOOL_SWEEP_SECONDS must be positive"),
             (self.redis_mark_replicas >= 0, "IDPOOL_REDIS_MARK_REPLICAS must be 0 or more"),
             (self.report_seconds > 0, "IDPOOL_REPORT_SECONDS must be positive"),

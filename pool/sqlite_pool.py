@@ -20,9 +20,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from .ranges import IdRange
-from .redis_pool import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 from .settings import Settings
 from .sqlite_file import SqliteFile
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 _UPSERT_STAT = (
     "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, ?, ?) "
@@ -141,8 +141,8 @@ class SqlitePool:
 
         return await self.file.read(op)
 
-    async def drain(self, tag: str) -> list[IdRange]:
-        """Remove every ready range of ``tag`` and return them (see RedisPool.drain)."""
+    async def take_all(self, tag: str) -> list[IdRange]:
+        """Remove every ready range of ``tag`` and return them (see RedisPool.take_all)."""
 
         def op(conn: sqlite3.Connection) -> list[IdRange]:
             # One write transaction: no pop or push lands between the read and the delete.

@@ -40,6 +40,11 @@ class _SnapshotCollector:
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._tag_metrics()
+        yield from self._node_metrics()
+
+    def _tag_metrics(self) -> Iterator[Metric]:
+        """Per tag, from the snapshot."""
         issued = CounterMetricFamily(
             "idpool_ids_issued", "IDs handed out by this node", labels=["tag"]
         )
@@ -97,6 +102,8 @@ class _SnapshotCollector:
         yield from (issued, taken, returned, wasted, depth, pool_ids, target, supply, step, rate)
         yield runway
 
+    def _node_metrics(self) -> Iterator[Metric]:
+        """The node's stores, errors, latencies, requests and version."""
         up = GaugeMetricFamily("idpool_store_up", "1 when the store answered", labels=["store"])
         for store, health in self.snap["stores"].items():
             up.add_metric([store], 1 if health["up"] else 0)

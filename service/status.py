@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idpool.pool.errors import StoreUnavailable
-from idpool.pool.ledger import TagRow
-from idpool.pool.redis_pool import PoolSummary
 from idpool.pool.stores import LedgerStore, PoolStore
+from idpool.pool.values import PoolSummary, TagRow
 
 from .node import Node
 from .stats import rates
@@ -122,22 +121,15 @@ class StoreReadsCache:
         return await asyncio.shield(task)
 
 
-async def snapshot(
-    node: Node,
-    ledger: LedgerStore,
-    pool: PoolStore | None,
-    preloader_waste: Counter[tuple[str, str]] | None = None,
-    tags: list[str] | None = None,
-) -> Snapshot:
-    """The node and the tags it serves (or ``tags``), read fresh from the stores."""
-    names = node.shown_tags() if tags is None else tags
-    return assemble(node, await read_stores(ledger, pool, names), preloader_waste, names)
+def tag_entries(node: Node | None, view: StoreView, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per tag, its /status.json entry: what the stores said and, given a node,
+    what that node holds and did (``idpool pool show`` has no node)."""
+    return [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag)) for tag in names]
 
 
 def assemble(
     node: Node,
     view: StoreView,
-    preloader_waste: Counter[tuple[str, str]] | None = None,
     tags: list[str] | None = None,
 ) -> Snapshot:
     """The snapshot from the node's own state now and what the stores said.
@@ -154,8 +146,7 @@ def assemble(
             "at": when,
             "detail": detail,
         }
-    waste = Counter[tuple[str, str]]() if preloader_waste is None else preloader_waste
-    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag), waste) for tag in names]
+    entries = tag_entries(node, view, names)
     return {
         "updated_at": round(time.time(), 3),
         "cluster": cluster(view, node.node_id),
@@ -243,29 +234,26 @@ def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> di
 
 
 def _tag(
-    node: Node,
+    node: Node | None,
     tag: str,
     row: TagRow | None,
     pooled: PoolSummary | None,
-    preloader_waste: Counter[tuple[str, str]],
 ) -> dict[str, Any]:
-    counters = node.stats.tags.get(tag)
-    buf = node.buffers.get(tag)
+    counters = None if node is None else node.stats.tags.get(tag)
+    buf = None if node is None else node.buffers.get(tag)
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
-    wasted = Counter[str]() if counters is None else Counter(counters.wasted)
-    for (waste_tag, reason), ids in preloader_waste.items():
-        if waste_tag == tag:
-            wasted[reason] += ids
+    wasted = Counter[str]() if node is None else node.waste.of(tag)  # and its preloader's
     entry: dict[str, Any] = {
         "tag": tag,
+        "kind": None if row is None else row.kind,
         "step": None if row is None else row.step,
         "max_id": None if row is None else row.max_id,
         "start_id": None if row is None else row.start_id,
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
         "runway_s": None,
-        "buffer": None,
+        "buffer": None if node is None else node.describe(tag),
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,
@@ -277,17 +265,6 @@ def _tag(
             "ids_wasted": dict(wasted),
         },
     }
-    if buf is not None:
-        entry["buffer"] = {
-            "current": None if buf.current is None else buf.current.to_text(),
-            "used": buf.used,
-            "remaining": buf.remaining,
-            "next": None if buf.next is None else buf.next.to_text(),
-            "next_ready": buf.next is not None,
-            "ready": [r.to_text() for r in buf.ready],  # served after current, in order
-            "in_memory": buf.in_memory,
-            "fetching": buf.fetching,
-        }
     if pooled is not None:
         stats = pooled.stats
         cluster_rate = float(stats["rate"]) if "rate" in stats else None

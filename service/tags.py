@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
-from idpool.pool.ledger import TagRow
 from idpool.pool.stores import LedgerStore
 from idpool.pool.tokens import TokenRow
+from idpool.pool.values import TagRow
 
 UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
 MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more

@@ -15,7 +15,7 @@ import redis
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer
 
 # The machine's MariaDB and Redis. Each test run has a database of its own (a
 # preloader fills every tag of its database, so runs must not share one), and

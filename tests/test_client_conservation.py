@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.settings import Settings
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .crash_waste import blocks
 from .test_app import add_tag
@@ -69,9 +69,11 @@ class ClientProcess:
         self.proc.wait()
 
     def ids(self) -> list[int]:
+        data = self.out.read_bytes()
+        used = -(-len(data.rstrip(b"\0")) // 8) * 8  # the slots past the last one written
         drawn = array.array("q")
-        drawn.frombytes(self.out.read_bytes())
-        return drawn.tolist()
+        drawn.frombytes(data[:used])
+        return [i for i in drawn if i]  # 0: a slot taken, not yet written when killed
 
 
 class HttpCallers:

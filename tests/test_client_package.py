@@ -18,7 +18,7 @@ import pytest
 from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.pool.tokens import hash_token
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 pytestmark = pytest.mark.slow
 CLIENT = Path(__file__).resolve().parent.parent / "client"

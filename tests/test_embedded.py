@@ -21,7 +21,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.sqlite_ledger import SqliteLedger
 from idpool.pool.sqlite_pool import SqlitePool
 from idpool.service.app import create_app
-from ops.processes import NodeProcess, env_with, free_port
+from ops.toolkit import NodeProcess, env_with, free_port
 
 from .crash_waste import assert_only_the_killed_run_wasted
 

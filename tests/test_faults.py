@@ -19,11 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.faultsuite.accounting import account
-from ops.faultsuite.cluster import Run
-from ops.faultsuite.faults import NODE_GONE, SCENARIOS
-from ops.faultsuite.recorder import IdBitmap
-from ops.faultsuite.runner import build_parser, run
+from ops.faultsuite import NODE_GONE, SCENARIOS, IdBitmap, Run, account, build_parser, run
 
 NOT_HERE = ("mixed", "both-down")
 # Failovers on real replication, in a test of their own (below); "redis-sentinel" is

@@ -27,7 +27,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import IdRange
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from ops.galera import GaleraCluster
+from ops.toolkit import GaleraCluster
 
 from .conftest import REDIS_URL, new_name
 from .test_app import add_tag

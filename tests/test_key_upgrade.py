@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from idpool.pool.errors import LeaseRefused
 from idpool.pool.keys import Keys, Legacy
-from idpool.pool.lease_store import LeaseRefused, LeaseStore, hash_secret
+from idpool.pool.lease_store import LeaseStore, hash_secret
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
@@ -101,7 +102,7 @@ async def test_an_old_list_of_an_earlier_incarnation_is_dropped_not_moved(
     for key in [k async for k in client.scan_iter(legacy.clean_prefix + "*")]:
         await client.delete(key)
     popped = await redis_pool.pop(tag)
-    assert popped.ranges == [] and popped.dropped == [f"{tag}=1-10"]
+    assert popped.ranges == [] and popped.dropped == [(tag, R("1-10"))]
 
 
 async def test_a_removed_tags_old_and_new_lists_are_both_drained(
@@ -109,7 +110,7 @@ async def test_a_removed_tags_old_and_new_lists_are_both_drained(
 ) -> None:
     await old.push(tag, [R("1-10")])  # an old preloader's push, not taken in yet
     await redis_pool.client.rpush(redis_pool.keys.pool(tag), "11-20")
-    drained = await redis_pool.drain(tag)
+    drained = await redis_pool.take_all(tag)
     assert sorted(r.start for r in drained) == [1, 11]
     assert await old.pop(tag) == [] and (await redis_pool.pop(tag)).ranges == []
 

@@ -10,11 +10,12 @@ import redis
 from starlette.testclient import TestClient
 
 from idpool.pool import lease_store
+from idpool.pool.errors import StoreUnavailable
 from idpool.pool.keys import Keys
 from idpool.pool.redis_pool import Lua
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer
 
 from .test_app import add_tag, pool_ranges
 
@@ -132,9 +133,12 @@ def test_count_is_clamped_and_a_large_wish_claims_contiguously(
         assert 2500 <= body["count"] <= 2600
         assert sum(x["last"] - x["first"] + 1 for x in body["leases"]) == body["count"]
         assert len(body["leases"]) == 1  # pool range + the claim right after it, merged
-        for bad in ("0", "-1", "x", "1.5"):
+        before = pool_ranges(settings, tag)
+        # "00" and "0000" are zero too: refused, not a 200 with no lease (and no pop)
+        for bad in ("0", "00", "0000", "-1", "x", "1.5"):
             r = client.post(f"/lease/{tag}?count={bad}")
             assert (r.status_code, r.json()["error"]) == (400, "bad_count")
+        assert pool_ranges(settings, tag) == before
         assert client.post("/lease/no%20such").json()["error"] == "bad_tag"
         r = client.post(f"/lease/{tag}zz")
         assert (r.status_code, r.json()["error"]) == (404, "unknown_tag")
@@ -144,7 +148,7 @@ def test_unrecorded_lease_is_not_handed_out(settings: Settings, tag: str) -> Non
     add_tag(settings, tag, step=100)
     with TestClient(create_app(settings)) as client:
         client.get(f"/id/{tag}")
-        run_pool = client.app.node.source.redis_pool  # type: ignore[attr-defined]
+        run_pool = client.app.node.source.pool  # type: ignore[attr-defined]
 
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise redis.ConnectionError("cut")
@@ -159,7 +163,7 @@ def test_unrecorded_lease_is_not_handed_out(settings: Settings, tag: str) -> Non
         run_pool.client.evalsha = failing
         r = client.post(f"/lease/{tag}")
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
-        wasted = client.app.node.stats.tags[tag].wasted  # type: ignore[attr-defined]
+        wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]
         assert wasted["lease_not_recorded"] == 100
 
 
@@ -206,6 +210,22 @@ def test_a_lease_needs_the_tags_token_and_a_disabled_tag_leases_nothing(
         assert c.patch(f"/admin/tags/{tag}", json={"disabled": True}, headers=auth).is_success
         gone = c.post(f"/lease/{tag}", params={"token": token})
         assert gone.status_code == 410 and gone.json()["error"] == "tag_disabled"
+
+
+def test_lease_failures_share_the_once_a_second_failure_log(
+    client: TestClient, settings: Settings, tag: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_tag(settings, tag, step=100)
+    node = client.app.node  # type: ignore[attr-defined]
+
+    async def down(tag: str, ids: int = 1) -> Any:
+        raise StoreUnavailable("redis", "cut")
+
+    node.source.fetch = down
+    with caplog.at_level(logging.WARNING):
+        answers = [client.post(f"/lease/{tag}") for _ in range(3)]
+    assert [(r.status_code, r.json()["error"]) for r in answers] == [(503, "unavailable")] * 3
+    assert caplog.text.count("event=request_failed") == 1
 
 
 def test_a_return_needs_the_leases_secret_and_the_tags_token(
@@ -295,7 +315,7 @@ def test_a_lease_holds_at_most_its_count_and_the_rest_stays_in_the_pool(
 def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings, tag: str) -> None:
     add_tag(settings, tag, step=1000)
     with TestClient(create_app(settings)) as client:
-        run_pool = client.app.node.source.redis_pool  # type: ignore[attr-defined]
+        run_pool = client.app.node.source.pool  # type: ignore[attr-defined]
 
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise redis.TimeoutError("no answer")
@@ -309,6 +329,6 @@ def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings,
         run_pool.client.evalsha = failing
         r = client.post(f"/lease/{tag}?count=100")
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
-        wasted = client.app.node.stats.tags[tag].wasted  # type: ignore[attr-defined]
+        wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]
         assert wasted["lease_not_recorded"] == 100
         assert wasted["push_outcome_unknown"] == 900

@@ -255,7 +255,7 @@ async def test_missing_database_without_permission_to_create(settings: Settings)
 
 
 async def test_unreachable_mysql_names_the_variable(settings: Settings) -> None:
-    from ops.processes import free_port
+    from ops.toolkit import free_port
 
     url = f"mysql://root@127.0.0.1:{free_port()}/idpool"
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL") as info:
@@ -297,6 +297,7 @@ async def test_a_table_from_before_bounds_is_migrated_in_place(settings: Setting
                     "x",
                 )
                 assert await led.claim("old") == IdRange(start, start + 100)
+                assert row.kind == "segment"  # the kind column, added in place
             finally:
                 await led.close()
     finally:
@@ -328,6 +329,7 @@ async def test_a_sqlite_file_from_before_bounds_is_migrated_in_place(
             start = 501 + 100 * i
             assert (row.max_id, row.max, row.disabled) == (start, None, False)
             assert await led.claim("old") == IdRange(start, start + 100)
+            assert row.kind == "segment"  # the kind column, added in place
         finally:
             await led.close()
 
@@ -359,7 +361,7 @@ async def test_reconnects_when_the_server_behind_the_address_changes(
 ) -> None:
     """A virtual IP or proxy moved to a promoted replica drops every connection;
     the next claim opens a new one instead of failing on an old one, forever."""
-    from ops.servers import TcpProxy
+    from ops.toolkit import TcpProxy
 
     from .conftest import TEST_DATABASE
 

@@ -11,8 +11,9 @@ from idpool.pool.errors import StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
-from idpool.pool.redis_pool import PushResult, RedisPool
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.pool.values import PushResult
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +100,7 @@ async def test_scheduled_ticks_fill_every_tag_and_close_waits(
 
 
 async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPool) -> None:
-    from ops.servers import TcpProxy
+    from ops.toolkit import TcpProxy
 
     from .conftest import TEST_DATABASE
 
@@ -277,4 +278,4 @@ async def test_a_preloader_frozen_past_its_lease_claims_and_pushes_nothing_more(
     report = await stale.refill_tag(row)
     assert report.pushed == [] and [r.to_text() for r in report.abandoned] == ["21-30", "31-40"]
     assert await redis_pool.depth(tag) == 0 and not stale.leading
-    assert stale.wasted[tag, "lease_lost"] == 20
+    assert stale.waste.of(tag)["lease_lost"] == 20

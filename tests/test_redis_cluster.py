@@ -21,17 +21,19 @@ import pytest
 from redis.crc import key_slot
 
 from idpool.pool.claims import LedgerClaims
-from idpool.pool.errors import IdPoolError, StoreUnavailable
+from idpool.pool.errors import IdPoolError, LeaseRefused, StoreUnavailable
 from idpool.pool.keys import Keys, route_of
-from idpool.pool.lease_store import LeaseRefused, LeaseStore, new_lease
+from idpool.pool.lease_store import LeaseStore, new_lease
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
-from idpool.pool.redis_pool import PopResult, RedisPool
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from idpool.service.node import Node, RangeSource
-from ops.processes import free_port
-from ops.redis_cluster import LocalCluster
+from idpool.pool.values import PopResult
+from idpool.pool.waste import Reason
+from idpool.service.node import Node
+from idpool.service.source import RangeSource
+from ops.toolkit import LocalCluster, free_port
 
 from .conftest import new_name
 
@@ -141,7 +143,7 @@ async def test_pool_scripts_leases_and_marks_on_every_shard(
             with pytest.raises(LeaseRefused) as refused:
                 await store.give_back(lease_id, secret, 23, tag)
             assert refused.value.code == "already_returned"
-            assert await pool.drain(tag) == [R("23-25"), R("26-30"), R("11-20")]
+            assert await pool.take_all(tag) == [R("23-25"), R("26-30"), R("11-20")]
         assert len(await pool.take_moved()) == 2
     finally:
         await pool.close()
@@ -179,7 +181,8 @@ async def test_a_failover_fences_the_tags_of_that_shard_only(
         for tag in tags:
             popped = await _pop_after_failover(pool, tag)
             if tag in on_shard:  # a new incarnation of that shard: dropped, unread
-                assert popped.ranges == [] and popped.dropped == [f"{tag}=1-10", f"{tag}=11-20"]
+                assert popped.ranges == []
+                assert popped.dropped == [(tag, R("1-10")), (tag, R("11-20"))]
             else:
                 assert popped.ranges == [R("1-10")] and popped.dropped == []
         assert len(on_shard) == 2
@@ -344,10 +347,9 @@ async def test_a_replica_promoted_by_cluster_failover_repeats_nothing(
     await _run(rig, 2.0, failover())
     rig.assert_no_duplicate()
     assert rig.preloader is not None
-    why = "redis_new_incarnation"
-    dropped = sum(n for (_, reason), n in rig.preloader.wasted.items() if reason == why)
-    for node in rig.nodes:
-        dropped += sum(t.wasted[why] for t in node.stats.tags.values())
+    why = Reason.REDIS_NEW_INCARNATION
+    recorders = [rig.preloader.waste, *(node.waste for node in rig.nodes)]
+    dropped = sum(n for w in recorders for (_, reason), n in w.totals().items() if reason == why)
     assert dropped > 0  # the promoted replica's lists were dropped, not served
 
 

@@ -16,13 +16,17 @@ from redis.backoff import NoBackoff
 
 from idpool.pool.errors import StoreBusy, StoreUnavailable
 from idpool.pool.keys import Keys
-from idpool.pool.ranges import IdRange
+from idpool.pool.ranges import IdRange, TaggedRange
 from idpool.pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
 from idpool.pool.settings import Settings
-from ops.processes import free_port
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
+
+
+def dropped(tag: str, text: str) -> TaggedRange:
+    """A range a new Redis incarnation dropped, as the pool reports it."""
+    return TaggedRange(tag, IdRange.from_text(text))
 
 
 def R(text: str) -> IdRange:
@@ -97,7 +101,11 @@ async def test_redis_restarted_from_old_data_never_hands_out_a_popped_range(
     assert plain.lrange(Keys(s.redis_prefix).pool(tag), 0, -1)[0] == b"1-10"  # the hazard
     first = await pool.pop(tag)
     assert first.range is None  # everything from before the restart is dropped...
-    assert sorted(first.dropped) == [f"{tag}=1-10", f"{tag}=11-20", f"{tag}=21-30"]
+    assert sorted(first.dropped) == [
+        dropped(tag, "1-10"),
+        dropped(tag, "11-20"),
+        dropped(tag, "21-30"),
+    ]
     await pool.push(tag, [R("31-40")], head=False)
     assert (await pool.pop(tag)).range == R("31-40")  # ...and the pool works on
     assert (await pool.pop(tag)).dropped == []
@@ -121,7 +129,7 @@ async def test_data_loaded_from_an_old_rdb_snapshot_is_dropped(
         pool = RedisPool.from_settings(s)
         result = await pool.pop(tag)
         assert result.range is None
-        assert sorted(result.dropped) == [f"{tag}=1-10", f"{tag}=11-20"]
+        assert sorted(result.dropped) == [dropped(tag, "1-10"), dropped(tag, "11-20")]
         await pool.close()
     finally:
         server.kill9()
@@ -152,7 +160,7 @@ async def test_promoted_replica_is_a_new_incarnation(
         pool = RedisPool.from_settings(settings.with_changes(redis_url=replica.url))
         result = await pool.pop(tag)
         assert result.range is None
-        assert sorted(result.dropped) == [f"{tag}=1-10", f"{tag}=11-20"]
+        assert sorted(result.dropped) == [dropped(tag, "1-10"), dropped(tag, "11-20")]
         await pool.close()
     finally:
         primary.kill9()
@@ -325,7 +333,7 @@ async def test_the_preloaders_tick_cleans_a_new_incarnation(
     client = redis_pool.client
     await client.delete(redis_pool.keys.clean(tag))  # as if this Redis had never been cleaned
     moved = await redis_pool.take_moved()
-    assert moved.dropped == [f"{tag}=1-10", f"{tag}=11-20"]
+    assert moved.dropped == [dropped(tag, "1-10"), dropped(tag, "11-20")]
     assert await redis_pool.depth(tag) == 0
     assert (await redis_pool.take_moved()).dropped == []  # once
 

@@ -15,8 +15,8 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.processes import env_with
 from ops.rolling_restart import account
+from ops.toolkit import env_with
 
 TOOL = Path(__file__).resolve().parent.parent / "ops" / "rolling-restart"
 

@@ -100,6 +100,18 @@ def test_malformed_cluster_urls_are_refused_naming_the_variable(url: str) -> Non
         Settings(redis_url=url).validated()
 
 
+def test_better_and_old_names_are_read_when_the_setting_is_unset() -> None:
+    s = Settings.from_env({"IDPOOL_LEDGER_URL": "sqlite:///tmp/x.db", "IDPOOL_LEASE_SECONDS": "4"})
+    assert s.embedded and s.mysql_url == "sqlite:///tmp/x.db" and s.leader_seconds == 4.0
+    both = Settings.from_env(
+        {"IDPOOL_MYSQL_URL": "mysql://root@db/idpool", "IDPOOL_LEDGER_URL": "sqlite:///x.db"}
+    )
+    assert both.mysql_url == "mysql://root@db/idpool"  # its own name wins
+    assert Settings.from_env({"IDPOOL_LEADER_SECONDS": "3"}).leader_seconds == 3.0
+    with pytest.raises(ConfigError, match="IDPOOL_LEASE_SECONDS"):
+        Settings.from_env({"IDPOOL_LEASE_SECONDS": "soon"})
+
+
 @pytest.mark.parametrize(
     ("name", "url"),
     [

@@ -162,8 +162,8 @@ async def test_the_pool_outlives_the_process(sqlite_settings: Settings, tag: str
 async def test_drain_takes_every_ready_range_once(pool: PoolStore, tag: str) -> None:
     await pool.push(tag, [R("1-10"), R("11-20")], head=False)
     await pool.push(tag, [R("91-95")], head=True)
-    assert await pool.drain(tag) == [R("91-95"), R("1-10"), R("11-20")]  # serving order
-    assert await pool.drain(tag) == []
+    assert await pool.take_all(tag) == [R("91-95"), R("1-10"), R("11-20")]  # serving order
+    assert await pool.take_all(tag) == []
     assert await pool.depth(tag) == 0
     await pool.push(tag, [R("21-30")], head=False)  # the list works as before afterwards
     assert (await pool.pop(tag)).ranges == [R("21-30")]

@@ -21,7 +21,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.status import StoreReadsCache, StoreView
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .test_app import add_tag
 
@@ -45,6 +45,7 @@ def test_status_json_shows_buffers_pool_and_stores(
     assert entry["buffer"]["used"] == 5 and entry["buffer"]["remaining"] == 95
     assert entry["counters"]["ids_issued"] == 5
     assert entry["counters"]["ranges_from_ledger"] == 1
+    assert entry["kind"] == "segment"
     assert entry["pool"] == {  # no preloader runs here (preload is off in these tests)
         "depth": 0,
         "ids": 0,
@@ -117,6 +118,7 @@ def test_status_page_in_a_real_browser(settings: Settings, tag: str, tmp_path: P
     fields = dict(re.findall(r'data-field="([^"]+)">([^<]*)<', dom))
     i = next(n for n, t in enumerate(snap["tags"]) if t["tag"] == tag)
     assert fields[f"tags.{i}.tag"] == tag
+    assert fields[f"tags.{i}.kind"] == "segment"
     for path in ("buffer.current", "buffer.used", "buffer.remaining", "step",
                  "counters.ids_issued", "pool.depth", "pool.ids"):  # fmt: skip
         value: object = snap["tags"][i]
@@ -230,7 +232,7 @@ def test_the_page_title_names_the_node_and_its_cluster(settings: Settings) -> No
 def test_runway_is_none_without_a_bound_or_a_rate() -> None:
     from datetime import datetime
 
-    from idpool.pool.ledger import TagRow
+    from idpool.pool.values import TagRow
     from idpool.service.status import runway_seconds
 
     row = TagRow("t", 101, 100, 1, "", datetime.now(), 100, 100, 1001, False)

@@ -43,7 +43,8 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore, open_stores
 from idpool.service.app import NodeApp, create_app
-from idpool.service.node import Node, RangeSource
+from idpool.service.node import Node
+from idpool.service.source import RangeSource
 
 Handler = Callable[[Request], Awaitable[Response]]
 TICKETS_TABLE = "bench_tickets64"
@@ -157,7 +158,8 @@ def classic_leaf() -> NodeApp:
         return PlainTextResponse(str(value))
 
     @asynccontextmanager
-    async def lifespan(app: NodeApp) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        assert isinstance(app, NodeApp)
         ledger = await Ledger.connect(settings)
         source = RangeSource(LedgerClaims(ledger, None), None)  # no Redis tier at all
         node = state["node"] = app.node = Node(source, prefetch_at=settings.prefetch_at)
@@ -167,7 +169,7 @@ def classic_leaf() -> NodeApp:
         app.node = None
         await ledger.close()
 
-    return NodeApp(routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
+    return NodeApp(settings, routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
 
 
 class Slowed:

@@ -39,8 +39,7 @@ from pathlib import Path
 import pymysql
 from idpool_client import AsyncIdPoolClient, IdPoolClient
 
-from ops.processes import NodeProcess, env_with
-from ops.servers import RedisServer
+from ops.toolkit import NodeProcess, RedisServer, env_with
 
 DATABASE = "idpool_bench_client"  # created and dropped here; nothing else uses it
 TAG = "bench"

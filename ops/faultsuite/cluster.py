@@ -16,11 +16,17 @@ from pathlib import Path
 
 from redis import Redis
 
-from ops.galera import GaleraCluster
-from ops.processes import NodeProcess, PreloaderProcess, env_with
-from ops.redis_cluster import LocalCluster
-from ops.replication import MariaPair, RedisSentinelGroup
-from ops.servers import MariaServer, RedisServer
+from ops.toolkit import (
+    GaleraCluster,
+    LocalCluster,
+    MariaPair,
+    MariaServer,
+    NodeProcess,
+    PreloaderProcess,
+    RedisSentinelGroup,
+    RedisServer,
+    env_with,
+)
 
 STEP = 1000
 

@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ops.galera import GaleraCluster
-from ops.replication import MariaPair
-from ops.servers import MariaServer
+from ops.toolkit import GaleraCluster, MariaPair, MariaServer
 
 from .accounting import Accounting, account, parse_ranges
 from .cluster import STEP, Cluster
