@@ -148,9 +148,10 @@ for i = 1, #KEYS do
   local cur = redis.call('GET', KEYS[i])
   if cur and above(cur, new) then new = cur end
 end
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= new then redis.call('SET', KEYS[i], new) end
-end
+-- SET even when the mark is already there: WAIT counts only this connection's
+-- writes, so a raise that found a higher mark (another process's, maybe not on
+-- a replica yet) must write after it, or its WAIT answers for an older offset.
+for i = 1, #KEYS do redis.call('SET', KEYS[i], new) end
 return {new, online}
 """
 

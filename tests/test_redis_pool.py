@@ -435,3 +435,29 @@ async def test_a_preloaders_push_checks_its_lease_in_the_push_script(
         assert await redis_pool.ranges(tag) == [r("11-20")]
     finally:
         await redis_pool.resign(owner)
+
+
+async def test_a_raise_that_finds_the_mark_higher_still_writes(
+    redis_server: RedisServer, settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # WAIT counts the replicas that have the writes *of its own connection*
+    # (Redis 7.0 also stamps reads with the current offset; newer servers stamp
+    # only commands that propagate). A raise that finds the mark already past its
+    # claim, set by another process whose WAIT is still pending or failed, must
+    # leave a write after that mark's in the replication stream: else its WAIT
+    # answers for an older offset and its range counts with the mark on no replica.
+    private = settings.with_changes(redis_url=redis_server.url)
+    pool = RedisPool.from_settings(private)
+    replica = RedisServer(tmp_path / "replica", "--replicaof", "127.0.0.1", str(redis_server.port))
+    replica.start()
+    try:
+        primary = redis.Redis.from_url(redis_server.url)
+        primary.config_set("repl-ping-replica-period", 3600)  # no pings in the stream
+        _wait_until(lambda: primary.info("replication").get("slave0", {}).get("state") == "online")
+        assert await pool.raise_high_water(tag, 300) == 300
+        before = primary.info("replication")["master_repl_offset"]
+        assert await pool.raise_high_water(tag, 250) == 300  # the mark stays
+        assert primary.info("replication")["master_repl_offset"] > before
+    finally:
+        replica.kill9()
+        await pool.close()
