@@ -226,7 +226,11 @@ class Lua(NamedTuple):
 # anything is sent. AttributeError: redis-py's cluster client closes every
 # connection on CLUSTERDOWN, also those other commands are using, which then
 # fail inside redis-py ("'NoneType' object has no attribute ..."): outcome unknown.
-_ERRORS = (RedisError, OSError, TimeoutError, RedisClusterException, AttributeError)
+# The same close, hitting a connection that is being opened, makes asyncio refuse
+# the write with a RuntimeError ("... the handler is closed"): outcome unknown too.
+_ERRORS = (
+    RedisError, OSError, TimeoutError, RedisClusterException, AttributeError, RuntimeError
+)  # fmt: skip
 
 
 def make_client(settings: Settings) -> Client:
@@ -670,6 +674,8 @@ class RedisPool:
         try:
             return await awaitable
         except _ERRORS as e:
+            if isinstance(e, RuntimeError) and "handler is closed" not in str(e):
+                raise  # a bug of ours or redis-py's, not a store error
             if isinstance(e, RedisConnectionError) and isinstance(self.client, aioredis.Redis):
                 # The others in the pool likely lead to the same gone server (a
                 # restart, a failover): drop them now rather than fail once each.
