@@ -15,6 +15,15 @@ With the default prefix ``idpool``:
     a range from MySQL, before the range is pushed or served; read before every
     claim to refuse ranges from a MySQL that came back older.
 
+``idpool:strict:{tag}``  HASH, the sequence of a strict tag: ``next`` (the next
+    ID to hand out), ``limit`` (the end of the ledger-claimed IDs behind it, so
+    ``[next, limit)`` is ready) and ``inc`` (the Redis incarnation,
+    ``run_id:master_replid``, it was set under). Written only by the strict
+    scripts (``pool/strict.py``): a take moves ``next`` up by the batch; a refill
+    raises ``limit`` with a range it claimed from the ledger, or replaces a state
+    of an older incarnation. Read by the same scripts and by ``/status``. A state
+    whose ``inc`` is not the server's current incarnation is never served from.
+
 ``idpool:stats:{tag}``  HASH of supply figures. ``issued``: IDs nodes have
     handed out (HINCRBY by nodes every few seconds: the consumption signal);
     ``lifetime_s`` and ``lifetime_ids``: how long the last range a node finished
@@ -81,6 +90,9 @@ class Keys:
 
     def hwm(self, tag: str) -> str:
         return f"{self.prefix}:hwm:{tag}"
+
+    def strict(self, tag: str) -> str:
+        return f"{self.prefix}:strict:{tag}"
 
     def stats(self, tag: str) -> str:
         return f"{self.prefix}:stats:{tag}"

@@ -34,14 +34,21 @@ from .ranges import IdRange
 from .sentinel import sentinel_client
 from .settings import Settings
 
-# Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
-# key; ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix.
-_PRELUDE = """
+# The Redis incarnation, computed on the server inside the script that relies on
+# it: `run_id` changes on every start, `master_replid` on every promotion.
+INCARNATION_LUA = """
 local function incarnation()
   local server = redis.call('INFO', 'server')
   local repl = redis.call('INFO', 'replication')
   return string.match(server, 'run_id:(%w+)') .. ':' .. string.match(repl, 'master_replid:(%w+)')
 end
+"""
+
+# Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
+# key; ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix.
+_PRELUDE = (
+    INCARNATION_LUA
+    + """
 local function ensure_clean()
   local marker = ARGV[1] .. incarnation()
   if redis.call('EXISTS', marker) == 1 then return {} end
@@ -62,6 +69,7 @@ local function ensure_clean()
   return dropped
 end
 """
+)
 
 # KEYS[3] = pool list, KEYS[4] = stats hash, KEYS[5] = moved set; ARGV[3] = IDs
 # wanted, ARGV[4] = most ranges to take, ARGV[5] = tag. Takes head ranges until

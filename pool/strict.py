@@ -1,0 +1,378 @@
+"""Strict tags: IDs that increase in real time, across every node.
+
+The guarantee (docs/design.md, "Strict tags"): if one request's answer arrives
+before another request is sent, to any node, the second gets a larger ID; the
+IDs of one batch are consecutive; no ID is ever handed out twice. Gaps are
+allowed (waste), order and uniqueness are not negotiable.
+
+Redis serializes: one hash per strict tag, ``idpool:strict:{tag}``, holds
+``[next, limit)`` (IDs claimed from the ledger, ready) and ``inc``, the Redis
+incarnation (``run_id:master_replid``) it was set under. A take is one script:
+it computes the incarnation on the server (as the pool scripts' prelude does)
+and moves ``next`` up by the batch only if the state is of that incarnation
+and holds the batch. Otherwise it answers "refill needed" with the current
+incarnation. A refill claims from the ledger through ``LedgerClaims`` (fenced
+by the high-water mark) *after* having seen that incarnation, then one script
+extends the state, only if the incarnation is still the one seen:
+
+- a state of an older incarnation (Redis restarted empty, restored from a
+  snapshot, failed over) is replaced by the claim: claimed after this
+  incarnation began, it is above every range any older incarnation served;
+- a range adjacent to ``limit`` extends it;
+- a range above ``limit`` replaces the rest of the state (that rest is waste);
+- a range below ``limit`` is refused (waste): another node extended first.
+
+Every outcome this process cannot know (a timeout, a reset) is waste and is
+never retried: a lost take loses its batch, a lost extension its range.
+
+Numbers cross into Lua as decimal strings and are added and compared digit by
+digit there: Lua numbers are doubles, exact only below 2^53.
+
+The embedded mode (one SQLite file) has no Redis: its strict take is one
+transaction on the ledger row itself (``SqliteStrict``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from .claims import Claim, LedgerClaims
+from .errors import IdPoolError, StoreNotSent, StoreUnavailable, TagExhausted
+from .ledger import cut
+from .ranges import IdRange
+from .redis_pool import INCARNATION_LUA, RedisPool
+from .sqlite_file import SqliteFile
+from .sqlite_ledger import _select
+
+# Decimal strings without leading zeros: compare by length, then by text; add
+# digit by digit.
+_DECIMAL_LUA = """
+local function lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local function add(a, b)
+  local out, carry, i, j = {}, 0, #a, #b
+  while i > 0 or j > 0 or carry > 0 do
+    local d = carry
+    if i > 0 then d = d + string.byte(a, i) - 48; i = i - 1 end
+    if j > 0 then d = d + string.byte(b, j) - 48; j = j - 1 end
+    carry = 0
+    if d >= 10 then d, carry = d - 10, 1 end
+    out[#out + 1] = d
+  end
+  local s = {}
+  for k = #out, 1, -1 do s[#s + 1] = out[k] end
+  return table.concat(s)
+end
+-- KEYS[1] = the strict hash. Take `want` IDs from a state of incarnation `inc`:
+-- {first taken or false, next, limit} (next and limit false: no state of `inc`).
+local function take(inc, want)
+  local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc')
+  if s[3] ~= inc then return {false, false, false} end
+  if want == '0' then return {false, s[1], s[2]} end
+  local after = add(s[1], want)
+  if lt(s[2], after) then return {false, s[1], s[2]} end
+  redis.call('HSET', KEYS[1], 'next', after)
+  return {s[1], after, s[2]}
+end
+"""
+
+# ARGV[1] = IDs wanted. The incarnation check and the take are one script: no
+# take can reach a state set under an older incarnation (one a restored
+# snapshot or a promoted replica brought back). Returns {inc, first, next, limit}.
+_TAKE = (
+    INCARNATION_LUA
+    + _DECIMAL_LUA
+    + """
+local inc = incarnation()
+local t = take(inc, ARGV[1])
+return {inc, t[1], t[2], t[3]}
+"""
+)
+
+# ARGV[1] = the incarnation seen before the claim, ARGV[2] = the claim's first
+# ID, ARGV[3] = its end (exclusive), ARGV[4] = IDs to take after ('0': none).
+# The check of the incarnation seen, the extension and the take are one script:
+# a claim made before a restart or failover can never enter the new state.
+# Returns {inc, first, next, limit, how, lost next, lost limit}.
+_EXTEND = (
+    INCARNATION_LUA
+    + _DECIMAL_LUA
+    + """
+local inc = incarnation()
+local how, lost_next, lost_limit = 'moved', false, false
+if inc == ARGV[1] then
+  local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc')
+  if s[3] ~= inc then
+    how = 'replaced'
+    if s[1] and s[2] then lost_next, lost_limit = s[1], s[2] end
+    redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3], 'inc', inc)
+  elseif lt(ARGV[2], s[2]) then
+    how = 'refused'
+  elseif ARGV[2] == s[2] then
+    how = 'extended'
+    redis.call('HSET', KEYS[1], 'limit', ARGV[3])
+  else
+    how = 'jumped'
+    lost_next, lost_limit = s[1], s[2]
+    redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3])
+  end
+end
+local t = take(inc, ARGV[4])
+return {inc, t[1], t[2], t[3], how, lost_next, lost_limit}
+"""
+)
+
+# Refills one take may need before it gives up (each one met a race or a new
+# incarnation; more than this means something is badly wrong, not busy).
+_ATTEMPTS = 4
+MAX_REFILL_RANGES = 1024  # steps one refill claims at most
+_GROW_WITHIN = 1.0  # a refill this soon after the last claims twice as many steps
+_SHRINK_AFTER = 10.0  # one this long after claims half as many
+
+
+class StrictAnswer(NamedTuple):
+    """What a take (or an extension) found on the server."""
+
+    incarnation: str
+    first: int | None  # first of the IDs taken; None: the state did not hold them
+    next: int | None  # the state after the call; None: no state of this incarnation
+    limit: int | None
+
+    @property
+    def left(self) -> int:
+        """IDs ready in the state after the call."""
+        return 0 if self.next is None or self.limit is None else self.limit - self.next
+
+
+class Extension(NamedTuple):
+    answer: StrictAnswer
+    how: str  # replaced, extended, jumped, refused or moved
+    lost: IdRange | None  # the rest of a state given up (jumped, or replaced)
+
+
+def _int(value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _answer(raw: list[str | None]) -> StrictAnswer:
+    inc, first, nxt, limit = raw[:4]
+    assert inc is not None
+    return StrictAnswer(inc, _int(first), _int(nxt), _int(limit))
+
+
+class RedisStrict:
+    """The two strict scripts, run as every pool command runs (at most once)."""
+
+    name = "redis"
+
+    def __init__(self, pool: RedisPool) -> None:
+        self.pool = pool
+        self.keys = pool.keys
+        self._take = pool.client.register_script(_TAKE)
+        self._extend = pool.client.register_script(_EXTEND)
+
+    async def take(self, tag: str, n: int) -> StrictAnswer:
+        """Take ``n`` IDs if the state of this incarnation holds them. Raises
+        StoreUnavailable (the take may have happened: its IDs are lost)."""
+        raw = await self.pool.send(self._take(keys=[self.keys.strict(tag)], args=[str(n)]))
+        return _answer(raw)
+
+    async def extend(self, tag: str, seen: str, claimed: IdRange, n: int) -> Extension:
+        """Add ``claimed`` (claimed after seeing incarnation ``seen``) to the state,
+        then take ``n`` IDs if it holds them."""
+        args = [seen, str(claimed.start), str(claimed.end), str(n)]
+        raw = await self.pool.send(self._extend(keys=[self.keys.strict(tag)], args=args))
+        lost = None
+        if raw[5] is not None and raw[6] is not None and int(raw[5]) < int(raw[6]):
+            lost = IdRange(int(raw[5]), int(raw[6]))
+        return Extension(_answer(raw), str(raw[4]), lost)
+
+    async def state(self, tag: str) -> dict[str, str]:
+        """The hash as it is (for /status): next, limit, inc; empty when none."""
+        found = await self.pool.send(self.pool.client.hgetall(self.keys.strict(tag)))
+        return dict(found)
+
+
+class StrictEvents:
+    """What a strict sequence reports: claims made and IDs given up. The node
+    logs and counts them (``service/strict.py``); this default drops them."""
+
+    def claimed(self, tag: str, claim: Claim, how: str) -> None:
+        """A refill's claim, and what the extension did with it."""
+
+    def wasted(self, tag: str, reason: str, ids: int, wasted: IdRange | None = None) -> None:
+        """IDs given up: a range, or ``ids`` IDs of a take whose outcome is unknown."""
+
+
+class StrictRaced(IdPoolError):
+    """A strict take lost every refill race it ran (or met a new incarnation each time)."""
+
+
+class StrictSupply(Protocol):
+    name: str  # the store a 503 names
+
+    async def take(self, tag: str, n: int) -> int:
+        """The first of ``n`` consecutive IDs, above every ID handed out before this call."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class StrictSequence:
+    """Strict takes from Redis, refilled from the ledger (fenced by the mark).
+
+    One refill at a time per tag in this process: a background refill starts
+    when the state runs below half of the last claim, and a take that finds the
+    state short waits for it rather than claim a second time.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        store: RedisStrict,
+        claims: LedgerClaims,
+        *,
+        step_of: Callable[[str], int],
+        events: StrictEvents | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.claims = claims
+        self.step_of = step_of
+        self.events = events or StrictEvents()
+        self._clock = clock
+        self._refills: dict[str, asyncio.Task[None]] = {}
+        self._ranges: dict[str, int] = {}  # tag -> steps the next refill claims
+        self._last_refill: dict[str, float] = {}
+        self._claimed: dict[str, int] = {}  # tag -> IDs the last refill claimed
+
+    async def take(self, tag: str, n: int) -> int:
+        """The first of ``n`` IDs taken. Raises StoreUnavailable (Redis, or the
+        ledger during a refill), MarkNotRaised, UnknownTag, TagDisabled,
+        TagExhausted, StaleLedger, StrictRaced."""
+        answer = await self._take(tag, n)
+        for _ in range(_ATTEMPTS):
+            if answer.first is not None:
+                self._maybe_prefetch(tag, answer)
+                return answer.first
+            running = self._refills.get(tag)
+            if running is not None:  # a refill under way: wait for it, then take again
+                await asyncio.wait([running])
+                answer = await self._take(tag, n)
+                continue
+            answer = await self._refill(tag, answer, n)
+        raise StrictRaced(
+            f"tag {tag!r}: {_ATTEMPTS} refills of its strict sequence in a row lost a race "
+            "or met a new Redis incarnation; retry"
+        )
+
+    async def close(self) -> None:
+        if self._refills:
+            await asyncio.wait(list(self._refills.values()), timeout=5)
+
+    async def _take(self, tag: str, n: int) -> StrictAnswer:
+        try:
+            return await self.store.take(tag, n)
+        except StoreUnavailable as e:
+            if not isinstance(e, StoreNotSent):
+                self.events.wasted(tag, "strict_take_outcome_unknown", n)
+            raise
+
+    def _size(self, tag: str, need: int) -> int:
+        """Steps to claim: enough for ``need``, and more while refills come often."""
+        now = self._clock()
+        ranges = self._ranges.get(tag, 1)
+        last = self._last_refill.get(tag)
+        if last is not None and now - last < _GROW_WITHIN:
+            ranges = min(ranges * 2, MAX_REFILL_RANGES)
+        elif last is not None and now - last > _SHRINK_AFTER:
+            ranges = max(ranges // 2, 1)
+        self._ranges[tag], self._last_refill[tag] = ranges, now
+        return max(ranges, math.ceil(need / max(1, self.step_of(tag))))
+
+    async def _refill(self, tag: str, seen: StrictAnswer, n: int) -> StrictAnswer:
+        """Claim from the ledger after having seen ``seen.incarnation``, extend the
+        state with it, and take ``n`` IDs (0: none) in the same script."""
+        claim = await self.claims.claim(tag, self._size(tag, max(n - seen.left, 1)))
+        self._claimed[tag] = len(claim.range)
+        try:
+            ext = await self.store.extend(tag, seen.incarnation, claim.range, n)
+        except StoreUnavailable as e:
+            # Maybe extended (and maybe taken from), maybe not: never sent again.
+            sent = not isinstance(e, StoreNotSent)
+            reason = "strict_extend_outcome_unknown" if sent else "strict_extend_not_sent"
+            self.events.claimed(tag, claim, "unknown")
+            self.events.wasted(tag, reason, len(claim.range), claim.range)
+            if n and sent:
+                self.events.wasted(tag, "strict_take_outcome_unknown", n)
+            raise
+        self.events.claimed(tag, claim, ext.how)
+        if ext.how == "refused":  # another node extended first: ours is below its limit
+            self.events.wasted(tag, "strict_refill_raced", len(claim.range), claim.range)
+        elif ext.how == "moved":  # a restart or failover since we looked
+            self.events.wasted(tag, "redis_new_incarnation", len(claim.range), claim.range)
+        if ext.lost is not None:
+            # jumped: the rest was never handed out; replaced: a state of an older
+            # incarnation, which may have served part of it after its last save
+            reason = "strict_state_skipped" if ext.how == "jumped" else "redis_new_incarnation"
+            self.events.wasted(tag, reason, len(ext.lost), ext.lost)
+        return ext.answer
+
+    def _maybe_prefetch(self, tag: str, answer: StrictAnswer) -> None:
+        low = self._claimed.get(tag, self.step_of(tag)) // 2
+        if answer.left >= max(low, 1) or tag in self._refills:
+            return
+
+        async def refill() -> None:
+            try:
+                await self._refill(tag, answer, 0)
+            except IdPoolError:
+                pass  # reported as waste where it was; the next take meets the fault itself
+            finally:
+                self._refills.pop(tag, None)
+
+        self._refills[tag] = asyncio.ensure_future(refill())
+
+
+class SqliteStrict:
+    """The embedded mode's strict take: one transaction on the ledger row.
+
+    ``max_id`` is the sequence: a take of ``n`` moves it up by ``n`` under the
+    file's write lock, fsynced before it returns, so takes are ordered by the
+    lock and every later one starts where the last ended.
+    """
+
+    name = "sqlite"
+
+    def __init__(self, file: SqliteFile) -> None:
+        self.file = file
+
+    async def take(self, tag: str, n: int) -> int:
+        """Raises UnknownTag, TagDisabled, TagExhausted (the batch does not fit
+        under the tag's max: nothing is taken), StoreUnavailable."""
+        def op(conn: sqlite3.Connection) -> int:
+            # BEGIN IMMEDIATE: the write lock from the read to the COMMIT.
+            row = _select(conn, tag)
+            fresh = cut(tag, row.max_id, n, row.end_id, row.disabled)
+            if len(fresh) < n:
+                raise TagExhausted(
+                    f"tag {tag!r} has {len(fresh)} IDs left below its max, fewer than the {n} asked"
+                )
+            conn.execute(
+                "UPDATE idpool_tags SET max_id = ?, updated_at = ? WHERE tag = ?",
+                (fresh.end, time.time(), tag),
+            )
+            return fresh.start
+
+        return await self.file.write(op)
+
+    async def close(self) -> None:
+        """The file belongs to the ledger, which closes it."""

@@ -1,0 +1,152 @@
+"""Strict tags on a node: group commit of concurrent requests, and their waste.
+
+Every strict request needs the shared sequence (a node cannot be strict from
+memory), but concurrent requests for one tag share one call: while a call is
+in flight, new requests queue for the next; the next call takes the sum of the
+queue, and its IDs are handed out in queue order. So a busy node makes one
+Redis round trip per batch of requests, not per request, and ``/ids`` is one
+call however large.
+
+Why this keeps real-time order (docs/design.md, "Strict tags"): a request is
+queued when it arrives and its call is sent only after that, so if request A
+was answered before request B was sent (to any node), A's call ran on the
+server before B's call was sent, and the server hands out larger IDs to later
+calls. Two requests in one call were both waiting at once: no order is owed
+between them, and the earlier in the queue gets the smaller IDs anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from idpool.pool.claims import REDIS_SKIP_SECONDS, Claim
+from idpool.pool.errors import StoreBusy, StoreUnavailable
+from idpool.pool.preloader import log_refused
+from idpool.pool.ranges import IdRange
+from idpool.pool.strict import StrictEvents
+
+from .buffer import Draining
+from .stats import NodeStats
+
+logger = logging.getLogger("idpool.strict")
+
+Take = Callable[[str, int], Awaitable[int]]  # (tag, n) -> first of n consecutive IDs
+
+
+class GroupCommit:
+    """One tag's queue: at most one call in flight; the requests that arrive
+    meanwhile go together in the next."""
+
+    def __init__(self, tag: str, take: Take) -> None:
+        self.tag = tag
+        self._take = take
+        self._queue: list[tuple[int, asyncio.Future[int]]] = []
+        self._running: asyncio.Task[None] | None = None
+        self.issued = 0  # IDs handed out through this queue
+        self.calls = 0  # calls made (for tests and /status)
+
+    async def take(self, n: int) -> int:
+        """The first of ``n`` consecutive IDs, all above every ID this tag handed
+        out before the call was made."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append((n, future))
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                # Everything queued so far goes in this call; whatever arrives
+                # while it is in flight waits for the next one.
+                batch, self._queue = self._queue, []
+                total = sum(n for n, _ in batch)
+                self.calls += 1
+                try:
+                    first = await self._take(self.tag, total)
+                except BaseException as e:
+                    failed = e if isinstance(e, Exception) else _stopping()
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(failed)
+                    if failed is not e:
+                        raise  # cancelled: the node is stopping
+                    continue
+                self.issued += total
+                for n, future in batch:
+                    if not future.done():  # a request cancelled meanwhile: its IDs are waste
+                        future.set_result(first)
+                    first += n
+        finally:
+            self._running = None
+            for _, future in self._queue:  # only if cancelled: never leave a request hanging
+                if not future.done():
+                    future.set_exception(_stopping())
+            self._queue = []
+
+
+def _stopping() -> Draining:
+    return Draining("node is shutting down")
+
+
+class StrictTags:
+    """A node's strict tags: one group commit per tag, over one supply; fails
+    fast for a second after the store failed, like the segment path."""
+
+    def __init__(self, take: Take, store: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._take = take
+        self.store = store  # what a 503 names: "redis", or "sqlite" embedded
+        self._clock = clock
+        self.queues: dict[str, GroupCommit] = {}
+        self._skip_until = 0.0
+        self._error: StoreUnavailable | None = None
+
+    async def take(self, tag: str, n: int) -> int:
+        queue = self.queues.get(tag)
+        if queue is None:
+            queue = self.queues[tag] = GroupCommit(tag, self._guarded)
+        return await queue.take(n)
+
+    async def _guarded(self, tag: str, n: int) -> int:
+        if self._error is not None and self._clock() < self._skip_until:
+            raise self._error
+        try:
+            return await self._take(tag, n)
+        except StoreBusy:
+            raise  # never sent: says nothing of the store's health
+        except StoreUnavailable as e:
+            self._error = StoreUnavailable(e.store, f"strict tags need {e.store}: {e.detail}")
+            self._skip_until = self._clock() + REDIS_SKIP_SECONDS
+            raise self._error from e
+
+    def forget(self, tag: str) -> None:
+        self.queues.pop(tag, None)
+
+
+class NodeStrictEvents(StrictEvents):
+    """Logs a strict sequence's refills and waste as the segment path does, and
+    counts the waste in the node's stats (so /status and /metrics show it)."""
+
+    def __init__(self, stats: NodeStats) -> None:
+        self.stats = stats
+
+    def claimed(self, tag: str, claim: Claim, how: str) -> None:
+        log_refused(logger, tag, claim.refused, claim.raised_to)
+        for refused in claim.refused:
+            self.stats.waste(tag, "stale_ledger", len(refused))
+        self.stats.tags[tag].ranges_from_ledger += 1
+        logger.info(
+            "event=strict_refilled tag=%s range=%s how=%s", tag, claim.range.to_text(), how
+        )
+
+    def wasted(self, tag: str, reason: str, ids: int, wasted: IdRange | None = None) -> None:
+        self.stats.waste(tag, reason, ids)
+        if wasted is None:
+            logger.warning("event=strict_ids_lost tag=%s ids=%d reason=%s", tag, ids, reason)
+        else:
+            logger.warning(
+                "event=range_abandoned tag=%s range=%s reason=%s", tag, wasted.to_text(), reason
+            )
