@@ -38,6 +38,7 @@ import asyncio
 import math
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
@@ -70,6 +71,10 @@ local function add(a, b)
   for k = #out, 1, -1 do s[#s + 1] = out[k] end
   return table.concat(s)
 end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 -- KEYS[1] = the strict hash. Take `want` IDs from a state of incarnation `inc`:
 -- {first taken or false, next, limit} (next and limit false: no state of `inc`).
 local function take(inc, want)
@@ -83,16 +88,35 @@ local function take(inc, want)
 end
 """
 
-# ARGV[1] = IDs wanted. The incarnation check and the take are one script: no
-# take can reach a state set under an older incarnation (one a restored
-# snapshot or a promoted replica brought back). Returns {inc, first, next, limit}.
+# ARGV[1] = IDs wanted, ARGV[2] = the low-water mark (IDs), ARGV[3] = how long a
+# refill grant lasts (ms), ARGV[4] = who asks (a process's random id). The
+# incarnation check and the take are one script: no take can reach a state set
+# under an older incarnation (one a restored snapshot or a promoted replica
+# brought back). When the state did not hold the batch, or holds less than the
+# low-water mark after it, the caller is granted the refill unless another
+# caller holds an unexpired grant: one refill at a time for the cluster, so
+# nodes do not claim and race each other (the grant is a hint against waste
+# only; the extend script's rules keep the order whatever it says). The holder
+# of a grant is granted again (its refill failed: it tries again at once).
+# Returns {inc, first, next, limit, granted, now ms, since ms, since next}.
 _TAKE = (
     INCARNATION_LUA
     + _DECIMAL_LUA
     + """
 local inc = incarnation()
 local t = take(inc, ARGV[1])
-return {inc, t[1], t[2], t[3]}
+local now = now_ms()
+local granted = 0
+if t[1] == false or lt(t[3], add(t[2], ARGV[2])) then
+  local g = redis.call('HMGET', KEYS[1], 'refill_until', 'refill_by')
+  if tonumber(g[1] or '0') < now or g[2] == ARGV[4] then
+    redis.call('HSET', KEYS[1], 'refill_until', tostring(now + tonumber(ARGV[3])),
+      'refill_by', ARGV[4])
+    granted = 1
+  end
+end
+local since = redis.call('HMGET', KEYS[1], 'since_ms', 'since_next')
+return {inc, t[1], t[2], t[3], granted, tostring(now), since[1], since[2]}
 """
 )
 
@@ -123,18 +147,24 @@ if inc == ARGV[1] then
     lost_next, lost_limit = s[1], s[2]
     redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3])
   end
+  if how ~= 'refused' then
+    -- where the consumption rate is measured from, for the next refill's size
+    local n = redis.call('HGET', KEYS[1], 'next')
+    redis.call('HSET', KEYS[1], 'since_ms', tostring(now_ms()), 'since_next', n)
+  end
+  redis.call('HDEL', KEYS[1], 'refill_until', 'refill_by')
 end
 local t = take(inc, ARGV[4])
 return {inc, t[1], t[2], t[3], how, lost_next, lost_limit}
 """
 )
 
-# Refills one take may need before it gives up (each one met a race or a new
+# Refills one take may run before it gives up (each one met a race or a new
 # incarnation; more than this means something is badly wrong, not busy).
 _ATTEMPTS = 4
-MAX_REFILL_RANGES = 1024  # steps one refill claims at most
-_GROW_WITHIN = 1.0  # a refill this soon after the last claims twice as many steps
-_SHRINK_AFTER = 10.0  # one this long after claims half as many
+MAX_REFILL_RANGES = 100_000  # steps one refill claims at most
+_WAIT_FIRST = 0.002  # seconds before a take asks again while another node refills
+_WAIT_MOST = 0.05
 
 
 class StrictAnswer(NamedTuple):
@@ -144,6 +174,8 @@ class StrictAnswer(NamedTuple):
     first: int | None  # first of the IDs taken; None: the state did not hold them
     next: int | None  # the state after the call; None: no state of this incarnation
     limit: int | None
+    granted: bool = False  # this caller is to refill the state now
+    rate: float | None = None  # IDs/s taken from the state since its last refill
 
     @property
     def left(self) -> int:
@@ -178,11 +210,20 @@ class RedisStrict:
         self._take = pool.client.register_script(_TAKE)
         self._extend = pool.client.register_script(_EXTEND)
 
-    async def take(self, tag: str, n: int) -> StrictAnswer:
-        """Take ``n`` IDs if the state of this incarnation holds them. Raises
-        StoreUnavailable (the take may have happened: its IDs are lost)."""
-        raw = await self.pool.send(self._take(keys=[self.keys.strict(tag)], args=[str(n)]))
-        return _answer(raw)
+    async def take(
+        self, tag: str, n: int, low: int = 0, grant_ms: int = 4000, asker: str = ""
+    ) -> StrictAnswer:
+        """Take ``n`` IDs if the state of this incarnation holds them; ask for the
+        refill (as ``asker``) when it did not, or holds under ``low`` after.
+        Raises StoreUnavailable (the take may have happened: its IDs are lost)."""
+        args = [str(n), str(low), str(grant_ms), asker or uuid.uuid4().hex]
+        raw = await self.pool.send(self._take(keys=[self.keys.strict(tag)], args=args))
+        answer = _answer(raw)
+        rate = None
+        if raw[6] is not None and raw[7] is not None and answer.next is not None:
+            elapsed = (int(raw[5]) - int(raw[6])) / 1000
+            rate = (answer.next - int(raw[7])) / elapsed if elapsed > 0 else None
+        return answer._replace(granted=raw[4] == 1, rate=rate)
 
     async def extend(self, tag: str, seen: str, claimed: IdRange, n: int) -> Extension:
         """Add ``claimed`` (claimed after seeing incarnation ``seen``) to the state,
@@ -202,7 +243,7 @@ class RedisStrict:
 
 class StrictEvents:
     """What a strict sequence reports: claims made and IDs given up. The node
-    logs and counts them (``service/strict.py``); this default drops them."""
+    logs and counts them (``service/strict_tags.py``); this default drops them."""
 
     def claimed(self, tag: str, claim: Claim, how: str) -> None:
         """A refill's claim, and what the extension did with it."""
@@ -228,9 +269,13 @@ class StrictSupply(Protocol):
 class StrictSequence:
     """Strict takes from Redis, refilled from the ledger (fenced by the mark).
 
-    One refill at a time per tag in this process: a background refill starts
-    when the state runs below half of the last claim, and a take that finds the
-    state short waits for it rather than claim a second time.
+    The state is refilled before it runs out: when a take leaves less than half
+    of ``hold_seconds`` of the tag's consumption (at least one step), the one
+    caller Redis grants the refill to claims ``hold_seconds`` worth in the
+    background. So a MySQL outage shorter than about half of that is not seen,
+    and a Redis that loses the state wastes at most that much. A take that
+    finds the state short waits for the refill under way (its own node's, or
+    another node's grant) rather than claim a second time.
     """
 
     name = "redis"
@@ -241,68 +286,76 @@ class StrictSequence:
         claims: LedgerClaims,
         *,
         step_of: Callable[[str], int],
+        hold_seconds: float = 30.0,
+        grant_seconds: float = 4.0,
         events: StrictEvents | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.claims = claims
         self.step_of = step_of
+        self.hold_seconds = hold_seconds
+        # how long other nodes leave a refill to the node granted it (it outlasts
+        # the refill's four store calls at their timeout; a dead holder's expires)
+        self.grant_ms = max(1, int(grant_seconds * 1000))
+        self.asker = uuid.uuid4().hex
         self.events = events or StrictEvents()
-        self._clock = clock
         self._refills: dict[str, asyncio.Task[None]] = {}
-        self._ranges: dict[str, int] = {}  # tag -> steps the next refill claims
-        self._last_refill: dict[str, float] = {}
-        self._claimed: dict[str, int] = {}  # tag -> IDs the last refill claimed
+        self._target: dict[str, int] = {}  # tag -> IDs a refill claims (hold_seconds' worth)
 
     async def take(self, tag: str, n: int) -> int:
         """The first of ``n`` IDs taken. Raises StoreUnavailable (Redis, or the
         ledger during a refill), MarkNotRaised, UnknownTag, TagDisabled,
         TagExhausted, StaleLedger, StrictRaced."""
         answer = await self._take(tag, n)
-        for _ in range(_ATTEMPTS):
-            if answer.first is not None:
-                self._maybe_prefetch(tag, answer)
-                return answer.first
+        refills, wait = 0, _WAIT_FIRST
+        deadline = asyncio.get_running_loop().time() + self.grant_ms / 1000 + 1
+        while answer.first is None:
             running = self._refills.get(tag)
-            if running is not None:  # a refill under way: wait for it, then take again
+            if running is not None:  # this node refills: wait for it, then take again
                 await asyncio.wait([running])
-                answer = await self._take(tag, n)
+            elif answer.granted:
+                refills += 1
+                if refills > _ATTEMPTS:
+                    raise StrictRaced(
+                        f"tag {tag!r}: {_ATTEMPTS} refills of its strict sequence in a row "
+                        "lost a race or met a new Redis incarnation; retry"
+                    )
+                answer = await self._refill(tag, answer, n)
                 continue
-            answer = await self._refill(tag, answer, n)
-        raise StrictRaced(
-            f"tag {tag!r}: {_ATTEMPTS} refills of its strict sequence in a row lost a race "
-            "or met a new Redis incarnation; retry"
-        )
+            elif asyncio.get_running_loop().time() > deadline:
+                raise StrictRaced(f"tag {tag!r}: waited too long for another node's refill")
+            else:  # another node refills: ask again shortly
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, _WAIT_MOST)
+            answer = await self._take(tag, n)
+        if answer.granted and tag not in self._refills:
+            self._prefetch(tag, answer)
+        return answer.first
 
     async def close(self) -> None:
         if self._refills:
             await asyncio.wait(list(self._refills.values()), timeout=5)
 
     async def _take(self, tag: str, n: int) -> StrictAnswer:
+        step = max(1, self.step_of(tag))
+        low = max(step, self._target.get(tag, step)) // 2
         try:
-            return await self.store.take(tag, n)
+            answer = await self.store.take(tag, n, low, self.grant_ms, self.asker)
         except StoreUnavailable as e:
             if not isinstance(e, StoreNotSent):
                 self.events.wasted(tag, "strict_take_outcome_unknown", n)
             raise
-
-    def _size(self, tag: str, need: int) -> int:
-        """Steps to claim: enough for ``need``, and more while refills come often."""
-        now = self._clock()
-        ranges = self._ranges.get(tag, 1)
-        last = self._last_refill.get(tag)
-        if last is not None and now - last < _GROW_WITHIN:
-            ranges = min(ranges * 2, MAX_REFILL_RANGES)
-        elif last is not None and now - last > _SHRINK_AFTER:
-            ranges = max(ranges // 2, 1)
-        self._ranges[tag], self._last_refill[tag] = ranges, now
-        return max(ranges, math.ceil(need / max(1, self.step_of(tag))))
+        if answer.granted and answer.rate is not None:
+            want = answer.rate * self.hold_seconds
+            self._target[tag] = int(min(max(want, step), step * MAX_REFILL_RANGES))
+        return answer
 
     async def _refill(self, tag: str, seen: StrictAnswer, n: int) -> StrictAnswer:
         """Claim from the ledger after having seen ``seen.incarnation``, extend the
         state with it, and take ``n`` IDs (0: none) in the same script."""
-        claim = await self.claims.claim(tag, self._size(tag, max(n - seen.left, 1)))
-        self._claimed[tag] = len(claim.range)
+        step = max(1, self.step_of(tag))
+        want = max(self._target.get(tag, step), n - seen.left, 1)
+        claim = await self.claims.claim(tag, min(math.ceil(want / step), MAX_REFILL_RANGES))
         try:
             ext = await self.store.extend(tag, seen.incarnation, claim.range, n)
         except StoreUnavailable as e:
@@ -324,13 +377,10 @@ class StrictSequence:
             # incarnation, which may have served part of it after its last save
             reason = "strict_state_skipped" if ext.how == "jumped" else "redis_new_incarnation"
             self.events.wasted(tag, reason, len(ext.lost), ext.lost)
-        return ext.answer
+        # granted again if the refill did not cover the batch (a race): the caller decides
+        return ext.answer._replace(granted=ext.answer.first is None)
 
-    def _maybe_prefetch(self, tag: str, answer: StrictAnswer) -> None:
-        low = self._claimed.get(tag, self.step_of(tag)) // 2
-        if answer.left >= max(low, 1) or tag in self._refills:
-            return
-
+    def _prefetch(self, tag: str, answer: StrictAnswer) -> None:
         async def refill() -> None:
             try:
                 await self._refill(tag, answer, 0)

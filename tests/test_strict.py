@@ -61,7 +61,8 @@ async def test_take_needs_a_state_of_this_incarnation(redis_pool: RedisPool, tag
     assert (await strict.take(tag, 7)).first == 103
     short = await strict.take(tag, 1)
     assert short.first is None and short.next == short.limit == 110  # nothing taken
-    assert await strict.state(tag) == {"next": "110", "limit": "110", "inc": empty.incarnation}
+    state = await strict.state(tag)
+    assert (state["next"], state["limit"], state["inc"]) == ("110", "110", empty.incarnation)
 
 
 async def test_extension_rules(redis_pool: RedisPool, tag: str) -> None:
@@ -159,7 +160,7 @@ async def test_a_lost_take_is_waste_and_never_retried(
     assert await seq.take(tag, 1) == 1
     calls = []
 
-    async def lost(tag: str, n: int) -> None:
+    async def lost(tag: str, n: int, *args: object) -> None:
         calls.append(n)
         raise StoreUnavailable("redis", "Timeout reading from socket")
 
@@ -256,10 +257,11 @@ async def test_refills_are_prefetched_before_the_state_runs_out(
     await ledger.add_tag(tag, step=10, start=1)
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
-    await seq.take(tag, 6)  # 4 left of 10: under half
+    await seq.take(tag, 6)  # the first refill: one step
+    await seq.take(tag, 1)  # 3 left of 10: under half
     await asyncio.wait(list(seq._refills.values()))
     assert [how for _, how in events.claims] == ["replaced", "extended"]
-    assert (await RedisStrict(redis_pool).take(tag, 0)).left > 4
+    assert (await RedisStrict(redis_pool).take(tag, 0)).left > 3
     await seq.close()
 
 
@@ -282,3 +284,39 @@ async def test_embedded_strict_takes_are_one_transaction_each(sqlite_settings: S
             await strict.take("off", 1)
     finally:
         await ledger.close()
+
+
+async def test_one_refill_at_a_time_for_the_cluster(redis_pool: RedisPool, tag: str) -> None:
+    strict = RedisStrict(redis_pool)
+    first = await strict.take(tag, 1, grant_ms=60_000)
+    assert first.first is None and first.granted
+    other = await strict.take(tag, 1, grant_ms=60_000)
+    assert other.first is None and not other.granted  # another node refills: wait
+    ext = await strict.extend(tag, first.incarnation, IdRange(1, 101), 0)
+    assert ext.how == "replaced"
+    low = await strict.take(tag, 10, low=95)  # 90 left, under the low-water mark
+    assert low.first == 1 and low.granted
+    assert not (await strict.take(tag, 10, low=95)).granted  # granted once
+    assert not (await strict.take(tag, 10, low=10)).granted  # plenty left
+
+
+async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    events = Recorded()
+    seq = StrictSequence(
+        RedisStrict(redis_pool),
+        LedgerClaims(ledger, redis_pool),
+        step_of=lambda t: 10,
+        hold_seconds=1.0,
+        events=events,
+    )
+    for _ in range(200):
+        await seq.take(tag, 5)
+        await asyncio.sleep(0.001)
+    await seq.close()
+    sizes = [len(r) for r, _ in events.claims]
+    assert sizes[0] == 10 and max(sizes) > 100  # grew with the rate: fewer claims
+    assert [how for _, how in events.claims[1:]] == ["extended"] * (len(sizes) - 1)
+    assert not events.waste

@@ -17,7 +17,13 @@ then raises ``IdPoolUnavailable``.
 from __future__ import annotations
 
 from .aio import AsyncIdPoolClient
-from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .errors import (
+    IdPoolClosed,
+    IdPoolError,
+    IdPoolRequestError,
+    IdPoolStrictTag,
+    IdPoolUnavailable,
+)
 from .sync import CloseReport, IdPoolClient
 from .transport import Lease
 
@@ -28,6 +34,7 @@ __all__ = [
     "IdPoolClosed",
     "IdPoolError",
     "IdPoolRequestError",
+    "IdPoolStrictTag",
     "IdPoolUnavailable",
     "Lease",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from .errors import IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .errors import IdPoolError, IdPoolRequestError, IdPoolUnavailable, request_error
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ class Transport:
                 failures.append((server.url, why))
                 continue
             if status >= 400:
-                raise IdPoolRequestError(
+                raise request_error(
                     server.url, status, str(body.get("error")), str(body.get("message"))
                 )
             self._first = index
