@@ -79,6 +79,7 @@ class Cluster:
     database: str = "idpool_faults"
     env_overrides: dict[str, str] = field(default_factory=dict)
     idle_tags: int = 0  # tags nobody asks for, beside the scenario's
+    strict: bool = False  # the scenario's tag is created --strict
     redis: RedisServer | RedisSentinelGroup = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
@@ -113,7 +114,8 @@ class Cluster:
         self.redis.start()
         subprocess.run(
             [sys.executable, "-m", "idpool.service.cli", "tag", "add", self.tag]
-            + ["--step", str(STEP)],
+            + ["--step", str(STEP)]
+            + (["--strict"] if self.strict else []),
             env=self.env,
             check=True,
             stdout=subprocess.DEVNULL,
