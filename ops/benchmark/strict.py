@@ -50,7 +50,7 @@ SCRIPT_ONLY = ("info", "hmget", "hset", "time", "hdel", "lpop", "sadd", "llen", 
 
 
 def _commandstats(client: redis.Redis) -> dict[str, int]:
-    stats: dict[str, Any] = client.info("commandstats")  # type: ignore[assignment]
+    stats: dict[str, Any] = client.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
