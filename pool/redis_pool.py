@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -247,8 +248,17 @@ class RedisPool:
         await self.client.aclose()
 
     async def check(self) -> None:
-        """Raise StoreUnavailable (naming IDPOOL_REDIS_URL) unless Redis answers."""
+        """Raise StoreUnavailable (naming IDPOOL_REDIS_URL) unless Redis answers.
+
+        Under Sentinel, ask the Sentinels for the master first: when it moved,
+        redis-py drops the idle connections to the old one. Without this a node
+        whose connections all stayed open to an old primary that came back as
+        a master during a failover kept using it until Sentinel demoted it (8-15
+        s): two masters serving at once, which a strict tag's order cannot take."""
+        pool = self.client.connection_pool
         try:
+            if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+                await self._plain(pool.get_master_address())  # type: ignore[no-untyped-call]
             await self._plain(self.client.ping())
         except StoreBusy:
             raise  # it answers; this process is busy
