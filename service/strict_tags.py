@@ -96,10 +96,17 @@ class StrictTags:
     """A node's strict tags: one group commit per tag, over one supply; fails
     fast for a second after the store failed, like the segment path."""
 
-    def __init__(self, take: Take, store: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        take: Take,
+        store: str,
+        clock: Callable[[], float] = time.monotonic,
+        on_error: Callable[[StoreUnavailable], None] = lambda e: None,
+    ) -> None:
         self._take = take
-        self.store = store  # what a 503 names: "redis", or "sqlite" embedded
+        self.store = store  # the sequence's store: "redis", or "sqlite" embedded
         self._clock = clock
+        self._on_error = on_error  # the node's store health and error counts
         self.queues: dict[str, GroupCommit] = {}
         self._skip_until = 0.0
         self._error: StoreUnavailable | None = None
@@ -118,9 +125,12 @@ class StrictTags:
         except StoreBusy:
             raise  # never sent: says nothing of the store's health
         except StoreUnavailable as e:
-            self._error = StoreUnavailable(e.store, f"strict tags need {e.store}: {e.detail}")
-            self._skip_until = self._clock() + REDIS_SKIP_SECONDS
-            raise self._error from e
+            self._on_error(e)
+            named = StoreUnavailable(e.store, f"strict tags need {e.store}: {e.detail}")
+            if e.store == self.store:  # the sequence's own store: fail fast for a moment
+                self._error = named
+                self._skip_until = self._clock() + REDIS_SKIP_SECONDS
+            raise named from e
 
     def forget(self, tag: str) -> None:
         self.queues.pop(tag, None)

@@ -114,3 +114,23 @@ async def test_group_commit_on_real_redis_batches_and_never_repeats(
     assert firsts == sorted(firsts)  # queue order is arrival order here
     assert tags.queues[tag].calls <= 3
     await seq.close()
+
+
+async def test_a_ledger_error_does_not_hold_back_the_other_tags() -> None:
+    calls: list[str] = []
+    failing = {"a"}
+
+    async def take(tag: str, n: int) -> int:
+        calls.append(tag)
+        if tag in failing:
+            raise StoreUnavailable("mysql", "Lost connection")  # a refill's claim failed
+        return 1
+
+    seen: list[StoreUnavailable] = []
+    tags = StrictTags(take, "redis", on_error=seen.append)
+    with pytest.raises(StoreUnavailable, match="strict tags need mysql"):
+        await tags.take("a", 1)
+    assert await tags.take("b", 1) == 1  # tag b's state holds IDs: served
+    failing.clear()
+    assert await tags.take("a", 1) == 1  # and a is asked again at once
+    assert calls == ["a", "b", "a"] and [e.store for e in seen] == ["mysql"]
