@@ -144,6 +144,7 @@ async def create_tag(
     start: int,
     description: str = "",
     end_id: int = MAX_ID,
+    kind: str = "segment",
 ) -> TagRow:
     """Add a tag, starting above any ID ever issued under that name, and never
     handing out ``end_id`` or above (ValueError unless ``start < end_id``).
@@ -159,7 +160,13 @@ async def create_tag(
         except StoreUnavailable:
             floor = 0  # Redis down: MySQL's own row (if any) still refuses a duplicate tag
     return await ledger.add_tag(
-        tag, step=step, start=start, description=description, floor=floor, end_id=end_id
+        tag,
+        step=step,
+        start=start,
+        description=description,
+        floor=floor,
+        end_id=end_id,
+        kind=kind,
     )
 
 

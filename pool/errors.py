@@ -11,8 +11,14 @@ class ConfigError(IdPoolError):
     """A setting is malformed; the message names the variable to fix."""
 
 
-class InvalidTag(IdPoolError):
-    """A tag name is outside the documented character set or length."""
+class InvalidInput(IdPoolError):
+    """A value a caller gave is malformed or out of range: 400 over HTTP, exit 2 in
+    the CLI. ``code`` names the field (``bad_tag``, ``bad_step``, ...); the
+    message says what to give instead."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class UnknownTag(IdPoolError):
@@ -21,6 +27,10 @@ class UnknownTag(IdPoolError):
 
 class TagExists(IdPoolError):
     """`tag add` for a tag that already has a row."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(f"tag {tag!r} already exists; change it with PATCH or `idpool tag`")
+        self.tag = tag
 
 
 class StartBelowIssued(IdPoolError):
@@ -95,3 +105,45 @@ class TagDisabled(IdPoolError):
     Its ledger row and high-water mark are kept, so enabling it again serves
     IDs above everything it ever issued.
     """
+
+
+class Draining(IdPoolError):
+    """The node is stopping; its remainders are being returned to the pool."""
+
+
+class NoRangeAvailable(IdPoolError):
+    """Neither store could supply a range; the message says which is down and why."""
+
+    def __init__(self, tag: str, errors: list[StoreUnavailable]) -> None:
+        stores = " and ".join(dict.fromkeys(e.store for e in errors))
+        details = "; ".join(str(e) for e in errors)
+        super().__init__(f"no ID range available for tag {tag!r}: {stores} down ({details})")
+        self.stores = [e.store for e in errors]
+
+
+class LeaseRefused(IdPoolError):
+    """A return that is not the unused tail of a live lease; nothing was changed.
+
+    ``code`` is ``unknown_lease``, ``already_returned``, ``wrong_tag`` or
+    ``outside_lease``.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LeaseClash(IdPoolError):
+    """A lease id was already recorded (never in practice: ids are 128-bit random)."""
+
+
+class KindNotServed(IdPoolError):
+    """The tag's kind (the ledger's ``kind`` column) is one this node does not know:
+    a newer idpool made it. Served by nodes that know it; here a 503."""
+
+    def __init__(self, tag: str, kind: str) -> None:
+        super().__init__(
+            f"tag {tag!r} is of kind {kind!r}, which this node does not serve; "
+            "upgrade idpool on this node"
+        )
+        self.kind = kind

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from .errors import IdPoolError, StoreUnavailable
+from .errors import LeaseClash, LeaseRefused, StoreUnavailable
 from .keys import Keys
 from .ranges import IdRange
 
@@ -88,22 +88,6 @@ redis.call('LPUSH', ARGV[2] .. tag, tail)
 return {dropped, 'ok', tag, tail}
 """
 )
-
-
-class LeaseRefused(IdPoolError):
-    """A return that is not the unused tail of a live lease; nothing was changed.
-
-    ``code`` is ``unknown_lease``, ``already_returned``, ``wrong_tag`` or
-    ``outside_lease``.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class LeaseClash(IdPoolError):
-    """A lease id was already recorded (never in practice: ids are 128-bit random)."""
 
 
 class Returned(NamedTuple):

@@ -27,7 +27,8 @@ T = TypeVar("T")
 TABLE = "idpool_tags"
 DEFAULT_MAX_STEP = 1_000_000
 _COLUMNS = (
-    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled"
+    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
+    "kind"
 )
 
 SCHEMA = f"""
@@ -41,6 +42,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     end_id      BIGINT       NOT NULL DEFAULT 9223372036854775807
                              COMMENT 'first ID never handed out: the tag bound (--max) + 1',
     disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
+    kind        VARCHAR(16)  NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made',
     description VARCHAR(255) NOT NULL DEFAULT '',
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
@@ -68,6 +70,7 @@ _MIGRATIONS = [
         "COMMENT 'first ID never handed out: the tag bound (--max) + 1'",
     ),
     ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
+    ("kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
 ]
 _DUPLICATE_COLUMN = 1060
 
@@ -107,6 +110,7 @@ class TagRow:
     max_step: int
     end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
     disabled: bool = False
+    kind: str = "segment"  # how its IDs are made (service/kinds.py)
 
     @property
     def max(self) -> int | None:
@@ -120,9 +124,9 @@ class TagRow:
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
-    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off = values
+    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off, kind = values
     return TagRow(
-        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off)
+        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off), kind
     )
 
 
@@ -243,6 +247,7 @@ class Ledger:
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = MAX_ID,
+        kind: str = "segment",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)``.
 
@@ -258,9 +263,9 @@ class Ledger:
             try:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
-                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (tag, max(start, floor), step, start, description, lo, hi, end_id),
+                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (tag, max(start, floor), step, start, description, lo, hi, end_id, kind),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None

@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS idpool_tags (
     start_id    INTEGER NOT NULL,
     end_id      INTEGER NOT NULL DEFAULT 9223372036854775807,  -- the bound (--max) + 1
     disabled    INTEGER NOT NULL DEFAULT 0,  -- 1: no claim until enabled
+    kind        TEXT    NOT NULL DEFAULT 'segment',  -- how its IDs are made
     description TEXT    NOT NULL DEFAULT '',
     created_at  REAL    NOT NULL,  -- unix time
     updated_at  REAL    NOT NULL
@@ -89,6 +90,7 @@ CREATE TABLE IF NOT EXISTS idpool_tokens (
 MIGRATIONS = [
     ("end_id", "INTEGER NOT NULL DEFAULT 9223372036854775807"),
     ("disabled", "INTEGER NOT NULL DEFAULT 0"),
+    ("kind", "TEXT NOT NULL DEFAULT 'segment'"),
 ]
 
 

@@ -23,15 +23,18 @@ from .sqlite_file import SqliteFile
 from .tokens import TokenRow
 
 _COLUMNS = (
-    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled"
+    "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
+    "kind"
 )
 
 
 def _row(values: Any) -> TagRow:
-    tag, max_id, step, start_id, description, updated_at, min_step, max_step, end, off = values
+    tag, max_id, step, start_id, description, updated_at, min_step, max_step, end, off, kind = (
+        values
+    )
     updated = datetime.fromtimestamp(updated_at, UTC)
     return TagRow(
-        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off)
+        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off), kind
     )
 
 
@@ -100,6 +103,7 @@ class SqliteLedger:
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = MAX_ID,
+        kind: str = "segment",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
         lo, hi = step_bounds(step, min_step, max_step)
@@ -110,9 +114,21 @@ class SqliteLedger:
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, end_id, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (tag, max(start, floor), step, start, description, lo, hi, end_id, now, now),
+                    "min_step, max_step, end_id, kind, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        tag,
+                        max(start, floor),
+                        step,
+                        start,
+                        description,
+                        lo,
+                        hi,
+                        end_id,
+                        kind,
+                        now,
+                        now,
+                    ),
                 )
             except sqlite3.IntegrityError:
                 raise TagExists(tag) from None

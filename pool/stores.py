@@ -39,6 +39,7 @@ class LedgerStore(Protocol):
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = ...,
+        kind: str = ...,
     ) -> TagRow: ...
 
     async def set_disabled(self, tag: str, disabled: bool) -> TagRow: ...

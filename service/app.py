@@ -13,160 +13,65 @@ before Starlette's routing (the fast path); the routes answer everything else.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
-from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.routing import BaseRoute, Route
+from starlette.types import Lifespan, Message, Receive, Scope, Send
 
-from idpool.pool.claims import LedgerClaims
-from idpool.pool.errors import IdPoolError, TagDisabled, TagExhausted, UnknownTag
-from idpool.pool.preloader import Preloader
+from idpool.pool.errors import IdPoolError, InvalidInput
 from idpool.pool.ranges import TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
-from idpool.pool.stores import LedgerStore, PoolStore, open_stores
+from idpool.pool.stores import open_stores
 
-from . import admin, auth, leases, metrics, openapi, status, status_page
-from .buffer import Draining
-from .node import Node, RangeSource, node_ttl
+from . import admin, auth, leases, metrics, status_page
+from .errors import HttpRefusal, answer_error, answer_http_error, error, json_response
+from .node import Node
+from .runtime import Runtime, StoreOpener, open_runtime
 from .stats import route_of
-from .tags import TagDirectory
-
-logger = logging.getLogger("idpool.app")
-
-# Opens the ledger and the pool at startup; open_stores in production, slowed
-# or otherwise wrapped stores in the benchmark (ops/bench).
-StoreOpener = Callable[[Settings], Awaitable[tuple[LedgerStore, PoolStore]]]
 
 
-@dataclass
-class Running:
-    """What the lifespan opened, for the handlers."""
-
-    node: Node
-    ledger: LedgerStore
-    pool: PoolStore
-    preloader: Preloader
-    store_reads: status.StoreReadsCache
-
-
-def json_response(body: object, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
-
-
-def error(status_code: int, code: str, message: str) -> Response:
-    return json_response({"error": code, "message": message}, status_code)
-
-
-def _failure(tag: str, e: IdPoolError) -> Response:
-    if isinstance(e, UnknownTag):
-        return error(
-            404, "unknown_tag", f"tag {tag!r} does not exist; create it with `idpool tag add {tag}`"
-        )
-    if isinstance(e, Draining):
-        return error(503, "draining", "this node is shutting down; retry on another node")
-    if isinstance(e, TagExhausted):
-        return error(503, "tag_exhausted", f"{e}; other tags are served as usual")
-    if isinstance(e, TagDisabled):
-        return error(410, "tag_disabled", str(e))
-    _failures.log(tag, str(e))
-    return error(503, "unavailable", str(e))
-
-
-class _FailureLog:
-    """event=request_failed at most once a second, with how many it stands for: a
-    flood of requests while a store is down must not become a flood of log lines."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-        self._suppressed = 0
-
-    def log(self, tag: str, reason: str) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._suppressed += 1
-            return
-        logger.warning(
-            "event=request_failed tag=%s reason=%r similar_since_last=%d",
-            tag,
-            reason,
-            self._suppressed,
-        )
-        self._next, self._suppressed = now + 1.0, 0
-
-
-_failures = _FailureLog()
-
-
-def _head_refused() -> Response:
+def _head_refused() -> HttpRefusal:
     # Starlette answers HEAD on every GET route by running the GET handler:
     # here that would take IDs and throw them away.
-    response = error(
-        405,
+    return HttpRefusal(
         "method_not_allowed",
         "use GET: a HEAD here would use up IDs; probe /readyz or /healthz instead",
+        {"allow": "GET"},
     )
-    response.headers["allow"] = "GET"
-    return response
 
 
-def _bad_tag(tag: str) -> Response:
-    return error(400, "bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
+def checked_tag(request: Request) -> str:
+    """The path's tag; raises InvalidInput (400 bad_tag) for a malformed one."""
+    tag: str = request.path_params["tag"]
+    if not is_valid_tag(tag):
+        raise InvalidInput("bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
+    return tag
 
 
-ROUTES_HINT = "GET /id/{tag}, GET /ids/{tag}?count=N, GET /api/segment/get/{tag}"
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404 and 405 (no such path, wrong method), as JSON with a hint."""
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        response = error(
-            404, "not_found", f"no such path {request.url.path[:80]!r}; use {ROUTES_HINT}"
-        )
-    elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
-        response = error(405, "method_not_allowed", f"use {allowed} here, not {request.method}")
-    else:
-        response = error(exc.status_code, "http_error", str(exc.detail))
-    response.headers.update(exc.headers or {})
-    return response
-
-
-async def _token_refused(node: Node, tag: str, request: Request) -> Response | None:
-    """None when the tag has no tokens or the request shows one of them; else
-    the 401 (or the tag's own failure: unknown, disabled)."""
+async def check_token(node: Node, tag: str, request: Request) -> None:
+    """Nothing when the tag has no tokens or the request shows one of them; else
+    raises the 401 (or the tag's own failure: unknown, disabled)."""
     if tag not in node.tags.rows:
-        try:
-            await node.tags.lookup(tag)  # the tokens are read with the tag
-        except IdPoolError as e:
-            return _failure(tag, e)
-    if auth.allowed(node.tags, tag, request):
-        return None
-    response = error(401, "unauthorized", auth.refusal_message(tag))
-    response.headers["www-authenticate"] = "Bearer"
-    return response
+        await node.tags.lookup(tag)  # the tokens are read with the tag
+    if not auth.allowed(node.tags, tag, request):
+        raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
 
 
-def _parse_count(request: Request, limit: int) -> int | Response:
+def _parse_count(request: Request, limit: int) -> int:
     values = request.query_params.getlist("count")
     if len(values) != 1:
-        return error(400, "bad_count", f"give count exactly once, as an integer from 1 to {limit}")
+        raise InvalidInput("bad_count", f"give count exactly once, as an integer from 1 to {limit}")
     raw = values[0]
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or not 1 <= int(raw) <= limit:
-        return error(
-            400, "bad_count", f"count must be an integer from 1 to {limit}, not {raw[:40]!r}"
+        raise InvalidInput(
+            "bad_count", f"count must be an integer from 1 to {limit}, not {raw[:40]!r}"
         )
     return int(raw)
 
@@ -189,11 +94,30 @@ class NodeApp(Starlette):
     than everything else in such a request (BENCHMARKS.md, "the fast path").
     Every other request, and every one that must wait for a range, fail, or be
     validated (a tag with no buffer), goes through the routes in create_app,
-    which answer it the same way.
+    which answer it the same way (they read the node from ``request.state.run``).
     """
 
-    node: Node | None = None  # set by the lifespan while the node serves
-    max_count = 0  # the largest /ids count the fast path answers (settings.max_count)
+    def __init__(
+        self,
+        settings: Settings,
+        stores: StoreOpener = open_stores,
+        *,
+        routes: list[BaseRoute] | None = None,
+        lifespan: Lifespan[Starlette] | None = None,
+    ) -> None:
+        super().__init__(
+            routes=ROUTES if routes is None else routes,
+            lifespan=open_runtime_while_serving if lifespan is None else lifespan,
+            exception_handlers={
+                HTTPException: answer_http_error,
+                IdPoolError: answer_error,
+                HttpRefusal: answer_error,
+            },
+        )
+        self.settings = settings
+        self.stores = stores
+        self.node: Node | None = None  # the runtime's node, set by the lifespan while it serves
+        self.max_count = settings.max_count  # the largest /ids count the fast path answers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
@@ -265,179 +189,106 @@ async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> N
     await send({"type": "http.response.body", "body": body})
 
 
+async def one_id(request: Request) -> Response:
+    """What NodeApp's fast path leaves here: the first request for a tag, a
+    wait for a range, a bad or unknown tag, a stopping node with no IDs left,
+    or a root path (next_id then takes from memory without waiting)."""
+    started = _clock()
+    if request.method == "HEAD":
+        raise _head_refused()
+    tag = checked_tag(request)
+    node: Node = request.state.run.node
+    await check_token(node, tag, request)
+    value = await node.next_id(tag)
+    node.stats.latency["id"].observe(_clock() - started)
+    return PlainTextResponse(str(value))
+
+
+async def many_ids(request: Request) -> Response:
+    started = _clock()
+    if request.method == "HEAD":
+        raise _head_refused()
+    tag = checked_tag(request)
+    run: Runtime = request.state.run
+    count = _parse_count(request, run.settings.max_count)
+    await check_token(run.node, tag, request)
+    ids = await run.node.next_ids(tag, count)
+    body = orjson.dumps({"tag": tag, "ids": ids})
+    run.node.stats.latency["ids"].observe(_clock() - started)
+    return Response(body, media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+async def readyz(request: Request) -> Response:
+    run: Runtime | None = getattr(request.state, "run", None)
+    if run is None:
+        return error("not_ready", "node is starting or shutting down")
+    why = run.node.not_ready()
+    if why is not None:
+        return error("not_ready", f"{why}: see /status for the stores")
+    return PlainTextResponse("ready")
+
+
+async def status_json(request: Request) -> Response:
+    return json_response(await request.state.run.snapshot())
+
+
+async def status_html(request: Request) -> Response:
+    run: Runtime = request.state.run
+
+    async def render() -> bytes:
+        return status_page.render(await run.snapshot()).encode()
+
+    return HTMLResponse(await run.render_once_a_second("status", render))
+
+
+async def metrics_text(request: Request) -> Response:
+    run: Runtime = request.state.run
+
+    async def render() -> bytes:
+        return metrics.render(await run.snapshot(), run.node.stats)
+
+    body = await run.render_once_a_second("metrics", render)
+    return Response(body, media_type=metrics.CONTENT_TYPE)
+
+
+async def openapi_json(request: Request) -> Response:
+    return Response(request.state.run.api_document, media_type="application/json")
+
+
+@asynccontextmanager
+async def open_runtime_while_serving(app: Starlette) -> AsyncIterator[dict[str, Runtime]]:
+    """Open the runtime, hand it to the handlers (``request.state.run``) and to
+    the fast path (``app.node``); close it in reverse."""
+    assert isinstance(app, NodeApp)
+    run = await open_runtime(app.settings, app.stores)
+    try:
+        run.start()
+        app.node = run.node
+        yield {"run": run}
+        await run.stop()
+    finally:
+        app.node = None
+        await run.close()
+
+
+ROUTES = [
+    Route("/id/{tag}", one_id),
+    Route("/api/segment/get/{tag}", one_id),
+    Route("/ids/{tag}", many_ids),
+    Route("/healthz", healthz),
+    Route("/readyz", readyz),
+    Route("/status", status_html),
+    Route("/status.json", status_json),
+    Route("/metrics", metrics_text),
+    Route("/openapi.json", openapi_json),
+    *admin.ROUTES,
+    *leases.ROUTES,
+]
+
+
 def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> NodeApp:
-    settings = settings or Settings.from_env()
-    state: dict[str, Running] = {}
-
-    async def one_id(request: Request) -> Response:
-        """What NodeApp's fast path leaves here: the first request for a tag, a
-        wait for a range, a bad or unknown tag, a stopping node with no IDs left,
-        or a root path (next_id then takes from memory without waiting)."""
-        started = _clock()
-        tag: str = request.path_params["tag"]
-        node = state["run"].node
-        if request.method == "HEAD":
-            return _head_refused()
-        if not is_valid_tag(tag):
-            return _bad_tag(tag)
-        if (refused := await _token_refused(node, tag, request)) is not None:
-            return refused
-        try:
-            value = await node.next_id(tag)
-        except IdPoolError as e:
-            return _failure(tag, e)
-        node.stats.latency["id"].observe(_clock() - started)
-        return PlainTextResponse(str(value))
-
-    async def many_ids(request: Request) -> Response:
-        started = _clock()
-        tag: str = request.path_params["tag"]
-        if request.method == "HEAD":
-            return _head_refused()
-        if not is_valid_tag(tag):
-            return _bad_tag(tag)
-        count = _parse_count(request, settings.max_count)
-        if isinstance(count, Response):
-            return count
-        node = state["run"].node
-        if (refused := await _token_refused(node, tag, request)) is not None:
-            return refused
-        try:
-            ids = await node.next_ids(tag, count)
-        except IdPoolError as e:
-            return _failure(tag, e)
-        body = orjson.dumps({"tag": tag, "ids": ids})
-        node.stats.latency["ids"].observe(_clock() - started)
-        return Response(body, media_type="application/json")
-
-    async def healthz(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    async def readyz(request: Request) -> Response:
-        run = state.get("run")
-        if run is None:
-            return error(503, "not_ready", "node is starting or shutting down")
-        why = run.node.not_ready()
-        if why is not None:
-            return error(503, "not_ready", f"{why}: see /status for the stores")
-        return PlainTextResponse("ready")
-
-    async def take_snapshot() -> status.Snapshot:
-        run = state["run"]
-        return status.assemble(run.node, await run.store_reads.get(), run.preloader.wasted)
-
-    async def status_json(request: Request) -> Response:
-        return json_response(await take_snapshot())
-
-    # The page and the exposition, rendered at most once a second however many
-    # scrapers ask: rendering runs on the event loop, and four scrapers in a
-    # tight loop rendering every time took most of it from /id. (/status.json
-    # is built fresh: tools account for IDs from it.)
-    rendered: dict[str, tuple[float, bytes]] = {}
-
-    async def render_once_a_second(name: str, render: Callable[[], Awaitable[bytes]]) -> bytes:
-        made = rendered.get(name)
-        if made is None or time.monotonic() - made[0] >= status.STORE_READS_SECONDS:
-            made = rendered[name] = (time.monotonic(), await render())
-        return made[1]
-
-    async def status_html(request: Request) -> Response:
-        async def render() -> bytes:
-            return status_page.render(await take_snapshot()).encode()
-
-        return HTMLResponse(await render_once_a_second("status", render))
-
-    async def metrics_text(request: Request) -> Response:
-        async def render() -> bytes:
-            return metrics.render(await take_snapshot(), state["run"].node.stats)
-
-        body = await render_once_a_second("metrics", render)
-        return Response(body, media_type=metrics.CONTENT_TYPE)
-
-    api_document = orjson.dumps(openapi.document(settings.max_count))
-
-    async def openapi_json(request: Request) -> Response:
-        return Response(api_document, media_type="application/json")
-
-    @asynccontextmanager
-    async def lifespan(app: NodeApp) -> AsyncIterator[None]:
-        ledger, pool = await stores(settings)
-        claims = LedgerClaims(ledger, pool)
-        preloader = Preloader(settings, ledger, pool, claims)
-        source = RangeSource(claims, pool, on_low=preloader.refill_soon)
-        node = Node(
-            source,
-            prefetch_at=settings.prefetch_at,
-            tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl),
-            idle_seconds=settings.idle_seconds,
-            reserve_seconds=settings.reserve_seconds,
-            report_seconds=settings.report_seconds,
-            tag_reload_seconds=settings.tag_reload_seconds,
-        )
-        store_reads = status.StoreReadsCache(
-            lambda: status.read_stores(
-                ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
-            )
-        )
-        node.node_id = f"{socket.gethostname()}-{os.getpid()}"
-        node.identity = {
-            "addr": settings.advertise or socket.gethostname(),
-            "pid": str(os.getpid()),
-            "version": metrics.VERSION,
-            "started_at": f"{node.stats.started_at:.0f}",
-        }
-        node.extra_waste = lambda: preloader.wasted
-        state["run"] = Running(node, ledger, pool, preloader, store_reads)
-        app.node = node
-        background = [
-            asyncio.ensure_future(node.run_housekeeping()),
-            asyncio.ensure_future(node.health.run()),
-        ]
-        try:
-            if settings.preload:
-                preloader.start()
-            if settings.embedded:
-                logger.warning(
-                    "event=embedded_mode file=%s detail='one node; ledger and pool in this SQLite "
-                    "file; MySQL and Redis are not used'",
-                    settings.sqlite_path(),
-                )
-            logger.info("event=node_started preload=%s", settings.preload)
-            yield
-            # Shutdown, in reverse: the preloader's tick under way finishes its
-            # push; the node stops serving and returns its remainders.
-            await preloader.close()
-            report = await node.shutdown()
-            logger.info(
-                "event=node_stopped returned=%d abandoned=%d",
-                len(report.returned),
-                len(report.abandoned),
-            )
-        finally:
-            app.node = None
-            for task in background:
-                task.cancel()
-            # Not waited for without a bound: aiomysql lets a query run on past its
-            # cancellation, and one stuck on the server must not stall the stop.
-            await asyncio.wait(background, timeout=settings.store_timeout)
-            await node.leave()  # after the heartbeats stopped: none can re-register it
-            await preloader.close()
-            await pool.close()
-            await ledger.close()
-
-    routes = [
-        Route("/id/{tag}", one_id),
-        Route("/api/segment/get/{tag}", one_id),
-        Route("/ids/{tag}", many_ids),
-        Route("/healthz", healthz),
-        Route("/readyz", readyz),
-        Route("/status", status_html),
-        Route("/status.json", status_json),
-        Route("/metrics", metrics_text),
-        Route("/openapi.json", openapi_json),
-        *admin.routes(settings, lambda: state["run"]),
-        *leases.routes(settings, lambda: state["run"]),
-    ]
-    app = NodeApp(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
-    app.max_count = settings.max_count
-    return app
+    return NodeApp(settings or Settings.from_env(), stores)

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from idpool.pool.errors import IdPoolError
+from idpool.pool.errors import Draining
 from idpool.pool.ranges import MAX_ID, IdRange
 
 Fetch = Callable[[str, int], Awaitable[list[IdRange]]]  # (tag, IDs wanted) -> ranges
@@ -30,10 +30,6 @@ RETRY_BACKOFF = 0.2  # seconds between background fetches after a failed one
 # long; over 50 ms one batch of 10,000 read as 200,000 IDs/s, a reserve of millions.
 # Not much longer: a node must have its reserve soon after it starts.
 MIN_RATE_SPAN = 1.0
-
-
-class Draining(IdPoolError):
-    """The node is stopping; its remainders are being returned to the pool."""
 
 
 class SegmentBuffer:

@@ -16,43 +16,28 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.errors import IdPoolError, StoreUnavailable, TagDisabled, TagExhausted, UnknownTag
-from idpool.pool.lease_store import LeaseClash, LeaseRefused, LeaseStore
+from idpool.pool.errors import Draining, InvalidInput, LeaseClash, StoreUnavailable
+from idpool.pool.lease_store import LeaseStore
 from idpool.pool.preloader import log_dropped
 from idpool.pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
-from idpool.pool.redis_pool import RedisPool
-from idpool.pool.settings import Settings
 
 from . import auth
-from .buffer import Draining
-
-if TYPE_CHECKING:
-    from .app import Running
+from .errors import HttpRefusal, json_response
+from .runtime import Runtime
 
 logger = logging.getLogger("idpool.leases")
 
 LEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-_REFUSED_STATUS = {"unknown_lease": 409, "already_returned": 409}  # others: 400
 
-
-def _json(body: object, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
-
-
-def _error(status_code: int, code: str, message: str) -> Response:
-    return _json({"error": code, "message": message}, status_code)
-
-
-async def lease_ranges(run: Running, tag: str, count: int) -> list[IdRange]:
+async def lease_ranges(run: Runtime, tag: str, count: int) -> list[IdRange]:
     """Ranges holding about ``count`` IDs of ``tag``, from where the node's own
     buffers get theirs: one pop from the pool, and one ledger claim for what it
     lacks (fenced by the high-water mark, as every claim). Fewer when only the
@@ -78,151 +63,122 @@ def merge(ranges: list[IdRange]) -> list[IdRange]:
     return merged
 
 
-def _parse_count(request: Request, limit: int) -> int | Response:
+def _parse_count(request: Request, limit: int) -> int:
     values = request.query_params.getlist("count")
     if not values:
         return 1  # one range, whatever its size
     raw = values[0]
     if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or raw == "0":
-        return _error(400, "bad_count", f"count must be a positive integer, not {raw[:40]!r}")
+        raise InvalidInput("bad_count", f"count must be a positive integer, not {raw[:40]!r}")
     return min(int(raw), limit)  # the client's wish, clamped
 
 
-async def _body(request: Request) -> dict[str, Any] | Response:
+async def _body(request: Request) -> dict[str, Any]:
     example = '{"lease": "<id from POST /lease/{tag}>", "from": <first unused ID>}'
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError:
-        return _error(400, "bad_body", f"send a JSON object: {example}")
+        raise InvalidInput("bad_body", f"send a JSON object: {example}") from None
     if not isinstance(body, dict):
-        return _error(400, "bad_body", f"the body must be a JSON object: {example}")
+        raise InvalidInput("bad_body", f"the body must be a JSON object: {example}")
     return body
 
 
-def routes(settings: Settings, running: Callable[[], Running]) -> list[Route]:
-    stores: dict[int, LeaseStore] = {}
-
-    def lease_store(run: Running) -> LeaseStore | None:
-        pool = run.pool
-        if not isinstance(pool, RedisPool):
-            return None  # the embedded mode has no Redis to record leases in
-        store = stores.get(id(pool))
-        if store is None:
-            store = stores[id(pool)] = LeaseStore(
-                pool.client, pool.keys, settings.client_lease_seconds, pool.send
-            )
-        return store
-
-    def no_store() -> Response:
-        return _error(
-            503, "leases_unavailable", "leases need Redis; this node runs without it (embedded)"
+def _lease_store(run: Runtime) -> LeaseStore:
+    store = run.lease_store()
+    if store is None:
+        raise HttpRefusal(
+            "leases_unavailable", "leases need Redis; this node runs without it (embedded)"
         )
+    return store
 
-    async def lease(request: Request) -> Response:
-        tag: str = request.path_params["tag"]
-        if not is_valid_tag(tag):
-            return _error(400, "bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
-        count = _parse_count(request, settings.client_max_count)
-        if isinstance(count, Response):
-            return count
-        run = running()
-        store = lease_store(run)
-        if store is None:
-            return no_store()
-        if run.node.draining:
-            return _error(503, "draining", "this node is shutting down; retry on another node")
-        try:
-            await run.node.tags.lookup(tag)  # its tokens are read with it
-            if not auth.allowed(run.node.tags, tag, request):
-                refused = _error(401, "unauthorized", auth.refusal_message(tag))
-                refused.headers["www-authenticate"] = "Bearer"
-                return refused
-            ranges = merge(await lease_ranges(run, tag, count))
-        except UnknownTag:
-            return _error(
-                404, "unknown_tag", f"tag {tag!r} does not exist; create it with `idpool tag add`"
-            )
-        except TagDisabled as e:
-            return _error(410, "tag_disabled", str(e))
-        except TagExhausted as e:
-            return _error(503, "tag_exhausted", f"{e}; other tags are served as usual")
-        except (IdPoolError, Draining) as e:
-            logger.warning("event=request_failed tag=%s reason=%r", tag, str(e))
-            return _error(503, "unavailable", str(e))
-        leases = [(secrets.token_urlsafe(16), r) for r in ranges]
-        try:
-            recorded = await store.record(tag, leases)
-        except (StoreUnavailable, LeaseClash) as e:
-            # Not recorded, or not known to be: a lease that could not be returned
-            # (or, if half-known, returned twice) is never handed out. Waste instead.
-            for _, r in leases:
-                run.node.stats.waste(tag, "lease_not_recorded", len(r))
-                logger.error(
-                    "event=range_abandoned tag=%s range=%s reason=lease_not_recorded detail=%r",
-                    tag,
-                    r.to_text(),
-                    str(e),
-                )
-            return _error(503, "unavailable", f"could not record the lease in Redis: {e}")
-        _log_dropped(run, recorded.dropped)
-        for lease_id, r in leases:
-            logger.info("event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), lease_id)
-        answer = [{"lease": i, "first": r.start, "last": r.end - 1} for i, r in leases]
-        return _json({"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer})
 
-    async def give_back(request: Request) -> Response:
-        body = await _body(request)
-        if isinstance(body, Response):
-            return body
-        lease_id, start, tag = body.get("lease"), body.get("from"), body.get("tag", "")
-        if not isinstance(lease_id, str) or not LEASE_ID.fullmatch(lease_id):
-            return _error(400, "bad_lease", "lease must be the id POST /lease/{tag} answered")
-        if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= MAX_ID + 1:
-            return _error(
-                400, "bad_from", "from must be the first unused ID of the lease (an integer)"
+def _log_dropped(run: Runtime, dropped: list[str]) -> None:
+    log_dropped(logger, dropped)
+    for item in dropped:
+        dropped_tag, _, text = item.partition("=")
+        run.node.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
+
+
+async def lease(request: Request) -> Response:
+    tag: str = request.path_params["tag"]
+    if not is_valid_tag(tag):
+        raise InvalidInput("bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
+    run: Runtime = request.state.run
+    count = _parse_count(request, run.settings.client_max_count)
+    store = _lease_store(run)
+    if run.node.draining:
+        raise Draining("node is shutting down")
+    await run.node.tags.lookup(tag)  # its tokens are read with it
+    if not auth.allowed(run.node.tags, tag, request):
+        raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    ranges = merge(await lease_ranges(run, tag, count))
+    leases = [(secrets.token_urlsafe(16), r) for r in ranges]
+    try:
+        recorded = await store.record(tag, leases)
+    except (StoreUnavailable, LeaseClash) as e:
+        # Not recorded, or not known to be: a lease that could not be returned
+        # (or, if half-known, returned twice) is never handed out. Waste instead.
+        for _, r in leases:
+            run.node.stats.waste(tag, "lease_not_recorded", len(r))
+            logger.error(
+                "event=range_abandoned tag=%s range=%s reason=lease_not_recorded detail=%r",
+                tag,
+                r.to_text(),
+                str(e),
             )
-        if not isinstance(tag, str) or (tag and not is_valid_tag(tag)):
-            return _error(400, "bad_tag", f"tag, if given, must be a valid tag: {TAG_RULE}")
-        run = running()
-        store = lease_store(run)
-        if store is None:
-            return no_store()
-        try:
-            returned = await store.give_back(lease_id, start, tag)
-        except LeaseRefused as e:
-            return _error(_REFUSED_STATUS.get(e.code, 400), e.code, str(e))
-        except StoreUnavailable as e:
-            # Outcome unknown: the client may retry; the tombstone makes that safe.
-            logger.warning("event=lease_return_failed lease=%s detail=%r", lease_id, e.detail)
-            return _error(503, "unavailable", f"{e}; retry the return, it is safe")
-        _log_dropped(run, returned.dropped)
-        tail = returned.tail
-        if tail is not None:
-            run.node.stats.tags[returned.tag].ids_returned += len(tail)
-            logger.info(
-                "event=lease_returned tag=%s range=%s lease=%s",
-                returned.tag,
-                tail.to_text(),
-                lease_id,
-            )
-        given = None if tail is None else {"first": tail.start, "last": tail.end - 1}
-        return _json(
-            {
-                "lease": lease_id,
-                "tag": returned.tag,
-                "returned": given,
-                "count": 0 if tail is None else len(tail),
-            }
+        raise HttpRefusal("unavailable", f"could not record the lease in Redis: {e}") from e
+    _log_dropped(run, recorded.dropped)
+    for lease_id, r in leases:
+        logger.info("event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), lease_id)
+    answer = [{"lease": i, "first": r.start, "last": r.end - 1} for i, r in leases]
+    return json_response({"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer})
+
+
+def _return_fields(body: dict[str, Any]) -> tuple[str, int, str]:
+    lease_id, start, tag = body.get("lease"), body.get("from"), body.get("tag", "")
+    if not isinstance(lease_id, str) or not LEASE_ID.fullmatch(lease_id):
+        raise InvalidInput("bad_lease", "lease must be the id POST /lease/{tag} answered")
+    if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= MAX_ID + 1:
+        raise InvalidInput("bad_from", "from must be the first unused ID of the lease (an integer)")
+    if not isinstance(tag, str) or (tag and not is_valid_tag(tag)):
+        raise InvalidInput("bad_tag", f"tag, if given, must be a valid tag: {TAG_RULE}")
+    return lease_id, start, tag
+
+
+async def give_back(request: Request) -> Response:
+    lease_id, start, tag = _return_fields(await _body(request))
+    run: Runtime = request.state.run
+    store = _lease_store(run)
+    try:
+        returned = await store.give_back(lease_id, start, tag)
+    except StoreUnavailable as e:
+        # Outcome unknown: the client may retry; the tombstone makes that safe.
+        logger.warning("event=lease_return_failed lease=%s detail=%r", lease_id, e.detail)
+        raise HttpRefusal("unavailable", f"{e}; retry the return, it is safe") from e
+    _log_dropped(run, returned.dropped)
+    tail = returned.tail
+    if tail is not None:
+        run.node.stats.tags[returned.tag].ids_returned += len(tail)
+        logger.info(
+            "event=lease_returned tag=%s range=%s lease=%s",
+            returned.tag,
+            tail.to_text(),
+            lease_id,
         )
+    given = None if tail is None else {"first": tail.start, "last": tail.end - 1}
+    return json_response(
+        {
+            "lease": lease_id,
+            "tag": returned.tag,
+            "returned": given,
+            "count": 0 if tail is None else len(tail),
+        }
+    )
 
-    def _log_dropped(run: Running, dropped: list[str]) -> None:
-        log_dropped(logger, dropped)
-        for item in dropped:
-            dropped_tag, _, text = item.partition("=")
-            run.node.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
 
-    # /lease/return first: a tag named "return" cannot be leased over HTTP.
-    return [
-        Route("/lease/return", give_back, methods=["POST"]),
-        Route("/lease/{tag}", lease, methods=["POST"]),
-    ]
+# /lease/return first: a tag named "return" cannot be leased over HTTP.
+ROUTES = [
+    Route("/lease/return", give_back, methods=["POST"]),
+    Route("/lease/{tag}", lease, methods=["POST"]),
+]

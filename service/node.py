@@ -19,8 +19,11 @@ from typing import Any
 
 from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
 from idpool.pool.errors import (
+    Draining,
     IdPoolError,
+    KindNotServed,
     MarkNotRaised,
+    NoRangeAvailable,
     StoreBusy,
     StoreNotSent,
     StoreSkipped,
@@ -31,22 +34,13 @@ from idpool.pool.preloader import log_dropped, log_refused
 from idpool.pool.ranges import IdRange
 from idpool.pool.stores import PoolStore
 
-from .buffer import Draining, SegmentBuffer
+from .buffer import SegmentBuffer
 from .health import StoreHealth
+from .kinds import KINDS, SEGMENT, IdKind
 from .stats import SAMPLE_EVERY, NodeStats
 from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.node")
-
-
-class NoRangeAvailable(IdPoolError):
-    """Neither store could supply a range; the message says which is down and why."""
-
-    def __init__(self, tag: str, errors: list[StoreUnavailable]) -> None:
-        stores = " and ".join(dict.fromkeys(e.store for e in errors))
-        details = "; ".join(str(e) for e in errors)
-        super().__init__(f"no ID range available for tag {tag!r}: {stores} down ({details})")
-        self.stores = [e.store for e in errors]
 
 
 class RangeSource:
@@ -200,6 +194,9 @@ class Node:
         reserve_seconds: float = 0.0,
         report_seconds: float = 2.0,
         tag_reload_seconds: float = 5.0,
+        node_id: str = "",
+        identity: dict[str, str] | None = None,
+        extra_waste: Callable[[], Counter[tuple[str, str]]] = Counter,
     ) -> None:
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
@@ -211,18 +208,20 @@ class Node:
         self.tags = tags or TagDirectory(source.claims.ledger)
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
-        self.buffers: dict[str, SegmentBuffer] = {}
+        self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
+        # one object per kind of ID: how a tag of that kind is served (kinds.py)
+        self.kinds: dict[str, IdKind] = {name: make(self) for name, make in KINDS.items()}
         self.draining = False
         self.report_seconds = report_seconds
         self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
         self._reported: dict[str, int] = {}  # tag -> its buffer's `issued` as last reported
         self._unreported: Counter[str] = Counter()  # IDs handed out by buffers since dropped
         self._shutdown_report: ShutdownReport | None = None
-        # The cluster view: who this node is (set by the app; empty: not registered)
-        self.node_id = ""
-        self.identity: dict[str, str] = {}
+        # The cluster view: who this node is (empty: not registered)
+        self.node_id = node_id
+        self.identity = identity or {}
         # waste counted elsewhere in this process (the preloader's), reported with ours
-        self.extra_waste: Callable[[], Counter[tuple[str, str]]] = Counter
+        self.extra_waste = extra_waste
         self._reported_totals: dict[tuple[str, str], int] = {}
 
     def not_ready(self) -> str | None:
@@ -268,7 +267,32 @@ class Node:
             self.buffers[tag] = buf
         return buf
 
+    async def kind_of(self, tag: str) -> IdKind:
+        """The object of the tag's kind; raises UnknownTag, TagDisabled, Draining."""
+        if tag in self.buffers:
+            return self.kinds[SEGMENT]  # only segment tags have buffers
+        if self.draining:
+            raise Draining("node is shutting down")
+        row = await self.tags.lookup(tag)
+        kind = self.kinds.get(row.kind)
+        if kind is None:
+            raise KindNotServed(tag, row.kind)
+        return kind
+
     async def next_id(self, tag: str) -> int:
+        return await (await self.kind_of(tag)).next_id(tag)
+
+    async def next_ids(self, tag: str, count: int) -> list[int]:
+        return await (await self.kind_of(tag)).next_ids(tag, count)
+
+    def describe(self, tag: str) -> dict[str, Any] | None:
+        """What this node holds for the tag, as its kind shows it (/status.json)."""
+        row = self.tags.rows.get(tag)
+        kind = self.kinds.get(SEGMENT if row is None else row.kind)
+        return None if kind is None else kind.describe(tag)
+
+    async def take(self, tag: str) -> int:
+        """One ID from the tag's segment buffer (made on first use)."""
         buf = await self.buffer(tag)
         try:
             return await buf.take_waiting()
@@ -276,7 +300,7 @@ class Node:
             self._forget(tag, buf)
             raise
 
-    async def next_ids(self, tag: str, count: int) -> list[int]:
+    async def take_many(self, tag: str, count: int) -> list[int]:
         buf = await self.buffer(tag)
         try:
             return await buf.take_many_waiting(count)

@@ -14,6 +14,8 @@ from typing import Any
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
 
 from . import metrics
+from .errors import BY_CODE
+from .kinds import KINDS, SEGMENT
 
 Schema = dict[str, Any]
 
@@ -30,6 +32,7 @@ _TAG_ROW: Schema = {
     "type": "object",
     "required": [
         "tag",
+        "kind",
         "max_id",
         "step",
         "min_step",
@@ -42,6 +45,7 @@ _TAG_ROW: Schema = {
     ],  # fmt: skip
     "properties": {
         "tag": {"type": "string"},
+        "kind": {"type": "string", "description": "how its IDs are made: segment"},
         "max_id": {"type": "integer", "description": "first ID not yet claimed"},
         "step": {"type": "integer", "description": "IDs per range"},
         "min_step": {"type": "integer"},
@@ -72,35 +76,12 @@ _TOKEN_PARAM: Schema = {
     "(Authorization: Bearer <token> works too); only for tags that have tokens",
     "schema": {"type": "string"},
 }
-_WHY = {
-    "bad_tag": "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -",
-    "bad_count": "count missing, repeated, not an integer, or out of range",
-    "unknown_tag": "no such tag (idpool tag add TAG)",
-    "not_found": "no such path",
-    "tag_disabled": "an operator disabled the tag",
-    "unavailable": "no range could be had: the message names the store that is down",
-    "tag_exhausted": "the tag handed out every ID up to its max; other tags are served",
-    "draining": "the node is shutting down; retry on another node",
-    "unauthorized": "missing or wrong token (the admin token; or the tag's own, for a tag "
-    "with tokens)",
-    "unknown_token": "the tag has no token with this id",
-    "admin_off": "the admin API is off (no IDPOOL_ADMIN_TOKEN)",
-    "bad_body": "the body is not a JSON object, or names a field the call does not take",
-    "tag_exists": "the tag exists",
-    "start_below_issued": "a start may only move forward",
-    "method_not_allowed": "wrong method (HEAD on /id and /ids would use up IDs)",
-    "leases_unavailable": "leases need Redis; this node runs embedded",
-    "bad_lease": "lease is not an id POST /lease/{tag} answered",
-    "bad_from": "from is not an integer",
-    "outside_lease": "from is not between the lease's first ID and its last + 1",
-    "wrong_tag": "the lease is another tag's",
-    "unknown_lease": "no such lease: forged, expired, or Redis restarted since",
-    "already_returned": "returned before; a retried return has succeeded",
-}
 
 
 def _error(status: str, *codes: str) -> tuple[str, Schema]:
-    why = "; ".join(f"`{code}`: {_WHY.get(code, code)}" for code in codes)
+    """One status's answer, described from the error table (service/errors.py)."""
+    assert all(BY_CODE[code].status == int(status) for code in codes), codes
+    why = "; ".join(f"`{code}`: {BY_CODE[code].why}" for code in codes)
     return status, {
         "description": why,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
@@ -168,6 +149,7 @@ def document(max_count: int) -> Schema:
             "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
             "max": {"type": "integer", "minimum": 1, "maximum": MAX_ID - 1, "nullable": True},
             "description": {"type": "string", "maxLength": 255},
+            "kind": {"type": "string", "enum": list(KINDS), "default": SEGMENT},
         },
         "additionalProperties": False,
     }
@@ -383,6 +365,7 @@ def document(max_count: int) -> Schema:
                             "bad_start",
                             "bad_max",
                             "bad_description",
+                            "bad_kind",
                         ),
                         _error("409", "tag_exists"),
                     ],  # fmt: skip

@@ -231,13 +231,14 @@ def _tag(
             wasted[reason] += ids
     entry: dict[str, Any] = {
         "tag": tag,
+        "kind": None if row is None else row.kind,
         "step": None if row is None else row.step,
         "max_id": None if row is None else row.max_id,
         "start_id": None if row is None else row.start_id,
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
         "runway_s": None,
-        "buffer": None,
+        "buffer": node.describe(tag),
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,
@@ -249,17 +250,6 @@ def _tag(
             "ids_wasted": dict(wasted),
         },
     }
-    if buf is not None:
-        entry["buffer"] = {
-            "current": None if buf.current is None else buf.current.to_text(),
-            "used": buf.used,
-            "remaining": buf.remaining,
-            "next": None if buf.next is None else buf.next.to_text(),
-            "next_ready": buf.next is not None,
-            "ready": [r.to_text() for r in buf.ready],  # served after current, in order
-            "in_memory": buf.in_memory,
-            "fetching": buf.fetching,
-        }
     if pooled is not None:
         stats = pooled.stats
         cluster_rate = float(stats["rate"]) if "rate" in stats else None

@@ -153,6 +153,7 @@ def render(snap: Snapshot) -> str:
         rows.append(
             "<tr>"
             + _cell(t["tag"], f"{p}.tag", "l")
+            + _cell(t["kind"], f"{p}.kind", "l")
             + _cell(buf.get("current"), f"{p}.buffer.current", "l")
             + _cell(buf.get("used"), f"{p}.buffer.used")
             + _cell(buf.get("remaining"), f"{p}.buffer.remaining")
@@ -169,7 +170,8 @@ def render(snap: Snapshot) -> str:
             + "</tr>"
         )
     head = (
-        '<tr><th class="l">tag</th><th class="l">current range</th><th>used</th>'
+        '<tr><th class="l">tag</th><th class="l">kind</th><th class="l">current range</th>'
+        "<th>used</th>"
         '<th>left</th><th class="l">next range</th><th>pool ranges</th><th>pool IDs</th>'
         "<th>pool minutes</th><th>step</th><th>max</th><th>runway</th><th>issued here</th>"
         "<th>IDs/s here</th>"

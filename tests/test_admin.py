@@ -214,3 +214,13 @@ def test_a_tag_with_tokens_serves_only_requests_that_show_one(
     assert admin.get(f"/id/{tag}").text == "6"  # no tokens left: served to anyone again
     nosuch = admin.post(f"/admin/tags/{tag}-nope/tokens", headers=AUTH)
     assert nosuch.status_code == 404 and nosuch.json()["error"] == "unknown_tag"
+
+
+def test_a_tag_has_a_kind_and_only_known_kinds_are_taken(admin: TestClient, tag: str) -> None:
+    made = admin.post("/admin/tags", json={"tag": tag, "kind": "segment"}, headers=AUTH)
+    assert made.status_code == 201 and made.json()["kind"] == "segment"
+    listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+    assert [t["kind"] for t in listed if t["tag"] == tag] == ["segment"]
+    bad = admin.post("/admin/tags", json={"tag": tag + "x", "kind": "snowflake"}, headers=AUTH)
+    assert bad.status_code == 400 and bad.json()["error"] == "bad_kind"
+    assert "'snowflake'" in bad.json()["message"] and "segment" in bad.json()["message"]

@@ -119,6 +119,7 @@ def test_fast_path_answers_as_the_routes_do(
     async def status_of(path: str) -> int:
         scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": "/api"}
         scope.update(query_string=b"", headers=[], http_version="1.1", scheme="http")
+        scope["state"] = client.app_state.copy()  # the lifespan state, as a server passes it
         sent: list[Message] = []
 
         async def receive() -> Message:
@@ -482,3 +483,55 @@ def test_a_remainder_push_that_could_not_connect_is_not_sent_not_unknown(
         time.sleep(PROBE_EVERY + 0.5)  # its health probe failed: the node knows Redis is gone
     wasted = node.stats.tags[tag].wasted
     assert wasted["push_not_sent"] > 0 and wasted["push_outcome_unknown"] == 0, dict(wasted)
+
+
+def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    async def add_future_kind() -> None:
+        ledger = await Ledger.connect(settings)
+        try:
+            await ledger.add_tag(tag, step=10, start=1, kind="newer_kind")
+        finally:
+            await ledger.close()
+
+    asyncio.run(add_future_kind())
+    for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
+        r = client.get(path)
+        assert r.status_code == 503 and r.json()["error"] == "unavailable", r.text
+        assert "'newer_kind'" in r.json()["message"]
+    assert ledger_max_id(settings, tag) == 1  # nothing was claimed for it
+
+
+def test_a_tag_is_served_by_the_object_of_its_kind(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    async def add_counting_tag() -> None:
+        ledger = await Ledger.connect(settings)
+        try:
+            await ledger.add_tag(tag, step=10, start=1, kind="counting")
+        finally:
+            await ledger.close()
+
+    class Counting:  # the smallest IdKind: IDs from a counter in memory
+        name = "counting"
+        from_memory = False
+        last = 0
+
+        async def next_id(self, tag: str) -> int:
+            self.last += 1
+            return self.last
+
+        async def next_ids(self, tag: str, count: int) -> list[int]:
+            return [await self.next_id(tag) for _ in range(count)]
+
+        def describe(self, tag: str) -> dict[str, int]:
+            return {"last": self.last}
+
+    asyncio.run(add_counting_tag())
+    node = client.app.node  # type: ignore[attr-defined]
+    node.kinds["counting"] = Counting()
+    assert client.get(f"/id/{tag}").text == "1"
+    assert client.get(f"/ids/{tag}?count=2").json() == {"tag": tag, "ids": [2, 3]}
+    assert tag not in node.buffers  # not a segment tag: no buffer, no fast path
+    assert ledger_max_id(settings, tag) == 1  # and no range claimed

@@ -110,7 +110,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
 
 def test_access_log_is_kept_at_any_log_level() -> None:
     # uvicorn writes access lines at INFO; at --log-level warning they were dropped.
-    from idpool.service.cli import logging_config
+    from idpool.service.cli.logs import logging_config
 
     assert logging_config("warning", True)["loggers"]["uvicorn.access"] == {"level": "INFO"}
     assert "uvicorn.access" not in logging_config("warning")["loggers"]
@@ -225,13 +225,13 @@ def test_tag_token_add_list_revoke(settings: Settings, tag: str) -> None:
 def test_tokens_in_query_strings_never_reach_a_log_line() -> None:
     import logging
 
-    from idpool.service.cli import RedactTokens
+    from idpool.service.cli.logs import RedactTokens
 
     record = logging.LogRecord(
         "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
         ("127.0.0.1:5000", "GET", "/ids/orders?count=3&token=s3cr3t&x=1", "1.1", 200), None,
     )  # fmt: skip
-    from idpool.service.cli import logging_config
+    from idpool.service.cli.logs import logging_config
 
     stderr = logging_config("info", access_log=True)["handlers"]["stderr"]
     assert stderr["filters"] == ["redact_tokens"]  # every line, uvicorn's access log too
@@ -242,9 +242,21 @@ def test_tokens_in_query_strings_never_reach_a_log_line() -> None:
 
 def test_a_token_is_redacted_however_its_name_is_spelled() -> None:
     # Starlette decodes %74oken to token and accepts it: the log must not show it.
-    from idpool.service.cli import _redact
+    from idpool.service.cli.logs import redact as _redact
 
     for query in ("%74oken=s3cr3t", "TOKEN=s3cr3t", "to%6Ben=s3cr3t&count=3", "x=1&token=s3cr3t"):
         line = _redact(f'"GET /id/orders?{query} HTTP/1.1" 200')
         assert "s3cr3t" not in line and "[redacted]" in line, line
     assert _redact("GET /ids/orders?count=3") == "GET /ids/orders?count=3"
+
+
+def test_tag_kind_is_checked_as_the_admin_api_checks_it_and_listed(
+    settings: Settings, tag: str
+) -> None:
+    bad = idpool(settings, "tag", "add", tag, "--kind", "snowflake")
+    assert bad.returncode == 2 and "--kind 'snowflake' is not a kind of ID" in bad.stderr
+    assert idpool(settings, "tag", "add", tag, "--kind", "segment").returncode == 0
+    listed = idpool(settings, "tag", "list").stdout.splitlines()
+    row = next(i for i, line in enumerate(listed) if line.startswith(tag))
+    groups = [line for line in listed[:row] if line.startswith("-- kind ")]
+    assert groups[-1].startswith("-- kind segment: ")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,7 @@ import redis
 from starlette.testclient import TestClient
 
 from idpool.pool import lease_store
+from idpool.pool.errors import StoreUnavailable
 from idpool.pool.keys import Keys
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
@@ -191,3 +193,19 @@ def test_a_lease_needs_the_tags_token_and_a_disabled_tag_leases_nothing(
         assert c.patch(f"/admin/tags/{tag}", json={"disabled": True}, headers=auth).is_success
         gone = c.post(f"/lease/{tag}", params={"token": token})
         assert gone.status_code == 410 and gone.json()["error"] == "tag_disabled"
+
+
+def test_lease_failures_share_the_once_a_second_failure_log(
+    client: TestClient, settings: Settings, tag: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_tag(settings, tag, step=100)
+    node = client.app.node  # type: ignore[attr-defined]
+
+    async def down(tag: str, ids: int = 1) -> Any:
+        raise StoreUnavailable("redis", "cut")
+
+    node.source.fetch = down
+    with caplog.at_level(logging.WARNING):
+        answers = [client.post(f"/lease/{tag}") for _ in range(3)]
+    assert [(r.status_code, r.json()["error"]) for r in answers] == [(503, "unavailable")] * 3
+    assert caplog.text.count("event=request_failed") == 1

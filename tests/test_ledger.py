@@ -273,6 +273,7 @@ async def test_a_table_from_before_bounds_is_migrated_in_place(settings: Setting
                     "x",
                 )
                 assert await led.claim("old") == IdRange(start, start + 100)
+                assert row.kind == "segment"  # the kind column, added in place
             finally:
                 await led.close()
     finally:
@@ -304,6 +305,7 @@ async def test_a_sqlite_file_from_before_bounds_is_migrated_in_place(
             start = 501 + 100 * i
             assert (row.max_id, row.max, row.disabled) == (start, None, False)
             assert await led.claim("old") == IdRange(start, start + 100)
+            assert row.kind == "segment"  # the kind column, added in place
         finally:
             await led.close()
 

@@ -44,6 +44,7 @@ def test_status_json_shows_buffers_pool_and_stores(
     assert entry["buffer"]["used"] == 5 and entry["buffer"]["remaining"] == 95
     assert entry["counters"]["ids_issued"] == 5
     assert entry["counters"]["ranges_from_ledger"] == 1
+    assert entry["kind"] == "segment"
     assert entry["pool"] == {  # no preloader runs here (preload is off in these tests)
         "depth": 0,
         "ids": 0,
@@ -116,6 +117,7 @@ def test_status_page_in_a_real_browser(settings: Settings, tag: str, tmp_path: P
     fields = dict(re.findall(r'data-field="([^"]+)">([^<]*)<', dom))
     i = next(n for n, t in enumerate(snap["tags"]) if t["tag"] == tag)
     assert fields[f"tags.{i}.tag"] == tag
+    assert fields[f"tags.{i}.kind"] == "segment"
     for path in ("buffer.current", "buffer.used", "buffer.remaining", "step",
                  "counters.ids_issued", "pool.depth", "pool.ids"):  # fmt: skip
         value: object = snap["tags"][i]

@@ -157,7 +157,8 @@ def classic_leaf() -> NodeApp:
         return PlainTextResponse(str(value))
 
     @asynccontextmanager
-    async def lifespan(app: NodeApp) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        assert isinstance(app, NodeApp)
         ledger = await Ledger.connect(settings)
         source = RangeSource(LedgerClaims(ledger, None), None)  # no Redis tier at all
         node = state["node"] = app.node = Node(source, prefetch_at=settings.prefetch_at)
@@ -167,7 +168,7 @@ def classic_leaf() -> NodeApp:
         app.node = None
         await ledger.close()
 
-    return NodeApp(routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
+    return NodeApp(settings, routes=[Route("/id/{tag}", one_id)], lifespan=lifespan)
 
 
 class Slowed:

@@ -1,0 +1,104 @@
+"""``idpool serve`` (a node: the HTTP API, the preloader inside by default) and
+``idpool preload`` (the preloader alone)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+from idpool.pool.errors import ConfigError
+from idpool.pool.preloader import Preloader
+from idpool.pool.settings import Settings
+from idpool.pool.stores import open_stores
+
+from .logs import logging_config
+
+
+class CannotListen(Exception):
+    """The address to serve on cannot be bound (in use, or not this machine's)."""
+
+
+def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    serve = sub.add_parser(
+        "serve", parents=[embedded], help="run a node (HTTP API; preloader inside by default)"
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn workers; each is a node")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    sub.add_parser(
+        "preload", parents=[embedded], help="run the preloader alone, until SIGTERM or Ctrl-C"
+    )
+
+
+def serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    if settings.embedded:
+        if args.workers != 1:
+            raise ConfigError(
+                f"--workers {args.workers}: the embedded mode runs one node in one process; "
+                "drop --workers, or run MySQL and Redis for several nodes"
+            )
+        # The app factory reads the environment: hand it the ledger chosen here.
+        os.environ["IDPOOL_MYSQL_URL"] = settings.mysql_url
+    # The workers read their settings from the environment: the cluster view's address.
+    os.environ.setdefault("IDPOOL_ADVERTISE", f"{args.host}:{args.port}")
+    # Fail here, once, with a clear message, rather than in every worker.
+    _check_port(args.host, args.port)
+    asyncio.run(_check_stores(settings))
+    uvicorn.run(
+        "idpool.service.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        access_log=args.access_log,
+        log_config=logging_config(args.log_level, args.access_log),
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind the address once, as uvicorn will, so a port in use is said plainly
+    rather than as a startup traceback with uvicorn's exit code."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {e.strerror}; "
+                "stop what uses it or choose another --port"
+            ) from None
+
+
+async def _check_stores(settings: Settings) -> None:
+    ledger, pool = await open_stores(settings)
+    await pool.close()
+    await ledger.close()
+
+
+async def preload(settings: Settings, args: argparse.Namespace) -> int:
+    ledger, pool = await open_stores(settings)
+    try:
+        preloader = Preloader(settings, ledger, pool)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        preloader.start()
+        logging.getLogger("idpool.cli").info("event=preloader_started owner=%s", preloader.owner)
+        await stop.wait()
+        await preloader.close()
+    finally:
+        await pool.close()
+        await ledger.close()
+    return 0

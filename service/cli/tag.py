@@ -1,0 +1,254 @@
+"""``idpool tag ...``: add, list, step, start, disable, enable, and a tag's tokens.
+
+The values are checked by ``service/tag_fields.py``, as the admin API checks
+them; the messages name the options (``--step``) instead of the JSON fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from functools import partial
+
+from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.errors import (
+    InvalidInput,
+    StartBelowIssued,
+    StoreUnavailable,
+    TagExists,
+    UnknownTag,
+)
+from idpool.pool.ranges import MAX_ID, MAX_STEP
+from idpool.pool.settings import Settings
+from idpool.pool.stores import LedgerStore, open_ledger, open_pool
+from idpool.pool.tokens import hash_token, new_token
+
+from ..kinds import KINDS, SEGMENT
+from ..status import runway_seconds
+from ..tag_fields import check_int, new_tag
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, duration, flag, integer, show, tag_arg
+
+logger = logging.getLogger("idpool.cli")
+
+
+def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    tag = sub.add_parser("tag", help="manage tags").add_subparsers(
+        dest="tag_command", required=True
+    )
+    add = tag.add_parser("add", parents=[embedded], help="create a tag")
+    add.add_argument("tag", type=tag_arg)
+    add.add_argument("--step", type=integer, default=None, help="IDs per range")
+    add.add_argument("--start", type=integer, default=1, help="first ID (default 1)")
+    add.add_argument("--description", default="")
+    add.add_argument(
+        "--max",
+        type=integer,
+        default=None,
+        help="highest ID the tag may hand out, e.g. 9007199254740991 to stay exact in "
+        "JavaScript (default: no bound below 2^63)",
+    )
+    add.add_argument(
+        "--kind", default=SEGMENT, help=f"how its IDs are made: {', '.join(KINDS)} (default)"
+    )
+    tag.add_parser(
+        "list", parents=[embedded], help="list tags: ledger position, bound, runway, state"
+    )
+    for verb, what in (
+        ("disable", "stop serving a tag (410 tag_disabled); its ready ranges become waste"),
+        ("enable", "serve a disabled tag again, from fresh ranges"),
+    ):
+        toggle = tag.add_parser(verb, parents=[embedded], help=what)
+        toggle.add_argument("tag", type=tag_arg)
+    token = tag.add_parser("token", help="a tag's tokens").add_subparsers(
+        dest="token_command", required=True
+    )
+    token_add = token.add_parser(
+        "add", parents=[embedded], help="make a token; from then on the tag needs one"
+    )
+    token_add.add_argument("tag", type=tag_arg)
+    token_list = token.add_parser("list", parents=[embedded], help="a tag's token ids")
+    token_list.add_argument("tag", type=tag_arg)
+    revoke = token.add_parser("revoke", parents=[embedded], help="delete one token")
+    revoke.add_argument("tag", type=tag_arg)
+    revoke.add_argument("token_id")
+    step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
+    step.add_argument("tag", type=tag_arg)
+    step.add_argument("step", type=checked(partial(check_int, "step", top=MAX_STEP)))
+    start = tag.add_parser(
+        "start", parents=[embedded], help="move a tag's next ID forward (never back)"
+    )
+    start.add_argument("tag", type=tag_arg)
+    start.add_argument("start", type=checked(partial(check_int, "start", top=MAX_ID)))
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.tag_command == "add":
+        return await _add(settings, args)  # checked before any store is opened
+    ledger = await open_ledger(settings)
+    try:
+        if args.tag_command == "step":
+            return await _step(ledger, args)
+        if args.tag_command == "start":
+            return await _start(settings, ledger, args)
+        if args.tag_command in ("disable", "enable"):
+            return await _toggle(settings, ledger, args)
+        if args.tag_command == "token":
+            return await _token(ledger, args)
+        return await _list(settings, ledger)
+    except UnknownTag:
+        print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        await ledger.close()
+
+
+async def _add(settings: Settings, args: argparse.Namespace) -> int:
+    fields = {"tag": args.tag, "start": args.start, "description": args.description}
+    fields.update(max=args.max, kind=args.kind)
+    if args.step is not None:
+        fields["step"] = args.step
+    try:
+        spec = new_tag(fields, settings.default_step, flag)
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    ledger = await open_ledger(settings)
+    # No check: with Redis down a tag can still be added (without its high-water mark).
+    pool = await open_pool(settings, check=False)
+    try:
+        row = await create_tag(
+            ledger,
+            pool,
+            spec.tag,
+            step=spec.step,
+            start=spec.start,
+            description=spec.description,
+            end_id=spec.end_id,
+            kind=spec.kind,
+        )
+    except TagExists:
+        print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        await pool.close()
+        await ledger.close()
+    note = ""
+    if row.max_id > spec.start:
+        note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
+    bound = "" if row.max is None else f", max {row.max}"
+    kind = "" if row.kind == SEGMENT else f", kind {row.kind}"
+    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{note}")
+    return 0
+
+
+async def _list(settings: Settings, ledger: LedgerStore) -> int:
+    rows = await ledger.list_tags()
+    # The runway needs the cluster's rate from the pool; without it, "-".
+    pool = await open_pool(settings, check=False)
+    try:
+        pooled = await pool.summaries([row.tag for row in rows])
+    except StoreUnavailable:
+        pooled = {}
+    finally:
+        await pool.close()
+    print(
+        f"{'tag':<24} {'max_id':>20} {'step':>10} {'start':>12} {'max':>20} "
+        f"{'runway':>10} {'state':>8}  description"
+    )
+    # Grouped by kind, each group under one line naming it: the rows keep their columns.
+    for kind in sorted({row.kind for row in rows}, key=lambda k: (k != SEGMENT, k)):
+        group = [row for row in rows if row.kind == kind]
+        print(f"-- kind {kind}: {len(group)} tags")
+        for row in group:
+            found = pooled.get(row.tag)
+            rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
+            runway = runway_seconds(row, found.ids if found else 0, rate)
+            print(
+                f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12} "
+                f"{show(row.max):>20} {duration(runway):>10} "
+                f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
+            )
+    return 0
+
+
+async def _step(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    row = await ledger.set_step(args.tag, args.step)
+    print(f"{row.tag}: step is now {row.step}; ranges already claimed keep their size")
+    return 0
+
+
+async def _start(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    # No check: with Redis down the ledger's own max_id still refuses a start below it.
+    pool = await open_pool(settings, check=False)
+    try:
+        row = await move_start(ledger, pool, args.tag, args.start)
+    except StartBelowIssued as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        await pool.close()
+    print(
+        f"{row.tag}: the next range claimed starts at {row.max_id}; "
+        "ranges already in the pool or in nodes are served first"
+    )
+    return 0
+
+
+async def _token(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    await ledger.get_tag(args.tag)
+    if args.token_command == "add":
+        token_id, token = new_token()
+        await ledger.add_token(args.tag, token_id, hash_token(token))
+        # stdout only, never a log line: this is the one time the token is shown
+        print(f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed:")
+        print(token)
+        print(
+            f"{args.tag} now needs a token (Authorization: Bearer <token> or ?token=) "
+            "at every node within IDPOOL_TAG_RELOAD_SECONDS"
+        )
+        return 0
+    if args.token_command == "revoke":
+        if not await ledger.revoke_token(args.tag, args.token_id):
+            print(f"idpool: tag {args.tag!r} has no token {args.token_id!r}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"{args.tag}: token {args.token_id} revoked")
+        return 0
+    rows = await ledger.list_tokens(args.tag)
+    if not rows:
+        print(f"{args.tag}: no tokens; served to anyone")
+    for row in rows:
+        print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S}")
+    return 0
+
+
+async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    if args.tag_command == "enable":
+        row = await enable_tag(ledger, args.tag)
+        print(f"{row.tag}: enabled; the next range claimed starts at {row.max_id}")
+        return 0
+    pool = await open_pool(settings, check=False)
+    try:
+        row, drained = await disable_tag(ledger, pool, args.tag)
+    except StoreUnavailable as e:
+        print(
+            f"idpool: {args.tag!r} is disabled, but its ready ranges could not be "
+            f"removed ({e}); run the command again",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
+    finally:
+        await pool.close()
+    ids = sum(map(len, drained))
+    if drained:
+        logger.warning(
+            "event=range_abandoned tag=%s range=%s reason=tag_disabled",
+            row.tag,
+            ",".join(r.to_text() for r in drained),
+        )
+    print(
+        f"{row.tag}: disabled (410 tag_disabled at every node within "
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
+        f"max_id {row.max_id} is kept"
+    )
+    return 0

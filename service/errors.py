@@ -1,0 +1,182 @@
+"""From an exception to an HTTP answer: one table, one exception handler.
+
+Every error a route answers is a row of ``ERRORS``: its code, its status and
+one line on why it happens (the OpenAPI description lists the same lines).
+Handlers raise: an ``IdPoolError`` from the stores (its type picks the row), an
+``InvalidInput`` (its code picks the row), or an ``HttpRefusal`` for what only
+HTTP has (a missing token, the admin API off, a wrong method). The body is
+always ``{"error": code, "message": what to fix}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from idpool.pool.errors import (
+    Draining,
+    IdPoolError,
+    InvalidInput,
+    LeaseRefused,
+    StartBelowIssued,
+    TagDisabled,
+    TagExhausted,
+    TagExists,
+    UnknownTag,
+)
+
+logger = logging.getLogger("idpool.app")
+
+ROUTES_HINT = "GET /id/{tag}, GET /ids/{tag}?count=N, GET /api/segment/get/{tag}"
+
+
+class HttpRefusal(Exception):
+    """A request refused for a reason only HTTP has; ``code`` is a row of ERRORS."""
+
+    def __init__(self, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    code: str
+    status: int
+    why: str  # for the OpenAPI description
+    raised_by: type[Exception] | None = None  # the error type answered with this row
+
+
+ERRORS: tuple[ErrorRow, ...] = (
+    ErrorRow("bad_tag", 400, "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -"),
+    ErrorRow("bad_count", 400, "count missing, repeated, not an integer, or out of range"),
+    ErrorRow("bad_body", 400, "the body is not a JSON object, or names a field it does not take"),
+    ErrorRow("bad_step", 400, "step is not an integer in range"),
+    ErrorRow("bad_start", 400, "start is not an integer in range"),
+    ErrorRow("bad_max", 400, "max is not an integer in range, or below start"),
+    ErrorRow("bad_kind", 400, "kind is not a kind of ID this node knows (segment)"),
+    ErrorRow("bad_description", 400, "description is not a string of at most 255"),
+    ErrorRow("bad_disabled", 400, "disabled is not true or false"),
+    ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
+    ErrorRow("bad_from", 400, "from is not an integer"),
+    ErrorRow("outside_lease", 400, "from is not between the lease's first ID and its last + 1"),
+    ErrorRow("wrong_tag", 400, "the lease is another tag's"),
+    ErrorRow(
+        "unauthorized",
+        401,
+        "missing or wrong token (the admin token; or the tag's own, for a tag with tokens)",
+    ),
+    ErrorRow("unknown_tag", 404, "no such tag (idpool tag add TAG)", UnknownTag),
+    ErrorRow("unknown_token", 404, "the tag has no token with this id"),
+    ErrorRow("admin_off", 404, "the admin API is off (no IDPOOL_ADMIN_TOKEN)"),
+    ErrorRow("not_found", 404, "no such path"),
+    ErrorRow("method_not_allowed", 405, "wrong method (HEAD on /id and /ids would use up IDs)"),
+    ErrorRow("tag_exists", 409, "the tag exists", TagExists),
+    ErrorRow("start_below_issued", 409, "a start may only move forward", StartBelowIssued),
+    ErrorRow("unknown_lease", 409, "no such lease: forged, expired, or Redis restarted since"),
+    ErrorRow("already_returned", 409, "returned before; a retried return has succeeded"),
+    ErrorRow("tag_disabled", 410, "an operator disabled the tag", TagDisabled),
+    ErrorRow(
+        "tag_exhausted",
+        503,
+        "the tag handed out every ID up to its max; other tags are served",
+        TagExhausted,
+    ),
+    ErrorRow("draining", 503, "the node is shutting down; retry on another node", Draining),
+    ErrorRow("not_ready", 503, "the node is starting or stopping, or has no IDs and no pool"),
+    ErrorRow("leases_unavailable", 503, "leases need Redis; this node runs embedded"),
+    ErrorRow(
+        "unavailable",
+        503,
+        "no range could be had: the message names the store that is down",
+        IdPoolError,  # every other IdPoolError: a store is down
+    ),
+)
+BY_CODE = {row.code: row for row in ERRORS}
+_BY_TYPE = {row.raised_by: row for row in ERRORS if row.raised_by is not None}
+
+
+def json_response(body: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
+def error(code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    response = json_response({"error": code, "message": message}, BY_CODE[code].status)
+    response.headers.update(headers or {})
+    return response
+
+
+def row_of(exc: Exception) -> ErrorRow:
+    """The table's row for an exception: by its code, else by its nearest type."""
+    code = getattr(exc, "code", None)
+    if isinstance(exc, InvalidInput | HttpRefusal | LeaseRefused) and code in BY_CODE:
+        return BY_CODE[code]
+    for kind in type(exc).__mro__:
+        if kind in _BY_TYPE:
+            return _BY_TYPE[kind]
+    return BY_CODE["unavailable"]
+
+
+def message_of(exc: Exception, row: ErrorRow, tag: str) -> str:
+    if row.code == "unknown_tag":
+        return f"tag {tag!r} does not exist; create it with `idpool tag add {tag}`"
+    if row.code == "tag_exhausted":
+        return f"{exc}; other tags are served as usual"
+    if row.code == "draining":
+        return "this node is shutting down; retry on another node"
+    return str(exc)
+
+
+async def answer_error(request: Request, exc: Exception) -> Response:
+    """The one exception handler for what the routes raise."""
+    row = row_of(exc)
+    tag = str(request.path_params.get("tag", ""))
+    message = message_of(exc, row, tag)
+    if row.code == "unavailable":
+        run = request.state.run
+        run.failures.log(tag, message)
+    return error(row.code, message, getattr(exc, "headers", None))
+
+
+async def answer_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 (no such path, wrong method), as JSON with a hint."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        response = error("not_found", f"no such path {request.url.path[:80]!r}; use {ROUTES_HINT}")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        response = error("method_not_allowed", f"use {allowed} here, not {request.method}")
+    else:
+        response = json_response(
+            {"error": "http_error", "message": str(exc.detail)}, exc.status_code
+        )
+    response.headers.update(exc.headers or {})
+    return response
+
+
+class FailureLog:
+    """event=request_failed at most once a second, with how many it stands for: a
+    flood of requests while a store is down must not become a flood of log lines."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._suppressed = 0
+
+    def log(self, tag: str, reason: str) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._suppressed += 1
+            return
+        logger.warning(
+            "event=request_failed tag=%s reason=%r similar_since_last=%d",
+            tag,
+            reason,
+            self._suppressed,
+        )
+        self._next, self._suppressed = now + 1.0, 0

@@ -1,0 +1,78 @@
+"""Kinds of ID: the one place where a tag's kind decides how its IDs are made
+and served.
+
+Every tag has a kind (the ledger's ``kind`` column, ``segment`` by default).
+A node keeps one object per kind (``Node.kinds``) and hands each request for a
+tag to the object of the tag's kind. A kind implements ``IdKind``; the only
+kind today is ``segment``: ranges from the pool or the ledger, served from the
+node's double buffers (``buffer.py``), answered from memory by NodeApp's fast
+path. A new kind is a module beside this one with a class implementing
+``IdKind``, added to ``KINDS`` below (docs/design.md, "Kinds of ID").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .node import Node
+
+SEGMENT = "segment"
+
+
+class IdKind(Protocol):
+    """How the IDs of one kind of tag are made and served on a node."""
+
+    name: str  # the ledger's kind column
+    # True: the kind keeps a SegmentBuffer per tag in ``node.buffers`` and
+    # NodeApp answers from it before routing; False: every request comes here.
+    from_memory: bool
+
+    async def next_id(self, tag: str) -> int:
+        """One ID of ``tag``; raises IdPoolError (answered by service/errors.py)."""
+        ...
+
+    async def next_ids(self, tag: str, count: int) -> list[int]:
+        """``count`` IDs of ``tag``, in the order handed out."""
+        ...
+
+    def describe(self, tag: str) -> dict[str, Any] | None:
+        """What this node holds for the tag, shown as ``buffer`` in /status.json
+        (None: nothing held here)."""
+        ...
+
+
+class SegmentKind:
+    """Ranges from the pool or the ledger, served from the node's double buffers."""
+
+    name = SEGMENT
+    from_memory = True
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def next_id(self, tag: str) -> int:
+        return await self.node.take(tag)
+
+    async def next_ids(self, tag: str, count: int) -> list[int]:
+        return await self.node.take_many(tag, count)
+
+    def describe(self, tag: str) -> dict[str, Any] | None:
+        buf = self.node.buffers.get(tag)
+        if buf is None:
+            return None
+        return {
+            "current": None if buf.current is None else buf.current.to_text(),
+            "used": buf.used,
+            "remaining": buf.remaining,
+            "next": None if buf.next is None else buf.next.to_text(),
+            "next_ready": buf.next is not None,
+            "ready": [r.to_text() for r in buf.ready],  # served after current, in order
+            "in_memory": buf.in_memory,
+            "fetching": buf.fetching,
+        }
+
+
+# Every kind a tag may have: its name -> how a node makes its object.
+KINDS: dict[str, Callable[[Node], IdKind]] = {SEGMENT: SegmentKind}

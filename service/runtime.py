@@ -1,0 +1,163 @@
+"""What a serving node holds while it runs: one object, opened and closed by the
+app's lifespan and read by every handler as ``request.state.run``.
+
+Nothing else keeps state between requests: no module globals, no closures over
+settings. ``open_runtime`` builds the node from the settings and the stores;
+``Runtime.close`` stops it in reverse order and is safe to call twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.lease_store import LeaseStore
+from idpool.pool.preloader import Preloader
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.pool.stores import LedgerStore, PoolStore
+
+from . import metrics, openapi, status
+from .errors import FailureLog
+from .node import Node, RangeSource, node_ttl
+from .stats import NodeStats
+from .tags import TagDirectory
+
+logger = logging.getLogger("idpool.runtime")
+
+# Opens the ledger and the pool at startup; open_stores in production, slowed
+# or otherwise wrapped stores in the benchmark (ops/bench).
+StoreOpener = Callable[[Settings], Awaitable[tuple[LedgerStore, PoolStore]]]
+
+
+@dataclass
+class Runtime:
+    """The node, its stores and the caches the handlers share."""
+
+    settings: Settings
+    node: Node
+    ledger: LedgerStore
+    pool: PoolStore
+    preloader: Preloader
+    store_reads: status.StoreReadsCache
+    api_document: bytes  # /openapi.json, built once
+    failures: FailureLog = field(default_factory=FailureLog)
+    # name -> (monotonic when rendered, body): /status and /metrics at most once a second
+    rendered: dict[str, tuple[float, bytes]] = field(default_factory=dict)
+    background: list[asyncio.Future[None]] = field(default_factory=list)
+    closed: bool = False
+    _leases: LeaseStore | None = None
+
+    def lease_store(self) -> LeaseStore | None:
+        """Where leases are recorded, made on the first lease; None in the
+        embedded mode (no Redis to record them in)."""
+        if self._leases is None and isinstance(self.pool, RedisPool):
+            pool = self.pool
+            self._leases = LeaseStore(
+                pool.client, pool.keys, self.settings.client_lease_seconds, pool.send
+            )
+        return self._leases
+
+    async def snapshot(self) -> status.Snapshot:
+        return status.assemble(self.node, await self.store_reads.get(), self.preloader.wasted)
+
+    async def render_once_a_second(
+        self, name: str, render: Callable[[], Awaitable[bytes]]
+    ) -> bytes:
+        """The page and the exposition, rendered at most once a second however many
+        scrapers ask: rendering runs on the event loop, and four scrapers in a
+        tight loop rendering every time took most of it from /id. (/status.json
+        is built fresh: tools account for IDs from it.)"""
+        made = self.rendered.get(name)
+        if made is None or time.monotonic() - made[0] >= status.STORE_READS_SECONDS:
+            made = self.rendered[name] = (time.monotonic(), await render())
+        return made[1]
+
+    def start(self) -> None:
+        self.background = [
+            asyncio.ensure_future(self.node.run_housekeeping()),
+            asyncio.ensure_future(self.node.health.run()),
+        ]
+        if self.settings.preload:
+            self.preloader.start()
+        if self.settings.embedded:
+            logger.warning(
+                "event=embedded_mode file=%s detail='one node; ledger and pool in this SQLite "
+                "file; MySQL and Redis are not used'",
+                self.settings.sqlite_path(),
+            )
+        logger.info("event=node_started preload=%s", self.settings.preload)
+
+    async def stop(self) -> None:
+        """A graceful stop, in reverse: the preloader's tick under way finishes its
+        push; the node stops serving and returns its remainders."""
+        await self.preloader.close()
+        report = await self.node.shutdown()
+        logger.info(
+            "event=node_stopped returned=%d abandoned=%d",
+            len(report.returned),
+            len(report.abandoned),
+        )
+
+    async def close(self) -> None:
+        """Release everything; after stop(), or alone when the lifespan failed."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self.background:
+            task.cancel()
+        # Not waited for without a bound: aiomysql lets a query run on past its
+        # cancellation, and one stuck on the server must not stall the stop.
+        if self.background:
+            await asyncio.wait(self.background, timeout=self.settings.store_timeout)
+        await self.node.leave()  # after the heartbeats stopped: none can re-register it
+        await self.preloader.close()
+        await self.pool.close()
+        await self.ledger.close()
+
+
+async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
+    ledger, pool = await stores(settings)
+    claims = LedgerClaims(ledger, pool)
+    preloader = Preloader(settings, ledger, pool, claims)
+    stats = NodeStats()
+    source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon)
+    node = Node(
+        source,
+        prefetch_at=settings.prefetch_at,
+        tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl),
+        idle_seconds=settings.idle_seconds,
+        reserve_seconds=settings.reserve_seconds,
+        report_seconds=settings.report_seconds,
+        tag_reload_seconds=settings.tag_reload_seconds,
+        node_id=f"{socket.gethostname()}-{os.getpid()}",
+        identity={
+            "addr": settings.advertise or socket.gethostname(),
+            "pid": str(os.getpid()),
+            "version": metrics.VERSION,
+            "started_at": f"{stats.started_at:.0f}",
+        },
+        extra_waste=lambda: preloader.wasted,
+    )
+    store_reads = status.StoreReadsCache(
+        lambda: status.read_stores(
+            ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
+        )
+    )
+    return Runtime(
+        settings=settings,
+        node=node,
+        ledger=ledger,
+        pool=pool,
+        preloader=preloader,
+        store_reads=store_reads,
+        api_document=orjson.dumps(openapi.document(settings.max_count)),
+    )

@@ -1,0 +1,84 @@
+"""The checks on what an operator gives for a tag, shared by the admin API
+(``service/admin.py``) and the CLI (``service/cli/tag.py``): one function per
+field, raising InvalidInput whose code names the field (``bad_step``, ...).
+
+``name`` spells a field the caller's way in the message: ``step`` over HTTP,
+``--step`` on the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from idpool.pool.errors import InvalidInput
+from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+
+from .kinds import KINDS, SEGMENT
+
+Spell = Callable[[str], str]
+NEW_TAG_FIELDS = frozenset({"tag", "step", "start", "description", "max", "kind"})
+
+
+def _as_is(field: str) -> str:
+    return field
+
+
+def check_tag(value: object) -> str:
+    if not isinstance(value, str) or not is_valid_tag(value):
+        raise InvalidInput("bad_tag", f"{str(value)[:80]!r} is not a valid tag: use {TAG_RULE}")
+    return value
+
+
+def check_int(field: str, value: object, top: int, name: Spell = _as_is) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        raise InvalidInput(f"bad_{field}", f"{name(field)} must be an integer from 1 to {top}")
+    return value
+
+
+def check_kind(value: object, name: Spell = _as_is) -> str:
+    if not isinstance(value, str) or value not in KINDS:
+        raise InvalidInput(
+            "bad_kind",
+            f"{name('kind')} {str(value)[:40]!r} is not a kind of ID: use {', '.join(KINDS)}",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class NewTag:
+    """A tag to create, checked: what claims.create_tag takes."""
+
+    tag: str
+    step: int
+    start: int
+    end_id: int  # first ID never handed out (max + 1; MAX_ID: no bound)
+    description: str = ""
+    kind: str = SEGMENT
+
+
+def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_is) -> NewTag:
+    """A new tag from its fields (only ``tag`` is required); raises InvalidInput."""
+    unknown = sorted(set(fields) - NEW_TAG_FIELDS)
+    if unknown:
+        raise InvalidInput(
+            "bad_body",
+            f"unknown field {unknown[0]!r}: a new tag takes "
+            f"{', '.join(sorted(NEW_TAG_FIELDS))} (only tag is required)",
+        )
+    tag = check_tag(fields.get("tag"))
+    step = check_int("step", fields.get("step", default_step), MAX_STEP, name)
+    start = check_int("start", fields.get("start", 1), MAX_ID, name)
+    top = fields.get("max")
+    if top is not None:
+        top = check_int("max", top, MAX_ID - 1, name)
+        if top < start:
+            raise InvalidInput("bad_max", f"{name('max')} {top} is below {name('start')} {start}")
+    description = fields.get("description", "")
+    if not isinstance(description, str) or len(description) > 255:
+        raise InvalidInput(
+            "bad_description", f"{name('description')} must be a string of at most 255"
+        )
+    kind = check_kind(fields.get("kind", SEGMENT), name)
+    end_id = MAX_ID if top is None else top + 1
+    return NewTag(tag, step, start, end_id, description, kind)
