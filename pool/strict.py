@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from .claims import Claim, LedgerClaims
-from .errors import IdPoolError, StoreNotSent, StoreUnavailable, TagExhausted
+from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable, TagExhausted
 from .ledger import cut
 from .ranges import IdRange
 from .redis_pool import INCARNATION_LUA, RedisPool
@@ -355,7 +355,11 @@ class StrictSequence:
         state with it, and take ``n`` IDs (0: none) in the same script."""
         step = max(1, self.step_of(tag))
         want = max(self._target.get(tag, step), n - seen.left, 1)
-        claim = await self.claims.claim(tag, min(math.ceil(want / step), MAX_REFILL_RANGES))
+        try:
+            claim = await self.claims.claim(tag, min(math.ceil(want / step), MAX_REFILL_RANGES))
+        except MarkNotRaised as e:  # claimed, but the mark could not be raised past it
+            self.events.wasted(tag, "mark_not_raised", len(e.wasted), e.wasted)
+            raise
         try:
             ext = await self.store.extend(tag, seen.incarnation, claim.range, n)
         except StoreUnavailable as e:

@@ -31,6 +31,7 @@ from idpool.pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
 from . import auth
 from .errors import HttpRefusal, json_response
 from .runtime import Runtime
+from .strict_tags import STRICT
 
 logger = logging.getLogger("idpool.leases")
 
@@ -109,9 +110,16 @@ async def lease(request: Request) -> Response:
     store = _lease_store(run)
     if run.node.draining:
         raise Draining("node is shutting down")
-    await run.node.tags.lookup(tag)  # its tokens are read with it
+    row = await run.node.tags.lookup(tag)  # its tokens are read with it
     if not auth.allowed(run.node.tags, tag, request):
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    if row.kind == STRICT:
+        raise HttpRefusal(
+            "strict_tag",
+            f"tag {tag!r} is strict: its IDs increase in real time across every caller, "
+            "which only the nodes can do, so it cannot be leased to a client that hands "
+            f"out IDs itself; ask a node for each ID (GET /id/{tag}, GET /ids/{tag}?count=N)",
+        )
     ranges = merge(await lease_ranges(run, tag, count))
     leases = [(secrets.token_urlsafe(16), r) for r in ranges]
     try:

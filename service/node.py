@@ -36,7 +36,7 @@ from idpool.pool.stores import PoolStore
 
 from .buffer import SegmentBuffer
 from .health import StoreHealth
-from .kinds import KINDS, SEGMENT, IdKind
+from .kinds import KINDS, SEGMENT, IdKind, KeepsTags
 from .stats import SAMPLE_EVERY, NodeStats
 from .tags import TagDirectory
 
@@ -243,7 +243,12 @@ class Node:
         """The tags /status and /metrics show: those served here, and those that
         wasted IDs here (a disabled tag's waste stays visible after its buffer goes)."""
         wasted = {tag for tag, counters in self.stats.tags.items() if counters.wasted}
-        return sorted(wasted.union(self.buffers))
+        return sorted(wasted.union(self.served()))
+
+    def served(self) -> set[str]:
+        """Every tag served here, of every kind."""
+        kept = (k.served() for k in self.kinds.values() if isinstance(k, KeepsTags))
+        return set(self.buffers).union(*kept)
 
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, created on first use for a tag the ledger has."""
@@ -352,7 +357,8 @@ class Node:
         through this node) every time; the whole list once a minute."""
         full = self.tags.full_at
         whole = full is None or time.monotonic() - full >= _FULL_TAG_RELOAD_SECONDS
-        names = set(self.buffers) if changed is None else {*self.buffers, changed}
+        served = self.served()
+        names = served if changed is None else {*served, changed}
         try:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:
@@ -451,7 +457,7 @@ class Node:
             **self.identity,
             "draining": "1" if self.draining else "0",
             "ready": "1" if self.not_ready() is None else "0",
-            "tags": ",".join(sorted(self.buffers)[:MAX_HEARTBEAT_TAGS]),
+            "tags": ",".join(sorted(self.served())[:MAX_HEARTBEAT_TAGS]),
         }
         try:
             await pool.heartbeat(self.node_id, fields, node_ttl(self.report_seconds))
@@ -508,6 +514,9 @@ class Node:
         await self.report()
         await self.report_totals()
         await self.heartbeat()  # shown as draining until the process leaves
+        for kind in self.kinds.values():
+            if isinstance(kind, KeepsTags):
+                await kind.close()
         await self.source.close()
         return report
 

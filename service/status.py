@@ -214,6 +214,11 @@ def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> di
     }
 
 
+def _issued(described: dict[str, Any] | None) -> int:
+    """IDs a kind without buffers (strict) handed out here, as it describes itself."""
+    return 0 if described is None else int(described.get("issued", 0))
+
+
 def _tag(
     node: Node,
     tag: str,
@@ -243,7 +248,7 @@ def _tag(
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,
         "counters": {
-            "ids_issued": 0 if buf is None else buf.issued,
+            "ids_issued": buf.issued if buf is not None else _issued(node.describe(tag)),
             "ranges_from_pool": 0 if counters is None else counters.ranges_from_pool,
             "ranges_from_ledger": 0 if counters is None else counters.ranges_from_ledger,
             "ids_returned": 0 if counters is None else counters.ids_returned,

@@ -1,18 +1,19 @@
-"""Strict tags on a node: group commit of concurrent requests, and their waste.
+"""Strict tags on a node: the ``strict`` kind of ID, and group commit.
 
-Every strict request needs the shared sequence (a node cannot be strict from
-memory), but concurrent requests for one tag share one call: while a call is
-in flight, new requests queue for the next; the next call takes the sum of the
-queue, and its IDs are handed out in queue order. So a busy node makes one
-Redis round trip per batch of requests, not per request, and ``/ids`` is one
-call however large.
+A strict tag's IDs increase in real time across every node (docs/design.md,
+"Strict tags"): every request needs the shared sequence in Redis
+(``pool/strict.py``), since a node cannot be strict from memory. Concurrent
+requests for one tag share one call: while a call is in flight, new requests
+queue for the next; the next call takes the sum of the queue, and its IDs are
+handed out in queue order. So a busy node makes one Redis round trip per batch
+of requests, not per request, and ``/ids`` is one call however large.
 
-Why this keeps real-time order (docs/design.md, "Strict tags"): a request is
-queued when it arrives and its call is sent only after that, so if request A
-was answered before request B was sent (to any node), A's call ran on the
-server before B's call was sent, and the server hands out larger IDs to later
-calls. Two requests in one call were both waiting at once: no order is owed
-between them, and the earlier in the queue gets the smaller IDs anyway.
+Why this keeps real-time order: a request is queued when it arrives and its
+call is sent only after that, so if request A was answered before request B was
+sent (to any node), A's call ran on the server before B's call was sent, and
+the server hands out larger IDs to later calls. Two requests in one call were
+both waiting at once: no order is owed between them, and the earlier in the
+queue gets the smaller IDs anyway.
 """
 
 from __future__ import annotations
@@ -21,16 +22,28 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from idpool.pool.claims import REDIS_SKIP_SECONDS, Claim
-from idpool.pool.errors import StoreBusy, StoreUnavailable
+from idpool.pool.errors import Draining, StoreBusy, StoreUnavailable
 from idpool.pool.preloader import log_refused
 from idpool.pool.ranges import IdRange
-from idpool.pool.strict import StrictEvents
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.sqlite_ledger import SqliteLedger
+from idpool.pool.strict import (
+    RedisStrict,
+    SqliteStrict,
+    StrictEvents,
+    StrictSequence,
+    StrictSupply,
+)
 
-from .buffer import Draining
 from .stats import NodeStats
 
+if TYPE_CHECKING:
+    from .node import Node
+
+STRICT = "strict"
 logger = logging.getLogger("idpool.strict")
 
 Take = Callable[[str, int], Awaitable[int]]  # (tag, n) -> first of n consecutive IDs
@@ -45,8 +58,8 @@ class GroupCommit:
         self._take = take
         self._queue: list[tuple[int, asyncio.Future[int]]] = []
         self._running: asyncio.Task[None] | None = None
-        self.issued = 0  # IDs handed out through this queue
         self.calls = 0  # calls made (for tests and /status)
+        self.issued = 0  # IDs handed out through this queue
 
     async def take(self, n: int) -> int:
         """The first of ``n`` consecutive IDs, all above every ID this tag handed
@@ -94,7 +107,7 @@ def _stopping() -> Draining:
 
 class StrictTags:
     """A node's strict tags: one group commit per tag, over one supply; fails
-    fast for a second after the store failed, like the segment path."""
+    fast for a second after the sequence's store failed, like the segment path."""
 
     def __init__(
         self,
@@ -132,8 +145,68 @@ class StrictTags:
                 self._skip_until = self._clock() + REDIS_SKIP_SECONDS
             raise named from e
 
-    def forget(self, tag: str) -> None:
-        self.queues.pop(tag, None)
+
+class StrictKind:
+    """The ``strict`` kind: every request goes to the shared sequence (Redis, or
+    the embedded ledger's file), group-committed per tag."""
+
+    name = STRICT
+    from_memory = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.supply = strict_supply(node)
+        self.tags = StrictTags(self.supply.take, self.supply.name, on_error=node.health.failed)
+
+    async def next_id(self, tag: str) -> int:
+        return await self.tags.take(tag, 1)
+
+    async def next_ids(self, tag: str, count: int) -> list[int]:
+        first = await self.tags.take(tag, count)
+        return list(range(first, first + count))
+
+    def describe(self, tag: str) -> dict[str, Any] | None:
+        queue = self.tags.queues.get(tag)
+        if queue is None:
+            return None
+        return {"mode": STRICT, "issued": queue.issued, "calls": queue.calls}
+
+    def served(self) -> set[str]:
+        """The strict tags this node was asked for."""
+        return set(self.tags.queues)
+
+    async def close(self) -> None:
+        await self.supply.close()
+
+
+def strict_supply(node: Node) -> StrictSupply:
+    """Where a node's strict takes go: the Redis sequence, refilled from the
+    node's fenced ledger claims; or, embedded, the SQLite ledger itself."""
+    source = node.source
+    pool, ledger = source.redis_pool, source.claims.ledger
+    if isinstance(pool, RedisPool):
+        return StrictSequence(
+            RedisStrict(pool),
+            source.claims,
+            step_of=node.tags.step,
+            hold_seconds=node.reserve_seconds,
+            events=NodeStrictEvents(node.stats),
+        )
+    if isinstance(ledger, SqliteLedger):
+        return SqliteStrict(ledger.file)
+    return _NoSupply()
+
+
+class _NoSupply:
+    """Stores that can hold no strict sequence (test doubles): every take is a 503."""
+
+    name = "redis"
+
+    async def take(self, tag: str, n: int) -> int:
+        raise StoreUnavailable("redis", f"tag {tag!r} is strict: it needs Redis, and there is none")
+
+    async def close(self) -> None:
+        pass
 
 
 class NodeStrictEvents(StrictEvents):
@@ -148,6 +221,7 @@ class NodeStrictEvents(StrictEvents):
         for refused in claim.refused:
             self.stats.waste(tag, "stale_ledger", len(refused))
         self.stats.tags[tag].ranges_from_ledger += 1
+        # ops/faults accounts for a strict tag's IDs by these lines
         logger.info(
             "event=strict_refilled tag=%s range=%s how=%s", tag, claim.range.to_text(), how
         )

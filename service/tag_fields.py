@@ -15,9 +15,10 @@ from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 
 from .kinds import KINDS, SEGMENT
+from .strict_tags import STRICT
 
 Spell = Callable[[str], str]
-NEW_TAG_FIELDS = frozenset({"tag", "step", "start", "description", "max", "kind"})
+NEW_TAG_FIELDS = frozenset({"tag", "step", "start", "description", "max", "kind", "strict"})
 
 
 def _as_is(field: str) -> str:
@@ -80,5 +81,14 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
             "bad_description", f"{name('description')} must be a string of at most 255"
         )
     kind = check_kind(fields.get("kind", SEGMENT), name)
+    strict = fields.get("strict", False)
+    if not isinstance(strict, bool):
+        raise InvalidInput("bad_kind", f"{name('strict')} must be true or false")
+    if strict:  # "strict": true is kind strict (IDs in real-time order across nodes)
+        if "kind" in fields and kind != STRICT:
+            raise InvalidInput(
+                "bad_kind", f"{name('strict')} asks for kind strict, {name('kind')} for {kind}"
+            )
+        kind = STRICT
     end_id = MAX_ID if top is None else top + 1
     return NewTag(tag, step, start, end_id, description, kind)

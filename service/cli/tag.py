@@ -51,6 +51,12 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     add.add_argument(
         "--kind", default=SEGMENT, help=f"how its IDs are made: {', '.join(KINDS)} (default)"
     )
+    add.add_argument(
+        "--strict",
+        action="store_true",
+        help="kind strict: IDs strictly increasing in real time across every node "
+        "(each request needs Redis; no client leases); chosen now, never changed",
+    )
     tag.add_parser(
         "list", parents=[embedded], help="list tags: ledger position, bound, runway, state"
     )
@@ -106,6 +112,10 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields = {"tag": args.tag, "start": args.start, "description": args.description}
     fields.update(max=args.max, kind=args.kind)
+    if args.strict:
+        fields["strict"] = True
+        if args.kind == SEGMENT:
+            del fields["kind"]  # the default: --strict alone decides
     if args.step is not None:
         fields["step"] = args.step
     try:
