@@ -169,3 +169,19 @@ def test_the_embedded_mode_serves_strict_tags(sqlite_settings: Settings, tag: st
 
 
 
+
+
+def test_tokens_and_disable_hold_for_strict_tags(settings: Settings, tag: str) -> None:
+    """The strict fast path (NodeApp) takes only what the routes would hand
+    straight to the kind: a tag with tokens or disabled goes to the routes."""
+    add_strict(settings, tag)
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        assert c.get(f"/id/{tag}").text == "1"  # known here now: the fast path serves it
+        token = c.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+        assert c.get(f"/id/{tag}").status_code == 401
+        mine = {"Authorization": f"Bearer {token}"}
+        assert c.get(f"/ids/{tag}?count=2", headers=mine).json()["ids"] == [2, 3]
+        off = c.patch(f"/admin/tags/{tag}", json={"disabled": True}, headers=AUTH)
+        assert off.status_code == 200
+        r = c.get(f"/id/{tag}", headers=mine)
+        assert r.status_code == 410 and r.json()["error"] == "tag_disabled"
