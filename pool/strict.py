@@ -148,9 +148,15 @@ if inc == ARGV[1] then
     redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3])
   end
   if how ~= 'refused' then
-    -- where the consumption rate is measured from, for the next refill's size
-    local n = redis.call('HGET', KEYS[1], 'next')
-    redis.call('HSET', KEYS[1], 'since_ms', tostring(now_ms()), 'since_next', n)
+    -- where the consumption rate is measured from, for the next refill's size:
+    -- a window of a second at least (a new one after a replace or a jump, whose
+    -- next moved by more than what was handed out)
+    local t = now_ms()
+    local since = tonumber(redis.call('HGET', KEYS[1], 'since_ms') or '0')
+    if how ~= 'extended' or t - since >= 1000 then
+      redis.call('HSET', KEYS[1], 'since_ms', tostring(t),
+        'since_next', redis.call('HGET', KEYS[1], 'next'))
+    end
   end
   redis.call('HDEL', KEYS[1], 'refill_until', 'refill_by')
 end
@@ -163,6 +169,7 @@ return {inc, t[1], t[2], t[3], how, lost_next, lost_limit}
 # incarnation; more than this means something is badly wrong, not busy).
 _ATTEMPTS = 4
 MAX_REFILL_RANGES = 100_000  # steps one refill claims at most
+_RATE_MIN_SECONDS = 1.0
 _WAIT_FIRST = 0.002  # seconds before a take asks again while another node refills
 _WAIT_MOST = 0.05
 
@@ -221,8 +228,10 @@ class RedisStrict:
         answer = _answer(raw)
         rate = None
         if raw[6] is not None and raw[7] is not None and answer.next is not None:
-            elapsed = (int(raw[5]) - int(raw[6])) / 1000
-            rate = (answer.next - int(raw[7])) / elapsed if elapsed > 0 else None
+            # over a second at least: a grant a few ms after a refill must not read
+            # a burst of one batch as the tag's rate (and claim minutes of it)
+            elapsed = max(_RATE_MIN_SECONDS, (int(raw[5]) - int(raw[6])) / 1000)
+            rate = (answer.next - int(raw[7])) / elapsed
         return answer._replace(granted=raw[4] == 1, rate=rate)
 
     async def extend(self, tag: str, seen: str, claimed: IdRange, n: int) -> Extension:
@@ -346,7 +355,8 @@ class StrictSequence:
                 self.events.wasted(tag, "strict_take_outcome_unknown", n)
             raise
         if answer.granted and answer.rate is not None:
-            want = answer.rate * self.hold_seconds
+            # up at once with the rate, down by halves (a window just begun reads low)
+            want = max(answer.rate * self.hold_seconds, self._target.get(tag, step) / 2)
             self._target[tag] = int(min(max(want, step), step * MAX_REFILL_RANGES))
         return answer
 

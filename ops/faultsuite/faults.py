@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redis import Redis
+
 from .cluster import Cluster
 
 Fault = Callable[[Cluster, random.Random, float], None]
@@ -48,11 +50,22 @@ def node_sigterm(cluster: Cluster, rng: random.Random, hold: float) -> None:
     cluster.start_node(index)
 
 
+def _supply(redis: Redis, tag: str) -> tuple[int, bytes | None]:
+    """What a restart could bring back: the list's length and head, or a strict
+    tag's state (1 and its ``next``)."""
+    depth = int(redis.llen(f"idpool:pool:{tag}"))
+    if depth:
+        return depth, redis.lindex(f"idpool:pool:{tag}", 0)  # type: ignore[return-value]
+    state = redis.hget(f"idpool:strict:{tag}", "next")
+    return (0, None) if state is None else (1, state)  # type: ignore[return-value]
+
+
 def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
     # The hazard needs ranges in the list (nodes fetch their reserve in large pops,
-    # so it is often empty): wait for some, so the restart has ranges to drop.
+    # so it is often empty), or a strict tag's state: wait for some, so the
+    # restart has something to drop.
     redis = cluster.redis_client()
-    wait_for(lambda: bool(redis.llen(f"idpool:pool:{cluster.tag}")), 20.0)
+    wait_for(lambda: bool(_supply(redis, cluster.tag)[0]), 20.0)
     cluster.store("redis", "kill9")
     time.sleep(min(hold, 1.0))
     cluster.store("redis", "start")
@@ -60,15 +73,15 @@ def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
     redis = cluster.redis_client()
-    key = f"idpool:pool:{cluster.tag}"
-    # The hazard needs a snapshot that lists ranges nodes pop afterwards. Nodes
-    # fetch their reserve in large pops, so the list is often empty: wait for one.
-    wait_for(lambda: bool(redis.llen(key)), 20.0)
+    # The hazard needs a snapshot that lists ranges nodes pop afterwards (or a
+    # strict state they take from afterwards). Nodes fetch their reserve in large
+    # pops, so the list is often empty: wait for one.
+    wait_for(lambda: bool(_supply(redis, cluster.tag)[0]), 20.0)
     snapshot = cluster.redis_snapshot()
-    head = redis.lindex(key, 0)
+    head = _supply(redis, cluster.tag)[1]
     time.sleep(hold)  # traffic goes on: nodes pop ranges the snapshot still lists
-    if not wait_for(lambda: redis.lindex(key, 0) != head, 20.0):
-        cluster.note("the snapshot's head range was not popped before the restart")
+    if not wait_for(lambda: _supply(redis, cluster.tag)[1] != head, 20.0):
+        cluster.note("the snapshot's head range (or strict next) was not taken before the restart")
     cluster.redis_restart_from(snapshot)
 
 
