@@ -94,11 +94,11 @@ def two_nodes(tmp_path: Path) -> Iterator[tuple[Settings, list[NodeProcess]]]:
             client.delete(*keys)
 
 
-def add_tag(settings: Settings, tag: str) -> int:
+def add_tag(settings: Settings, tag: str, kind: str = "segment") -> int:
     async def go() -> int:
         ledger = await Ledger.connect(settings)
         try:
-            return (await ledger.add_tag(tag, step=100, start=1)).start_id
+            return (await ledger.add_tag(tag, step=100, start=1, kind=kind)).start_id
         finally:
             await ledger.close()
 
@@ -128,3 +128,15 @@ def test_a_plain_tag_on_two_nodes_is_not_in_real_time_order(
     # each node serves its own range: one answers 101.., the other then 2..
     assert report.violations > 0, report.summary()
     assert report.duplicates == 0
+
+
+def test_a_strict_tag_on_two_nodes_is_in_real_time_order(
+    two_nodes: tuple[Settings, list[NodeProcess]],
+) -> None:
+    settings, nodes = two_nodes
+    tag = new_name("strict")
+    start_id = add_tag(settings, tag, kind="strict")
+    order = draw(nodes, tag, start_id)
+    report = order.check()
+    assert report.ok, f"{report.summary()}: {report.examples}"
+    assert report.requests == len(order) > 100
