@@ -115,11 +115,13 @@ class StrictTags:
         store: str,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[StoreUnavailable], None] = lambda e: None,
+        also_down: Callable[[str], str] = lambda store: "",
     ) -> None:
         self._take = take
         self.store = store  # the sequence's store: "redis", or "sqlite" embedded
         self._clock = clock
         self._on_error = on_error  # the node's store health and error counts
+        self._also_down = also_down  # the other stores the health probe finds down
         self.queues: dict[str, GroupCommit] = {}
         self._skip_until = 0.0
         self._error: StoreUnavailable | None = None
@@ -139,7 +141,8 @@ class StrictTags:
             raise  # never sent: says nothing of the store's health
         except StoreUnavailable as e:
             self._on_error(e)
-            named = StoreUnavailable(e.store, f"strict tags need {e.store}: {e.detail}")
+            detail = f"strict tags need {e.store}: {e.detail}{self._also_down(e.store)}"
+            named = StoreUnavailable(e.store, detail)
             if e.store == self.store:  # the sequence's own store: fail fast for a moment
                 self._error = named
                 self._skip_until = self._clock() + REDIS_SKIP_SECONDS
@@ -156,7 +159,23 @@ class StrictKind:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.supply = strict_supply(node)
-        self.tags = StrictTags(self.supply.take, self.supply.name, on_error=node.health.failed)
+        self.tags = StrictTags(
+            self.supply.take,
+            self.supply.name,
+            on_error=node.health.failed,
+            also_down=self._also_down,
+        )
+
+    def _also_down(self, failed: str) -> str:
+        """The other stores the node's health probe finds down, for the 503: one
+        message names every store to fix, as the segment path's does."""
+        health = self.node.health
+        down = [
+            f"; {store} down too: {detail}"
+            for store, (_, detail) in health.last_error.items()
+            if store != failed and not health.is_up(store)
+        ]
+        return "".join(down)
 
     async def next_id(self, tag: str) -> int:
         return await self.tags.take(tag, 1)

@@ -134,3 +134,13 @@ async def test_a_ledger_error_does_not_hold_back_the_other_tags() -> None:
     failing.clear()
     assert await tags.take("a", 1) == 1  # and a is asked again at once
     assert calls == ["a", "b", "a"] and [e.store for e in seen] == ["mysql"]
+
+
+async def test_the_503_names_every_store_the_probe_finds_down() -> None:
+    async def take(tag: str, n: int) -> int:
+        raise StoreUnavailable("redis", "Connection refused")
+
+    tags = StrictTags(take, "redis", also_down=lambda failed: "; mysql down too: gone")
+    with pytest.raises(StoreUnavailable) as failed:
+        await tags.take("t", 1)
+    assert "redis" in str(failed.value) and "mysql down too" in str(failed.value)
