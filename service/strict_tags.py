@@ -115,7 +115,7 @@ class StrictTags:
         store: str,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[StoreUnavailable], None] = lambda e: None,
-        also_down: Callable[[str], str] = lambda store: "",
+        also_down: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         self._take = take
         self.store = store  # the sequence's store: "redis", or "sqlite" embedded
@@ -141,7 +141,8 @@ class StrictTags:
             raise  # never sent: says nothing of the store's health
         except StoreUnavailable as e:
             self._on_error(e)
-            detail = f"strict tags need {e.store}: {e.detail}{self._also_down(e.store)}"
+            others = "" if self._also_down is None else await self._also_down(e.store)
+            detail = f"strict tags need {e.store}: {e.detail}{others}"
             named = StoreUnavailable(e.store, detail)
             if e.store == self.store:  # the sequence's own store: fail fast for a moment
                 self._error = named
@@ -166,10 +167,12 @@ class StrictKind:
             also_down=self._also_down,
         )
 
-    def _also_down(self, failed: str) -> str:
+    async def _also_down(self, failed: str) -> str:
         """The other stores the node's health probe finds down, for the 503: one
-        message names every store to fix, as the segment path's does."""
+        message names every store to fix, as the segment path's does (a fresh
+        probe first, at most twice a second, bounded by half a second)."""
         health = self.node.health
+        await health.probe_soon()
         down = [
             f"; {store} down too: {detail}"
             for store, (_, detail) in health.last_error.items()

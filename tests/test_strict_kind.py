@@ -185,3 +185,24 @@ def test_tokens_and_disable_hold_for_strict_tags(settings: Settings, tag: str) -
         assert off.status_code == 200
         r = c.get(f"/id/{tag}", headers=mine)
         assert r.status_code == 410 and r.json()["error"] == "tag_disabled"
+
+
+def test_both_stores_down_the_503_names_both(settings: Settings, tag: str) -> None:
+    mysql, redis = TcpProxy(3306), TcpProxy(6379)
+    s = settings.with_changes(
+        mysql_url=settings.mysql_url.replace(":3306/", f":{mysql.port}/"),
+        redis_url=f"redis://127.0.0.1:{redis.port}/0",
+        store_timeout=0.5,
+    )
+    add_strict(s, tag)
+    try:
+        with TestClient(create_app(s)) as c:
+            assert c.get(f"/id/{tag}").status_code == 200
+            mysql.cut()
+            redis.cut()
+            r = c.get(f"/id/{tag}")
+            assert r.status_code == 503
+            assert "redis" in r.json()["message"] and "mysql" in r.json()["message"]
+    finally:
+        mysql.cut()
+        redis.cut()

@@ -140,7 +140,10 @@ async def test_the_503_names_every_store_the_probe_finds_down() -> None:
     async def take(tag: str, n: int) -> int:
         raise StoreUnavailable("redis", "Connection refused")
 
-    tags = StrictTags(take, "redis", also_down=lambda failed: "; mysql down too: gone")
+    async def also_down(failed: str) -> str:
+        return "; mysql down too: gone"
+
+    tags = StrictTags(take, "redis", also_down=also_down)
     with pytest.raises(StoreUnavailable) as failed:
         await tags.take("t", 1)
     assert "redis" in str(failed.value) and "mysql down too" in str(failed.value)
