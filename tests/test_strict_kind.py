@@ -206,3 +206,11 @@ def test_both_stores_down_the_503_names_both(settings: Settings, tag: str) -> No
     finally:
         mysql.cut()
         redis.cut()
+
+
+def test_metrics_show_a_strict_tag(settings: Settings, tag: str) -> None:
+    add_strict(settings, tag)
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/ids/{tag}?count=3").status_code == 200
+        text = c.get("/metrics").text
+        assert f'idpool_ids_issued_total{{tag="{tag}"}} 3.0' in text
