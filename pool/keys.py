@@ -21,8 +21,11 @@ With the default prefix ``idpool``:
     ``run_id:master_replid``, it was set under). Written only by the strict
     scripts (``pool/strict.py``): a take moves ``next`` up by the batch; a refill
     raises ``limit`` with a range it claimed from the ledger, or replaces a state
-    of an older incarnation. Read by the same scripts and by ``/status``. A state
-    whose ``inc`` is not the server's current incarnation is never served from.
+    of an older incarnation. Read by the same scripts. A state whose ``inc`` is
+    not the server's current incarnation is never served from. Also
+    ``refill_until`` and ``refill_by`` (the one node granted the next refill,
+    until when, in Redis ``TIME`` ms) and ``since_ms``, ``since_next`` (where the
+    consumption rate that sizes a refill is measured from).
 
 ``idpool:stats:{tag}``  HASH of supply figures. ``issued``: IDs nodes have
     handed out (HINCRBY by nodes every few seconds: the consumption signal);
