@@ -245,7 +245,7 @@ class RedisStrict:
         return Extension(_answer(raw), str(raw[4]), lost)
 
     async def state(self, tag: str) -> dict[str, str]:
-        """The hash as it is (for /status): next, limit, inc; empty when none."""
+        """The hash as it is (next, limit, inc, ...); empty when there is none."""
         found = await self.pool.send(self.pool.client.hgetall(self.keys.strict(tag)))
         return dict(found)
 
