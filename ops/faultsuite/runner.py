@@ -191,13 +191,16 @@ def read_strict_state(cluster: Cluster) -> list[tuple[int, int]]:
 def strict_allowances(scenario: Scenario) -> Scenario:
     """A strict tag needs Redis for every request: while Redis is away its
     requests get 503 naming Redis (a node cannot be strict from memory), so the
-    scenarios that take Redis away may fail requests for the fault's length."""
+    scenarios that take Redis away may fail requests for the fault's length.
+    They fail the moment Redis goes, before another store does: the first 503
+    names Redis (and the other stores the node's probe already found down)."""
     if not any(f.__name__.startswith(("redis", "both")) for f in scenario.faults):
         return scenario
     return replace(
         scenario,
         tolerated=scenario.tolerated | {"503 unavailable"},
         failure_budget=max(scenario.failure_budget, STRICT_FAILURE_BUDGET),
+        names_down=tuple(store for store in scenario.names_down if store == "redis"),
     )
 
 
