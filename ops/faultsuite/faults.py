@@ -122,8 +122,11 @@ def both_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    dumped = cluster.ledger_max_id()
     dump = cluster.mysql_dump()
+    # the dump's own max_id: a claim between a read before the dump and the dump
+    # made the waits below end at once (a strict tag, claiming every few seconds,
+    # then met the restore with no claim after it)
+    dumped = cluster.dumped[dump]
     time.sleep(hold)  # nodes and preloaders claim past the dumped max_id
     # A rewind only bites if claims were made after the dump, and only shows if
     # claims are made after the restore: wait for both (bounded).
@@ -218,8 +221,8 @@ def redis_blip_mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -
     the shared high-water mark, would be claimed again from the rewound MySQL by
     a process reading the stale mark (500 IDs twice in the review's reproduction).
     """
-    dumped = cluster.ledger_max_id()
     dump = cluster.mysql_dump()
+    dumped = cluster.dumped[dump]  # the dump's own max_id (see mysql_rewind)
     wait_for(lambda: cluster.ledger_max_id() > dumped, 20.0)
     cluster.store("redis", "pause")
     time.sleep(min(hold, 0.8))  # shorter than a store timeout: a blip, not an outage
