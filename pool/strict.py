@@ -47,6 +47,7 @@ from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable, 
 from .ledger import cut
 from .ranges import IdRange
 from .redis_pool import INCARNATION_LUA, RedisPool
+from .sentinel import named_master_by_majority
 from .sqlite_file import SqliteFile
 from .sqlite_ledger import _select
 
@@ -244,6 +245,12 @@ class RedisStrict:
             lost = IdRange(int(raw[5]), int(raw[6]))
         return Extension(_answer(raw), str(raw[4]), lost)
 
+    async def from_master(self, incarnation: str) -> bool:
+        """Whether the server a call ran on (its incarnation) is the master most
+        Sentinels name, asked after the call; always True without Sentinel."""
+        named = await named_master_by_majority(self.pool.client, incarnation.split(":")[0])
+        return named is not False
+
     async def state(self, tag: str) -> dict[str, str]:
         """The hash as it is (next, limit, inc, ...); empty when there is none."""
         found = await self.pool.send(self.pool.client.hgetall(self.keys.strict(tag)))
@@ -337,6 +344,15 @@ class StrictSequence:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, _WAIT_MOST)
             answer = await self._take(tag, n)
+        if not await self.store.from_master(answer.incarnation):
+            # Two masters during a failover: IDs from the one the Sentinels left
+            # could be below IDs the other already answered. Given up, never served.
+            self.events.wasted(tag, "strict_not_master", n)
+            raise StoreUnavailable(
+                "redis",
+                f"the Redis that answered for tag {tag!r} is not the master most Sentinels "
+                "name (a failover is under way); its IDs are given up, retry in a moment",
+            )
         if answer.granted and tag not in self._refills:
             self._prefetch(tag, answer)
         return answer.first

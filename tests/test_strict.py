@@ -322,3 +322,23 @@ async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
     assert sizes[0] == 20 and max(sizes[:2]) <= 1000 and max(sizes) > 500, str(sizes)
     assert [how for _, how in events.claims[1:]] == ["extended"] * (len(sizes) - 1)
     assert not events.waste
+
+
+async def test_ids_from_a_server_the_sentinels_left_are_never_answered(
+    ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    events = Recorded()
+    seq = sequence(redis_pool, ledger, events)
+    assert await seq.take(tag, 1) == 1
+
+    async def not_the_master(incarnation: str) -> bool:
+        return False
+
+    monkeypatch.setattr(seq.store, "from_master", not_the_master)
+    with pytest.raises(StoreUnavailable, match="not the master most Sentinels name"):
+        await seq.take(tag, 3)
+    assert ("strict_not_master", 3, None) in events.waste
+    monkeypatch.undo()
+    assert await seq.take(tag, 1) == 5  # 2-4 were taken there: given up, never served
+    await seq.close()
