@@ -24,20 +24,39 @@ from dataclasses import dataclass, field
 from .errors import (
     MarkNotRaised,
     StaleLedger,
+    StartAboveMax,
     StartBelowIssued,
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
 )
-from .ledger import TagRow
 from .ranges import MAX_ID, IdRange
-from .stores import LedgerStore, PoolStore
+from .stores import HighWaterMarks, LedgerStore, RangeLists
+from .values import TagRow
 
 _MAX_STALE_RETRIES = 3
 # After a Redis error, claims fail at once for this long, as if the mark's read had
 # failed again: a hung Redis then costs a fetch one timeout, not one for the pop
 # and one for the mark's read.
 REDIS_SKIP_SECONDS = 1.0
+
+
+class RedisSkip:
+    """The one-second Redis skip of a process: after a Redis error (a node's pop,
+    a claim's mark), neither pops nor claims try Redis for REDIS_SKIP_SECONDS."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until = 0.0
+        self._error: StoreUnavailable | None = None
+
+    def failed(self, error: StoreUnavailable) -> None:
+        self._until = self._clock() + REDIS_SKIP_SECONDS
+        self._error = error
+
+    def skipping(self) -> StoreUnavailable | None:
+        """The error that started the skip while it lasts, else None: try Redis."""
+        return self._error if self._clock() < self._until else None
 
 
 @dataclass
@@ -53,21 +72,17 @@ class LedgerClaims:
     def __init__(
         self,
         ledger: LedgerStore,
-        redis_pool: PoolStore | None,
+        marks: HighWaterMarks | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
-        self.redis_pool = redis_pool
+        self.marks = marks  # the shared high-water marks (the pool); None: this process only
         self._high_water: dict[str, int] = {}  # tag -> highest range end seen here
-        self._clock = clock
-        self._skip_redis_until = 0.0
+        self.redis_skip = RedisSkip(clock)  # shared with the node's pops (RangeSource)
 
-    def redis_failed(self) -> None:
+    def redis_failed(self, error: StoreUnavailable | None = None) -> None:
         """Redis just failed (here, or a node's pop): claims fail fast for a while."""
-        self._skip_redis_until = self._clock() + REDIS_SKIP_SECONDS
-
-    def _redis_skipped(self) -> bool:
-        return self._clock() < self._skip_redis_until
+        self.redis_skip.failed(error or StoreUnavailable("redis", "failed a moment ago"))
 
     def observe(self, tag: str, seen: IdRange) -> None:
         """Record a range seen from anywhere (pool or ledger): the ledger is past its end."""
@@ -106,30 +121,30 @@ class LedgerClaims:
         )
 
     async def _shared_high_water(self, tag: str) -> int:
-        if self.redis_pool is None:
+        if self.marks is None:
             return 0  # classic mode (no pool tier): the in-memory mark only
-        if self._redis_skipped():
+        if self.redis_skip.skipping() is not None:
             raise StoreSkipped(
                 "redis", "a claim needs the high-water mark in Redis, which just failed"
             )
         try:
-            return await self.redis_pool.high_water(tag)
+            return await self.marks.high_water(tag)
         except StoreBusy:
             raise  # never sent: says nothing about Redis's health
-        except StoreUnavailable:
-            self.redis_failed()
+        except StoreUnavailable as e:
+            self.redis_failed(e)
             raise
 
     async def _raise_shared(self, tag: str, claimed: IdRange) -> None:
-        if self.redis_pool is None:
+        if self.marks is None:
             return
         try:
-            await self.redis_pool.raise_high_water(tag, claimed.end)
+            await self.marks.raise_high_water(tag, claimed.end)
         except StoreUnavailable as e:
             # Maybe raised, maybe not. Unraised, a rewound MySQL could hand this
             # range to a process that reads the old mark: give it up instead.
             if not isinstance(e, StoreBusy):
-                self.redis_failed()
+                self.redis_failed(e)
             raise MarkNotRaised(
                 e.store, f"high-water mark not raised past the claim: {e.detail}", claimed
             ) from e
@@ -137,7 +152,7 @@ class LedgerClaims:
 
 async def create_tag(
     ledger: LedgerStore,
-    pool: PoolStore | None,
+    pool: HighWaterMarks | None,
     tag: str,
     *,
     step: int,
@@ -170,15 +185,20 @@ async def create_tag(
     )
 
 
-async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, start: int) -> TagRow:
+async def move_start(
+    ledger: LedgerStore, pool: HighWaterMarks | None, tag: str, start: int
+) -> TagRow:
     """Make ``start`` the lowest ID any future claim of ``tag`` can return.
 
     The start only ever moves forward: a start below what the ledger (or the
     high-water mark) already passed would hand those IDs out again, so it raises
-    StartBelowIssued. Ranges claimed before (in the pool, in nodes' buffers) are
-    still served. Raises UnknownTag, StoreUnavailable.
+    StartBelowIssued. A start past the tag's max would exhaust it: StartAboveMax.
+    Ranges claimed before (in the pool, in nodes' buffers) are still served.
+    Raises UnknownTag, StoreUnavailable.
     """
     row = await ledger.get_tag(tag)
+    if start >= row.end_id:  # end_id never changes after the tag is made
+        raise StartAboveMax(tag, start, row.end_id - 1)
     floor = row.max_id
     if pool is not None:
         try:
@@ -189,12 +209,12 @@ async def move_start(ledger: LedgerStore, pool: PoolStore | None, tag: str, star
         raise StartBelowIssued(tag, floor)
     # GREATEST in the ledger: a claim that lands between the read above and this
     # write only moves max_id up, and the start can never pull it back down.
-    await ledger.raise_floor(tag, start)
+    await ledger.raise_floor(tag, start, start=True)
     return await ledger.get_tag(tag)
 
 
 async def disable_tag(
-    ledger: LedgerStore, pool: PoolStore | None, tag: str
+    ledger: LedgerStore, pool: RangeLists | None, tag: str
 ) -> tuple[TagRow, list[IdRange]]:
     """Stop ``tag``: no claim from now on, and its ready ranges taken out of the
     pool (returned, for the caller to count as waste). Its row, ``max_id`` and
@@ -207,7 +227,25 @@ async def disable_tag(
     disabled but not drained; calling again drains it).
     """
     row = await ledger.set_disabled(tag, True)
-    drained = [] if pool is None else await pool.drain(tag)
+    drained = [] if pool is None else await pool.take_all(tag)
+    return row, drained
+
+
+async def remove_tag(
+    ledger: LedgerStore, pool: RangeLists | None, tag: str
+) -> tuple[TagRow, list[IdRange]]:
+    """Remove ``tag``: its row and tokens go (requests get 404 ``unknown_tag``),
+    its ready ranges are taken out of the pool (returned, for the caller to count
+    as waste), and its tombstone and high-water mark stay, so the name added
+    again starts above every ID it ever issued.
+
+    The ledger first: a claim after it finds no row, so no new range can reach
+    the list once it is drained (one claimed just before and pushed just after
+    stays there unissued). Raises UnknownTag, StoreUnavailable (the ledger:
+    nothing changed; the pool: removed but its list not emptied: `pool.take_all(tag)`).
+    """
+    row = await ledger.remove_tag(tag)
+    drained = [] if pool is None else await pool.take_all(tag)
     return row, drained
 
 

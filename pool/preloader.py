@@ -28,7 +28,6 @@ import os
 import socket
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -37,12 +36,12 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
 from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable
-from .ledger import TagRow
 from .ranges import IdRange
-from .redis_pool import PoolSummary, PushResult
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
+from .values import PoolSummary, PushResult, TagRow
+from .waste import Reason, WasteRecorder
 
 logger = logging.getLogger("idpool.preloader")
 
@@ -70,13 +69,14 @@ class Preloader:
         self,
         settings: Settings,
         ledger: LedgerStore,
-        redis_pool: PoolStore,
+        pool: PoolStore,
         claims: LedgerClaims | None = None,
+        waste: WasteRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
-        self.redis_pool = redis_pool
-        self.claims = claims or LedgerClaims(ledger, redis_pool)
+        self.pool = pool
+        self.claims = claims or LedgerClaims(ledger, pool)
         self.owner = owner_id()
         self.leading = False  # held the preloader lease at the last tick
         self._scheduler: AsyncIOScheduler | None = None
@@ -88,7 +88,7 @@ class Preloader:
         self._visited_at: dict[str, float] = {}
         self._next_sweep = 0.0
         self._refilling: set[str] = set()  # tags being refilled by this process now
-        self.wasted: Counter[tuple[str, str]] = Counter()  # (tag, reason) -> IDs
+        self.waste = waste or WasteRecorder()  # the process's, shared with its node
         self._urgent: set[asyncio.Task[None]] = set()
         self._urgent_after: dict[str, float] = {}
 
@@ -125,7 +125,7 @@ class Preloader:
         if self.leading:
             self.leading = False
             with contextlib.suppress(StoreUnavailable):
-                await self.redis_pool.resign(self.owner)  # a standby takes over at once
+                await self.pool.resign(self.owner)  # a standby takes over at once
 
     async def _scheduled_tick(self) -> None:
         if self._closing or (self._tick_task is not None and not self._tick_task.done()):
@@ -139,7 +139,7 @@ class Preloader:
     async def refill_all(self) -> list[RefillReport]:
         """One tick: lead or stand by; when leading, visit the tags that moved."""
         try:
-            leading = await self.redis_pool.lead(self.owner, self.settings.lease_seconds)
+            leading = await self.pool.lead(self.owner, self.settings.leader_seconds)
             if not leading:
                 self.leading = False
                 return []
@@ -156,7 +156,7 @@ class Preloader:
             if self._closing:
                 break
             try:
-                states = await self.redis_pool.summaries(chunk)
+                states = await self.pool.summaries(chunk)
             except StoreUnavailable as e:
                 logger.warning("event=preload_skipped reason=%r", e.detail)
                 break
@@ -171,15 +171,15 @@ class Preloader:
                     *(self.refill_tag(row, states[row.tag], figures) for row in group)
                 )
             with contextlib.suppress(StoreUnavailable):  # figures only: the next tick writes again
-                await self.redis_pool.write_stats_many(figures)
+                await self.pool.write_stats_many(figures)
         return reports
 
     async def _tags_to_visit(self, now: float) -> set[str]:
         """Moved tags, tags that moved within the rate window (every few seconds,
         so their published rate follows them down), and at a sweep every list
         under the minimum. Raises StoreUnavailable."""
-        taken = await self.redis_pool.take_moved()
-        self._count_dropped(taken.dropped)
+        taken = await self.pool.take_moved()
+        self.waste.dropped(taken.dropped)
         for tag in taken.tags:
             self._moved_at[tag] = now
         window = self.settings.rate_window
@@ -193,7 +193,7 @@ class Preloader:
             self._rows = {row.tag: row for row in await self.ledger.list_tags()}
             self._next_sweep = now + self.settings.sweep_seconds
             for chunk in _chunks(sorted(self._rows), _VISIT_CHUNK):
-                depths = await self.redis_pool.depths(chunk)
+                depths = await self.pool.depths(chunk)
                 visit.update(t for t, n in depths.items() if n < self.settings.pool_depth)
         unknown = sorted(t for t in visit if t not in self._rows)
         if unknown:  # created since the last sweep
@@ -250,10 +250,10 @@ class Preloader:
         self._visited_at[tag] = time.monotonic()
         try:
             if state is None:
-                state = (await self.redis_pool.summaries([tag]))[tag]
+                state = (await self.pool.summaries([tag]))[tag]
             step, target, published = await self._size(row, state.stats)
             if figures is None:
-                await self.redis_pool.write_stats(tag, published)
+                await self.pool.write_stats(tag, published)
             else:
                 figures[tag] = published
             if state.depth >= target:
@@ -280,7 +280,7 @@ class Preloader:
             # published rate rather than publish 0 and shrink the pool.
             rate = float(stats["rate"])
         if s.step_seconds > 0 and "lifetime_ids" in stats:
-            seen = await self.redis_pool.take_lifetime(tag)
+            seen = await self.pool.take_lifetime(tag)
             if seen is not None:
                 wanted = next_step(step, seen[0], seen[1], s.step_seconds)
                 if wanted != step:
@@ -300,15 +300,19 @@ class Preloader:
         return step, target, {"rate": f"{rate:.3f}", "target_depth": str(target), "step": str(step)}
 
     async def _claim_and_push(self, report: RefillReport, tag: str, need: int) -> None:
+        # Ask again before each claim: a preloader frozen past its lease (SIGSTOP,
+        # swap) wakes mid-tick while another holds it and fills the same lists.
+        if not await self.pool.lead(self.owner, self.settings.leader_seconds):
+            self.leading = False
+            report.skipped = "lease lost"
+            return
         try:
             claim = await self.claims.claim(tag, need)
         except MarkNotRaised as e:
             # Claimed but unfenced: never pushed (a rewound MySQL could repeat it).
-            self._abandon(report, tag, e.wasted, [e.wasted], "mark_not_raised", e.detail)
+            self._abandon(report, tag, e.wasted, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
             raise
-        log_refused(logger, tag, claim.refused, claim.raised_to)
-        for refused in claim.refused:
-            self.wasted[tag, "stale_ledger"] += len(refused)
+        self.waste.record(tag, claim.refused, Reason.STALE_LEDGER, raised_to=claim.raised_to)
         # The ledger's step may have changed since list_tags(): split by what was claimed.
         # At a tag's bound the claim may be short: never a size of 0.
         ranges = claim.range.split(-(-len(claim.range) // need))
@@ -316,13 +320,19 @@ class Preloader:
         try:
             result = await self._push(tag, ranges)
         except StoreNotSent as e:
-            self._abandon(report, tag, claim.range, ranges, "push_not_sent", e.detail)
+            self._abandon(report, tag, claim.range, ranges, Reason.PUSH_NOT_SENT, e.detail)
             return
         except StoreUnavailable as e:
             # Maybe pushed, maybe not: never push again; count the range as waste.
-            self._abandon(report, tag, claim.range, ranges, "push_outcome_unknown", e.detail)
+            self._abandon(report, tag, claim.range, ranges, Reason.PUSH_OUTCOME_UNKNOWN, e.detail)
             return
-        self._count_dropped(result.dropped)
+        self.waste.dropped(result.dropped)
+        if result.lease_lost:  # lost between the check above and the push: not pushed
+            self.leading = False
+            self._abandon(
+                report, tag, claim.range, ranges, Reason.LEADERSHIP_LOST, "another is the leader"
+            )
+            return
         report.pushed = ranges
         logger.info(
             "event=ranges_pushed tag=%s range=%s ranges=%d depth=%d",
@@ -332,60 +342,28 @@ class Preloader:
             result.depth,
         )
 
-    def _count_dropped(self, dropped: list[str]) -> None:
-        """Ranges a new Redis incarnation held when it was cleaned: logged, waste."""
-        log_dropped(logger, dropped)
-        for item in dropped:
-            tag, _, text = item.partition("=")
-            self.wasted[tag, "redis_new_incarnation"] += len(IdRange.from_text(text))
-
     def _abandon(
         self,
         report: RefillReport,
         tag: str,
         claimed: IdRange,
         ranges: list[IdRange],
-        reason: str,
+        reason: Reason,
         detail: str,
     ) -> None:
         """Give up a claimed range: counted and logged as waste, never pushed."""
         report.abandoned = ranges
-        self.wasted[tag, reason] += len(claimed)
-        logger.error(
-            "event=range_abandoned tag=%s range=%s reason=%s detail=%r",
-            tag,
-            claimed.to_text(),
-            reason,
-            detail,
-        )
+        self.waste.record(tag, [claimed], reason, detail)
 
     async def _push(self, tag: str, ranges: list[IdRange]) -> PushResult:
         """Push, sending again only what was never sent (no connection, or all busy)."""
         for _ in range(_BUSY_RETRIES - 1):
             try:
-                return await self.redis_pool.push(tag, ranges, head=False)
+                return await self.pool.push(tag, ranges, head=False, leader=self.owner)
             except StoreNotSent:
                 continue
-        return await self.redis_pool.push(tag, ranges, head=False)
+        return await self.pool.push(tag, ranges, head=False, leader=self.owner)
 
 
 def _chunks(items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def log_refused(log: logging.Logger, tag: str, refused: list[IdRange], raised: int | None) -> None:
-    for r in refused:
-        log.error(
-            "event=stale_ledger tag=%s range=%s raised_max_id_to=%s "
-            "detail='MySQL returned a range below the high-water mark; range abandoned'",
-            tag,
-            r.to_text(),
-            raised,
-        )
-
-
-def log_dropped(log: logging.Logger, dropped: list[str]) -> None:
-    """Ranges a new Redis incarnation held when it was cleaned: abandoned, never served."""
-    for item in dropped:
-        tag, _, text = item.partition("=")
-        log.warning("event=range_abandoned tag=%s range=%s reason=redis_new_incarnation", tag, text)

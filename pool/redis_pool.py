@@ -2,7 +2,7 @@
 
 Every read-modify-write is a Lua script, so it is atomic on the server. Every
 script that touches a pool list first checks that the Redis it runs on is a
-*clean incarnation* (see ``_PRELUDE``), so a Redis that restarted from an old
+*clean incarnation* (see ``PRELUDE``), so a Redis that restarted from an old
 snapshot, or a replica promoted with missing writes, can never hand out a range
 that was already popped.
 
@@ -20,7 +20,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -31,9 +31,10 @@ from redis.exceptions import RedisError
 
 from .errors import StoreBusy, StoreNotSent, StoreUnavailable
 from .keys import Keys
-from .ranges import IdRange
+from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 # The Redis incarnation, computed on the server inside the script that relies on
 # it: `run_id` changes on every start, `master_replid` on every promotion.
@@ -47,7 +48,7 @@ end
 
 # Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
 # key; ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix.
-_PRELUDE = (
+PRELUDE = (
     INCARNATION_LUA
     + """
 local function ensure_clean()
@@ -79,7 +80,7 @@ end
 # preloader looks at it on its next tick.
 # Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
 local want, most, got, taken = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, {}
@@ -97,24 +98,27 @@ return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4],
 )
 
 # The most ranges one pop may take (a batch of IDPOOL_MAX_COUNT IDs at step 1).
-MAX_POP_RANGES = 10_000
 # At most this many commands in flight per client, so redis-py's pool (sized to
 # match) is never found full: a full pool raises at once, and a command that was
 # never sent must not be taken for a Redis fault or an ambiguous write.
 MAX_CONNECTIONS = 32
 
-# KEYS[3] = pool list; ARGV[3] = tag, ARGV[4] = 'head' or 'tail', ARGV[5..] = ranges
-# in the order they should be served. Returns {dropped, new length}.
+# KEYS[3] = pool list, KEYS[4] = preloader lease; ARGV[3] = tag, ARGV[4] = 'head' or
+# 'tail', ARGV[5] = the pushing preloader's id ('' for a node), ARGV[6..] = ranges in
+# the order they should be served. Returns {dropped, new length, or -1: lease not held}.
 _PUSH = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
+-- A preloader frozen past its lease (SIGSTOP, swap) must not push what it claimed
+-- while the new holder fills the same list: its push counts only while it holds it.
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return {dropped, -1} end
 redis.call('SADD', KEYS[1], ARGV[3])
 local n = 0
 if ARGV[4] == 'head' then
-  for i = #ARGV, 5, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
+  for i = #ARGV, 6, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
 else
-  for i = 5, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
+  for i = 6, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
 end
 return {dropped, n}
 """
@@ -152,7 +156,7 @@ return 0
 # active preloader's tick cleans a new Redis incarnation within a second, even
 # when no node pops (nodes may live on their reserve for a while).
 _TAKE_MOVED = (
-    _PRELUDE
+    PRELUDE
     + """
 local dropped = ensure_clean()
 local tags = redis.call('SMEMBERS', KEYS[3])
@@ -162,37 +166,6 @@ return {dropped, tags}
 )
 
 _ERRORS = (RedisError, OSError, TimeoutError)
-
-
-class PopResult(NamedTuple):
-    ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
-    depth: int = 0  # ranges left in the list after the pop
-    target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
-
-    @property
-    def range(self) -> IdRange | None:
-        """The first range taken, or None when the list was empty."""
-        return self.ranges[0] if self.ranges else None
-
-
-class Moved(NamedTuple):
-    tags: list[str]  # tags that moved since the last read
-    dropped: list[str]  # "tag=first-last" abandoned because Redis is a new incarnation
-
-
-class PoolSummary(NamedTuple):
-    """A list's state from O(1) reads: what /status and /metrics show per tag."""
-
-    depth: int
-    head: IdRange | None
-    ids: int  # the head range's IDs plus (depth - 1) full ranges of the published step
-    stats: dict[str, str]
-
-
-class PushResult(NamedTuple):
-    depth: int
-    dropped: list[str]
 
 
 def make_client(settings: Settings) -> aioredis.Redis:
@@ -283,17 +256,24 @@ class RedisPool:
         args += [str(ids), str(MAX_POP_RANGES), tag]
         dropped, texts, depth, target = await self._call(self._pop, keys, args)
         taken = [IdRange.from_text(t) for t in texts]
-        return PopResult(taken, list(dropped), int(depth), int(target or 0))
+        return PopResult(taken, tagged_ranges(dropped), int(depth), int(target or 0))
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
+        With ``leader`` (a preloader's id), only while it holds the preloader lease:
+        otherwise nothing is pushed and the result says ``lease_lost``.
 
         Called once per batch; never retried (an error means "maybe pushed").
         """
         keys, args = self._pool_args(tag)
-        args += [tag, "head" if head else "tail", *(r.to_text() for r in ranges)]
+        keys.append(self.keys.preloader)
+        args += [tag, "head" if head else "tail", leader, *(r.to_text() for r in ranges)]
         dropped, depth = await self._call(self._push, keys, args)
-        return PushResult(int(depth), list(dropped))
+        if int(depth) < 0:
+            return PushResult(0, tagged_ranges(dropped), lease_lost=True)
+        return PushResult(int(depth), tagged_ranges(dropped))
 
     async def depth(self, tag: str) -> int:
         return int(await self._plain(self.client.llen(self.keys.pool(tag))))
@@ -322,7 +302,7 @@ class RedisPool:
     async def tags(self) -> list[str]:
         return sorted(await self._plain(self.client.smembers(self.keys.pools)))
 
-    async def drain(self, tag: str) -> list[IdRange]:
+    async def take_all(self, tag: str) -> list[IdRange]:
         """Remove every ready range of ``tag`` and return them (a disabled tag's
         list). On an error they may or may not be gone: the caller calls again."""
         # MULTI: a pop or push between the read and the delete would otherwise be
@@ -341,21 +321,40 @@ class RedisPool:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for, it counts only once that many replicas have it: a failover to a replica
         without it would leave ranges already served above the shared mark."""
-        mark, online = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
-        # Only replicas that are online count: with none (the replica was just
-        # promoted, or is down) there is nothing a failover could promote, and
-        # waiting for one would stop every claim until a new replica has synced.
-        wanted = min(self._mark_replicas, int(online))
-        if wanted:
-            ms = max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
-            acked = int(await self._plain(self.client.wait(wanted, ms)))
-            if acked < wanted:
-                raise StoreUnavailable(
-                    "redis",
-                    f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-                    "(IDPOOL_REDIS_MARK_REPLICAS)",
-                )
-        return int(mark)
+        if not self._mark_replicas:
+            mark, _ = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
+            return int(mark)
+        return int(await self._plain(self._raise_and_wait(tag, value)))
+
+    async def _raise_and_wait(self, tag: str, value: int) -> str:
+        # WAIT counts only the writes of its own connection: a WAIT sent on another
+        # pooled connection would answer for that one's writes, not the raise. So
+        # both run on one connection, held from the pool (one slot, see _plain).
+        # A plain Redis: its aclose gives the connection back and closes nothing else.
+        one = aioredis.Redis(
+            connection_pool=self.client.connection_pool, single_connection_client=True
+        )
+        try:
+            mark, online = await self._raise_hwm(
+                keys=[self.keys.hwm(tag)], args=[str(value)], client=one
+            )
+            # Only replicas that are online count: with none (the replica was just
+            # promoted, or is down) there is nothing a failover could promote, and
+            # waiting for one would stop every claim until a new replica has synced.
+            wanted = min(self._mark_replicas, int(online))
+            if wanted:
+                # half the store timeout: WAIT answers first
+                ms = max(1, int(self._slot_wait * 500))
+                acked = int(await one.wait(wanted, ms))
+                if acked < wanted:
+                    raise StoreUnavailable(
+                        "redis",
+                        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
+                        "(IDPOOL_REDIS_MARK_REPLICAS)",
+                    )
+        finally:
+            await one.aclose()
+        return str(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
         """Add IDs a node handed out to each tag's ``issued`` count (the consumption
@@ -373,7 +372,7 @@ class RedisPool:
         keys, args = self._pool_args("")
         keys[2] = self.keys.moved
         dropped, tags = await self._call(self._take_moved, keys, args)
-        return Moved(sorted(tags), list(dropped))
+        return Moved(sorted(tags), tagged_ranges(dropped))
 
     async def depths(self, tags: Sequence[str]) -> dict[str, int]:
         """Each list's depth: one LLEN per tag, in one round trip."""
@@ -501,13 +500,6 @@ class RedisPool:
         """Run one Redis call as every call here runs: at most once, waiting for a
         free connection, errors as StoreUnavailable (for the lease store)."""
         return await self._plain(awaitable)
-
-
-def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
-    head = None if head_text is None else IdRange.from_text(head_text)
-    step = int(stats.get("step", 0))
-    ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
-    return PoolSummary(depth, head, ids, stats)
 
 
 def _never_sent(e: BaseException) -> bool:

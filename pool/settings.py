@@ -18,6 +18,14 @@ from .errors import ConfigError
 ENV_PREFIX = "IDPOOL_"
 
 
+# Other variables a setting is read from when its own is unset: a better name
+# (the ledger may be SQLite), or the old one (a "lease" is now a client's range).
+ENV_ALIASES = {
+    "mysql_url": ("IDPOOL_LEDGER_URL",),
+    "leader_seconds": ("IDPOOL_LEASE_SECONDS",),
+}
+
+
 @dataclass(frozen=True)
 class MysqlParams:
     host: str
@@ -50,8 +58,8 @@ _SENTINEL_FORM = (
 
 @dataclass(frozen=True)
 class Settings:
-    # IDPOOL_MYSQL_URL: the ledger; mysql://user:password@host:port/database, or
-    # sqlite:///path/file.db for the embedded mode (one node; ledger and pool in that
+    # IDPOOL_MYSQL_URL (or IDPOOL_LEDGER_URL): the ledger; mysql://user:password@host:port/
+    # database, or sqlite:///path/file.db for the embedded mode (one node; ledger and pool in that
     # file, Redis not used). Never chosen unless named here or by `serve --embedded`.
     mysql_url: str = field(default="mysql://root@127.0.0.1:3306/idpool", repr=False)
     # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db, or behind
@@ -94,9 +102,10 @@ class Settings:
     rate_window: float = 60.0
     # IDPOOL_PRELOAD_INTERVAL: seconds between preloader ticks
     preload_interval: float = 1.0
-    # IDPOOL_LEASE_SECONDS: how long the active preloader's lease lasts unless renewed
-    # (each tick renews it); a standby takes over this long after the holder died
-    lease_seconds: float = 10.0
+    # IDPOOL_LEADER_SECONDS (or its old name IDPOOL_LEASE_SECONDS): how long the active
+    # preloader's leadership lasts unless renewed (each tick renews it); a standby
+    # takes over this long after the leader died
+    leader_seconds: float = 10.0
     # IDPOOL_SWEEP_SECONDS: how often the active preloader reads every list's depth
     # (one pipelined round) and fills those under IDPOOL_POOL_DEPTH; between sweeps
     # it visits only the tags that moved
@@ -127,6 +136,9 @@ class Settings:
     # IDPOOL_CLIENT_MAX_COUNT: most IDs one lease call hands out (the client's wish is
     # clamped to it); at 1M IDs/s the default lasts a client 10 s
     client_max_count: int = 10_000_000
+    # IDPOOL_MAX_BODY_BYTES: largest request body a node reads (admin calls, lease
+    # returns: a few hundred bytes); a larger one is refused with 413 unread
+    max_body_bytes: int = 65_536
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -135,6 +147,9 @@ class Settings:
         for f in fields(cls):
             name = ENV_PREFIX + f.name.upper()
             raw = env.get(name)
+            for alias in ENV_ALIASES.get(f.name, ()):
+                if raw is None or raw == "":
+                    name, raw = alias, env.get(alias)
             if raw is None or raw == "":
                 continue
             values[f.name] = _parse(name, raw, type(getattr(cls(), f.name)))
@@ -154,7 +169,7 @@ class Settings:
             (self.step_seconds >= 0, "IDPOOL_STEP_SECONDS must be 0 or more"),
             (self.rate_window > 0, "IDPOOL_RATE_WINDOW must be positive"),
             (self.preload_interval > 0, "IDPOOL_PRELOAD_INTERVAL must be positive"),
-            (self.lease_seconds > 0, "IDPOOL_LEASE_SECONDS must be positive"),
+            (self.leader_seconds > 0, "IDPOOL_LEADER_SECONDS must be positive"),
             (self.sweep_seconds > 0, "IDPOOL_SWEEP_SECONDS must be positive"),
             (self.redis_mark_replicas >= 0, "IDPOOL_REDIS_MARK_REPLICAS must be 0 or more"),
             (self.report_seconds > 0, "IDPOOL_REPORT_SECONDS must be positive"),
@@ -166,6 +181,7 @@ class Settings:
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
             (self.client_lease_seconds >= 1, "IDPOOL_CLIENT_LEASE_SECONDS must be at least 1"),
             (self.client_max_count >= 1, "IDPOOL_CLIENT_MAX_COUNT must be at least 1"),
+            (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -179,6 +195,8 @@ class Settings:
             raise ConfigError(
                 "IDPOOL_REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://"
             )
+        else:
+            _port("IDPOOL_REDIS_URL", _split_redis_url(self.redis_url))  # redis-py reads it too
         return self
 
     def with_changes(self, **changes: Any) -> Settings:
@@ -216,7 +234,7 @@ class Settings:
             raise ConfigError("IDPOOL_MYSQL_URL: database name must be letters, digits and _")
         return MysqlParams(
             host=url.hostname,
-            port=url.port or 3306,
+            port=_port("IDPOOL_MYSQL_URL", url) or 3306,
             user=unquote(url.username or "root"),
             password=unquote(url.password or ""),
             database=database,
@@ -243,20 +261,22 @@ def parse_sentinel_url(text: str) -> SentinelParams:
     if userinfo:
         user, _, secret = userinfo.partition(":")
         username, password = unquote(user) or None, unquote(secret) or None
-    sentinels = tuple(_host_port(part) for part in hostlist.split(","))
+    sentinels = tuple(_host_port(part, _shown(part, text)) for part in hostlist.split(","))
     parts = url.path.strip("/").split("/") if url.path.strip("/") else []
     if not sentinels or not 1 <= len(parts) <= 2 or not parts[0]:
         raise ConfigError(_SENTINEL_FORM + ": name the master after the hosts (/mymaster)")
     service = unquote(parts[0])
     db_text = parts[1] if len(parts) == 2 else "0"
     if not db_text.isdigit():
-        raise ConfigError(f"IDPOOL_REDIS_URL: database number {db_text!r} is not a number")
+        raise ConfigError(
+            f"IDPOOL_REDIS_URL: database number {_shown(db_text, text)} is not a number"
+        )
     sentinel_password = None
     for item in url.query.split("&") if url.query else []:
         key, eq, value = item.partition("=")
         if key != "sentinel_password" or not eq:
             raise ConfigError(
-                f"IDPOOL_REDIS_URL: unknown query parameter {key!r} "
+                f"IDPOOL_REDIS_URL: unknown query parameter {_shown(key, text)} "
                 "(a Sentinel URL takes only ?sentinel_password=...)"
             )
         sentinel_password = unquote(value) or None
@@ -270,20 +290,42 @@ def _split_redis_url(text: str) -> SplitResult:
         raise ConfigError(f"IDPOOL_REDIS_URL is not a URL: {e}") from None
 
 
-def _host_port(text: str) -> tuple[str, int]:
+# A password holding an unencoded / ? # or & ends the URL's host part (or a query
+# value) early: every piece of such a URL may then be a piece of the password.
+_ENCODE_HINT = "percent-encode / ? # @ & in a password (%2F %3F %23 %40 %26)"
+
+
+def _shown(part: str, url: str) -> str:
+    """``part`` of a store URL, quoted for an error message; hidden when the URL
+    holds a password (an error must never show a piece of one)."""
+    if "@" in url or "password" in url.lower():
+        return f"(not shown: the URL holds a password; {_ENCODE_HINT})"
+    return repr(part)
+
+
+def _port(name: str, url: SplitResult) -> int | None:
+    """The URL's port; urllib's own error would quote what it read as one, which
+    is a piece of the password when the password holds an unencoded / ? or #."""
+    try:
+        return url.port
+    except ValueError:
+        raise ConfigError(f"{name}: the port is not a number 1-65535; {_ENCODE_HINT}") from None
+
+
+def _host_port(text: str, shown: str) -> tuple[str, int]:
     host, port_text = text, ""
     if text.startswith("["):  # [::1]:26379
         host, _, rest = text[1:].partition("]")
         if rest and not rest.startswith(":"):
-            raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {text!r}")
+            raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {shown}")
         port_text = rest[1:]
     elif ":" in text:
         host, _, port_text = text.rpartition(":")
     if not host or (port_text and not port_text.isdigit()):
-        raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {text!r}")
+        raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {shown}")
     port = int(port_text) if port_text else SENTINEL_PORT
     if not 0 < port < 65536:
-        raise ConfigError(_SENTINEL_FORM + f": bad port in {text!r}")
+        raise ConfigError(_SENTINEL_FORM + f": bad port in {shown}")
     return host, port
 
 

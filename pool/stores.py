@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from .ledger import Ledger, TagRow
+from .ledger import Ledger
 from .ranges import IdRange
-from .redis_pool import Moved, PoolSummary, PopResult, PushResult, RedisPool
+from .redis_pool import RedisPool
 from .settings import Settings
 from .sqlite_ledger import SqliteLedger
 from .sqlite_pool import SqlitePool
 from .tokens import TokenRow
+from .values import Moved, PoolSummary, PopResult, PushResult, TagRow
 
 
 class LedgerStore(Protocol):
@@ -26,7 +27,7 @@ class LedgerStore(Protocol):
 
     async def claim(self, tag: str, ranges: int = 1) -> IdRange: ...
 
-    async def raise_floor(self, tag: str, floor: int) -> int: ...
+    async def raise_floor(self, tag: str, floor: int, *, start: bool = False) -> int: ...
 
     async def add_tag(
         self,
@@ -41,6 +42,8 @@ class LedgerStore(Protocol):
         end_id: int = ...,
         kind: str = ...,
     ) -> TagRow: ...
+
+    async def remove_tag(self, tag: str) -> TagRow: ...
 
     async def set_disabled(self, tag: str, disabled: bool) -> TagRow: ...
 
@@ -61,16 +64,18 @@ class LedgerStore(Protocol):
     async def revoke_token(self, tag: str, token_id: str) -> bool: ...
 
 
-class PoolStore(Protocol):
-    async def close(self) -> None: ...
-
-    async def check(self) -> None: ...
+class RangeLists(Protocol):
+    """Per tag, the list of ranges ready to serve."""
 
     async def pop(self, tag: str, ids: int = 1) -> PopResult: ...
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult: ...
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult: ...
 
     async def depth(self, tag: str) -> int: ...
+
+    async def depths(self, tags: Sequence[str]) -> dict[str, int]: ...
 
     async def ranges(self, tag: str) -> list[IdRange]: ...
 
@@ -78,19 +83,27 @@ class PoolStore(Protocol):
 
     async def tags(self) -> list[str]: ...
 
-    async def drain(self, tag: str) -> list[IdRange]: ...
+    async def take_all(self, tag: str) -> list[IdRange]: ...
+
+
+class HighWaterMarks(Protocol):
+    """Per tag, the highest range end ever claimed: the fence of every claim."""
 
     async def high_water(self, tag: str) -> int: ...
 
     async def raise_high_water(self, tag: str, value: int) -> int: ...
 
+
+class SizingStats(Protocol):
+    """What nodes report and the preloader sizes the lists by; the cluster totals."""
+
     async def report_issued(self, counts: Mapping[str, int]) -> None: ...
 
     async def take_moved(self) -> Moved: ...
 
-    async def depths(self, tags: Sequence[str]) -> dict[str, int]: ...
-
     async def report_lifetime(self, tag: str, ids: int, seconds: float) -> None: ...
+
+    async def take_lifetime(self, tag: str) -> tuple[int, float] | None: ...
 
     async def read_stats(self, tag: str) -> dict[str, str]: ...
 
@@ -98,9 +111,11 @@ class PoolStore(Protocol):
 
     async def write_stats_many(self, figures: Mapping[str, dict[str, str]]) -> None: ...
 
-    async def take_lifetime(self, tag: str) -> tuple[int, float] | None: ...
-
     async def add_stats(self, increments: Mapping[str, Mapping[str, int]]) -> None: ...
+
+
+class NodeRegistry(Protocol):
+    """The live nodes of the cluster view: heartbeats with a TTL."""
 
     async def heartbeat(self, node_id: str, fields: Mapping[str, str], ttl: float) -> None: ...
 
@@ -108,9 +123,23 @@ class PoolStore(Protocol):
 
     async def live_nodes(self, ttl: float) -> list[dict[str, str]]: ...
 
+
+class PreloaderLeadership(Protocol):
+    """Which preloader fills the lists: one leader at a time, by expiring lease."""
+
     async def lead(self, owner: str, seconds: float) -> bool: ...
 
     async def resign(self, owner: str) -> None: ...
+
+
+class PoolStore(
+    RangeLists, HighWaterMarks, SizingStats, NodeRegistry, PreloaderLeadership, Protocol
+):
+    """Everything a pool offers (Redis, or the embedded SQLite pool), by role above."""
+
+    async def close(self) -> None: ...
+
+    async def check(self) -> None: ...
 
 
 async def open_ledger(settings: Settings) -> LedgerStore:

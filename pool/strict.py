@@ -44,12 +44,13 @@ from typing import NamedTuple, Protocol
 
 from .claims import Claim, LedgerClaims
 from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable, TagExhausted
-from .ledger import cut
 from .ranges import IdRange
 from .redis_pool import INCARNATION_LUA, RedisPool
 from .sentinel import named_master_by_majority
 from .sqlite_file import SqliteFile
 from .sqlite_ledger import _select
+from .values import cut
+from .waste import Reason, WasteRecorder
 
 # Decimal strings without leading zeros: compare by length, then by text; add
 # digit by digit.
@@ -258,14 +259,12 @@ class RedisStrict:
 
 
 class StrictEvents:
-    """What a strict sequence reports: claims made and IDs given up. The node
-    logs and counts them (``service/strict_tags.py``); this default drops them."""
+    """What a strict sequence reports besides its waste (which goes to the
+    process's ``WasteRecorder``): the claims its refills made. The node logs and
+    counts them (``service/strict_tags.py``); this default drops them."""
 
     def claimed(self, tag: str, claim: Claim, how: str) -> None:
         """A refill's claim, and what the extension did with it."""
-
-    def wasted(self, tag: str, reason: str, ids: int, wasted: IdRange | None = None) -> None:
-        """IDs given up: a range, or ``ids`` IDs of a take whose outcome is unknown."""
 
 
 class StrictRaced(IdPoolError):
@@ -305,6 +304,7 @@ class StrictSequence:
         hold_seconds: float = 30.0,
         grant_seconds: float = 4.0,
         events: StrictEvents | None = None,
+        waste: WasteRecorder | None = None,
     ) -> None:
         self.store = store
         self.claims = claims
@@ -315,6 +315,7 @@ class StrictSequence:
         self.grant_ms = max(1, int(grant_seconds * 1000))
         self.asker = uuid.uuid4().hex
         self.events = events or StrictEvents()
+        self.waste = waste or WasteRecorder()  # the process's: every ID given up
         self._refills: dict[str, asyncio.Task[None]] = {}
         self._target: dict[str, int] = {}  # tag -> IDs a refill claims (hold_seconds' worth)
 
@@ -347,7 +348,7 @@ class StrictSequence:
         if not await self.store.from_master(answer.incarnation):
             # Two masters during a failover: IDs from the one the Sentinels left
             # could be below IDs the other already answered. Given up, never served.
-            self.events.wasted(tag, "strict_not_master", n)
+            self.waste.lost(tag, n, Reason.STRICT_NOT_MASTER)
             raise StoreUnavailable(
                 "redis",
                 f"the Redis that answered for tag {tag!r} is not the master most Sentinels "
@@ -368,7 +369,7 @@ class StrictSequence:
             answer = await self.store.take(tag, n, low, self.grant_ms, self.asker)
         except StoreUnavailable as e:
             if not isinstance(e, StoreNotSent):
-                self.events.wasted(tag, "strict_take_outcome_unknown", n)
+                self.waste.lost(tag, n, Reason.STRICT_TAKE_OUTCOME_UNKNOWN)
             raise
         if answer.granted and answer.rate is not None:
             # up at once with the rate, down by halves (a window just begun reads low)
@@ -384,29 +385,33 @@ class StrictSequence:
         try:
             claim = await self.claims.claim(tag, min(math.ceil(want / step), MAX_REFILL_RANGES))
         except MarkNotRaised as e:  # claimed, but the mark could not be raised past it
-            self.events.wasted(tag, "mark_not_raised", len(e.wasted), e.wasted)
+            self.waste.record(tag, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
             raise
+        self.waste.record(tag, claim.refused, Reason.STALE_LEDGER, raised_to=claim.raised_to)
         try:
             ext = await self.store.extend(tag, seen.incarnation, claim.range, n)
         except StoreUnavailable as e:
             # Maybe extended (and maybe taken from), maybe not: never sent again.
             sent = not isinstance(e, StoreNotSent)
-            reason = "strict_extend_outcome_unknown" if sent else "strict_extend_not_sent"
+            reason = (
+                Reason.STRICT_EXTEND_OUTCOME_UNKNOWN if sent else Reason.STRICT_EXTEND_NOT_SENT
+            )
             self.events.claimed(tag, claim, "unknown")
-            self.events.wasted(tag, reason, len(claim.range), claim.range)
+            self.waste.record(tag, [claim.range], reason, e.detail)
             if n and sent:
-                self.events.wasted(tag, "strict_take_outcome_unknown", n)
+                self.waste.lost(tag, n, Reason.STRICT_TAKE_OUTCOME_UNKNOWN)
             raise
         self.events.claimed(tag, claim, ext.how)
         if ext.how == "refused":  # another node extended first: ours is below its limit
-            self.events.wasted(tag, "strict_refill_raced", len(claim.range), claim.range)
+            self.waste.record(tag, [claim.range], Reason.STRICT_REFILL_RACED)
         elif ext.how == "moved":  # a restart or failover since we looked
-            self.events.wasted(tag, "redis_new_incarnation", len(claim.range), claim.range)
+            self.waste.record(tag, [claim.range], Reason.REDIS_NEW_INCARNATION)
         if ext.lost is not None:
             # jumped: the rest was never handed out; replaced: a state of an older
             # incarnation, which may have served part of it after its last save
-            reason = "strict_state_skipped" if ext.how == "jumped" else "redis_new_incarnation"
-            self.events.wasted(tag, reason, len(ext.lost), ext.lost)
+            skipped = ext.how == "jumped"
+            reason = Reason.STRICT_STATE_SKIPPED if skipped else Reason.REDIS_NEW_INCARNATION
+            self.waste.record(tag, [ext.lost], reason)
         # granted again if the refill did not cover the batch (a race): the caller decides
         return ext.answer._replace(granted=ext.answer.first is None)
 

@@ -32,6 +32,7 @@ from idpool.pool.stores import open_stores
 
 from . import admin, auth, leases, metrics, status_page
 from .errors import (
+    ERROR_HEADER_RAW,
     HttpRefusal,
     answer_error,
     answer_http_error,
@@ -73,6 +74,36 @@ async def check_token(node: Node, tag: str, request: Request) -> None:
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
 
 
+def _too_large(limit: int) -> str:
+    return (
+        f"the request body is over {limit} bytes (IDPOOL_MAX_BODY_BYTES); "
+        "idpool's calls take a JSON object of a few hundred bytes"
+    )
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0  # the server refuses a bad one
+    return 0
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """``receive``, refusing a body once it passes ``limit`` bytes (a chunked body
+    has no Content-Length to check up front): nothing past it is kept."""
+    seen = 0
+
+    async def limited() -> Message:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise HTTPException(413, _too_large(limit))
+        return message
+
+    return limited
+
+
 def _parse_count(request: Request, limit: int) -> int:
     values = request.query_params.getlist("count")
     if len(values) != 1:
@@ -91,6 +122,7 @@ _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextRes
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
+CLIENT_GONE = 499  # the request count's code for an answer not delivered (nginx's)
 
 
 class NodeApp(Starlette):
@@ -127,6 +159,7 @@ class NodeApp(Starlette):
         self.stores = stores
         self.node: Node | None = None  # the runtime's node, set by the lifespan while it serves
         self.max_count = settings.max_count  # the largest /ids count the fast path answers
+        self.max_body = settings.max_body_bytes  # the largest request body read
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
@@ -141,26 +174,50 @@ class NodeApp(Starlette):
             answer = self._from_memory(node, scope["path"], scope["query_string"])
             if answer is not None:
                 route, body, content_type = answer
+                # A client that hung up before its answer: its IDs are waste, counted.
+                if (await receive())["type"] == "http.disconnect":
+                    _undelivered(node, scope["path"], route, body)
+                    return
                 node.stats.latency[route].observe(_clock() - started)  # as the routes do
+                try:
+                    await _send(send, body, content_type)
+                except OSError:  # a server that says so (ASGI 2.4) when the client is gone
+                    _undelivered(node, scope["path"], route, body)
+                    raise
                 node.stats.requests[_OK[route]] += 1
-                await _send(send, body, content_type)
                 return
             strict = self._strict(node, scope["path"], scope["query_string"])
             if strict is not None:
-                await self._answer_strict(node, scope, send, started, *strict)
+                await self._answer_strict(node, scope, receive, send, started, *strict)
                 return
-        if node is None or scope["type"] != "http":
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        counts = node.stats.requests
-        route = route_of(scope["path"])
+        if node is not None:
+            counts, errors = node.stats.requests, node.stats.errors
+            route = route_of(scope["path"])
+            answer_to = send
 
-        async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                counts[(route, message["status"])] += 1
-            await send(message)
+            async def counted(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    counts[(route, message["status"])] += 1
+                    if message["status"] >= 400:
+                        for name, value in message.get("headers", ()):
+                            if name == ERROR_HEADER_RAW:
+                                errors[(route, value.decode("latin-1"))] += 1
+                await answer_to(message)
 
-        await super().__call__(scope, receive, counted)
+            send = counted
+        # Bodies are refused over the limit before they are read: up front by their
+        # Content-Length, and while read when chunked (GET routes never read one).
+        if _declared_length(scope) > self.max_body:
+            # the body is not read
+            too_large = error("body_too_large", _too_large(self.max_body), {"connection": "close"})
+            await too_large(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            receive = _limited(receive, self.max_body)
+        await super().__call__(scope, receive, send)
 
     def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:
         """(route, body, content type) for a GET the node can answer from its
@@ -219,15 +276,25 @@ class NodeApp(Starlette):
         return None if node.draining else (route, tag, count)
 
     async def _answer_strict(
-        self, node: Node, scope: Scope, send: Send, started: float, route: str, tag: str, n: int
+        self,
+        node: Node,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        started: float,
+        route: str,
+        tag: str,
+        n: int,
     ) -> None:
         """A strict tag's request, answered as the routes would, without their
         routing: the IDs come from the shared sequence (group-committed), so the
-        answer waits for it; an error is answered from the same table."""
+        answer waits for it; an error is answered from the same table, and the
+        IDs of a client that hung up meanwhile are waste, as on the fast path."""
         kind = node.kinds[STRICT]
         try:
             if route == "id":
-                body, content_type = str(await kind.next_id(tag)).encode(), _TEXT_PLAIN
+                ids = [await kind.next_id(tag)]
+                body, content_type = str(ids[0]).encode(), _TEXT_PLAIN
             else:
                 ids = await kind.next_ids(tag, n)
                 body, content_type = orjson.dumps({"tag": tag, "ids": ids}), _JSON
@@ -237,18 +304,45 @@ class NodeApp(Starlette):
             if row.code == "unavailable":
                 scope["state"]["run"].failures.log(tag, message)
             node.stats.requests[(route, row.status)] += 1
+            node.stats.errors[(route, row.code)] += 1
             body = orjson.dumps({"error": row.code, "message": message})
-            await _send(send, body, _JSON, row.status)
+            await _send(send, body, _JSON, row.status, [(ERROR_HEADER_RAW, row.code.encode())])
+            return
+        if (await receive())["type"] == "http.disconnect":
+            node.undelivered(tag, ids)
+            node.stats.requests[(route, CLIENT_GONE)] += 1
             return
         node.stats.latency[route].observe(_clock() - started)
+        try:
+            await _send(send, body, content_type)
+        except OSError:  # a server that says so (ASGI 2.4) when the client is gone
+            node.undelivered(tag, ids)
+            node.stats.requests[(route, CLIENT_GONE)] += 1
+            raise
         node.stats.requests[_OK[route]] += 1
-        await _send(send, body, content_type)
+
+
+def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
+    """Count the IDs of a fast answer that could not be delivered as waste."""
+    if route == "ids":
+        answer = orjson.loads(body)
+        node.undelivered(answer["tag"], answer["ids"])
+    else:
+        tag = path[4:] if path.startswith("/id/") else path[len(_LEAF_PREFIX) :]
+        node.undelivered(tag, [int(body)])
+    node.stats.requests[(route, CLIENT_GONE)] += 1
 
 
 async def _send(
-    send: Send, body: bytes, content_type: tuple[bytes, bytes], status: int = 200
+    send: Send,
+    body: bytes,
+    content_type: tuple[bytes, bytes],
+    status: int = 200,
+    extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     headers = [(b"content-length", str(len(body)).encode()), content_type]
+    if extra:
+        headers += extra
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -264,6 +358,9 @@ async def one_id(request: Request) -> Response:
     node: Node = request.state.run.node
     await check_token(node, tag, request)
     value = await node.next_id(tag)
+    if await request.is_disconnected():  # hung up while it waited: the ID is waste
+        node.undelivered(tag, [value])
+        return Response(status_code=CLIENT_GONE)
     node.stats.latency["id"].observe(_clock() - started)
     return PlainTextResponse(str(value))
 
@@ -277,6 +374,9 @@ async def many_ids(request: Request) -> Response:
     count = _parse_count(request, run.settings.max_count)
     await check_token(run.node, tag, request)
     ids = await run.node.next_ids(tag, count)
+    if await request.is_disconnected():
+        run.node.undelivered(tag, ids)
+        return Response(status_code=CLIENT_GONE)
     body = orjson.dumps({"tag": tag, "ids": ids})
     run.node.stats.latency["ids"].observe(_clock() - started)
     return Response(body, media_type="application/json")

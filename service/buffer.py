@@ -41,8 +41,10 @@ class SegmentBuffer:
         on_finished: Finished | None = None,
         reserve_seconds: float = 0.0,
         rate_span: float = MIN_RATE_SPAN,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tag = tag
+        self._clock = clock  # monotonic seconds; a test passes a fake one
         self._fetch = fetch
         self._prefetch_at = prefetch_at
         self._on_finished = on_finished
@@ -52,7 +54,7 @@ class SegmentBuffer:
         self.reserve_seconds = reserve_seconds
         self.rate = 0.0  # IDs/s served here, measured at range switches over >= rate_span
         self._rate_span = rate_span
-        self._rate_since = time.monotonic()
+        self._rate_since = clock()
         self._rate_issued = 0
         self._issued_before = 0  # IDs handed out from ranges before `current`
         self._installed_at = 0.0
@@ -179,7 +181,7 @@ class SegmentBuffer:
         return True
 
     def _install(self, new: IdRange) -> None:
-        now = time.monotonic()
+        now = self._clock()
         old = self.current
         if old is not None:
             self._issued_before += self._cur - old.start
@@ -216,7 +218,7 @@ class SegmentBuffer:
         if self._task is not None or self.draining:
             self._trigger = _NEVER
             return
-        if time.monotonic() < self._retry_at:
+        if self._clock() < self._retry_at:
             return  # stays armed: the next take tries again after the backoff
         self._trigger = _NEVER
         # One fetch for what the reserve lacks (at least one range).
@@ -233,7 +235,7 @@ class SegmentBuffer:
             fetched = await self._fetch(self.tag, ids)
         except BaseException as e:
             self.last_error = e
-            self._retry_at = time.monotonic() + RETRY_BACKOFF
+            self._retry_at = self._clock() + RETRY_BACKOFF
             self._trigger = self._cur  # re-arm the prefetch
             raise
         finally:
@@ -255,7 +257,7 @@ class SegmentBuffer:
         task = self._task
         if task is None:
             error = self.last_error
-            if error is not None and time.monotonic() < self._retry_at:
+            if error is not None and self._clock() < self._retry_at:
                 raise error.with_traceback(None)  # fail fast while the stores are down
             task = self._start_fetch(ids)
         # shield: a client that hangs up must not cancel a fetch other requests wait on

@@ -40,6 +40,11 @@ class _SnapshotCollector:
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._tag_metrics()
+        yield from self._node_metrics()
+
+    def _tag_metrics(self) -> Iterator[Metric]:
+        """Per tag, from the snapshot."""
         issued = CounterMetricFamily(
             "idpool_ids_issued", "IDs handed out by this node", labels=["tag"]
         )
@@ -97,6 +102,8 @@ class _SnapshotCollector:
         yield from (issued, taken, returned, wasted, depth, pool_ids, target, supply, step, rate)
         yield runway
 
+    def _node_metrics(self) -> Iterator[Metric]:
+        """The node's stores, errors, latencies, requests and version."""
         up = GaugeMetricFamily("idpool_store_up", "1 when the store answered", labels=["store"])
         for store, health in self.snap["stores"].items():
             up.add_metric([store], 1 if health["up"] else 0)
@@ -123,11 +130,26 @@ class _SnapshotCollector:
         )
         for (route, code), n in sorted(self.stats.requests.items()):
             requests.add_metric([route, str(code)], n)
+        answered_errors = CounterMetricFamily(
+            "idpool_http_errors",
+            "Error answers of this node, by route and error code (the body's `error`)",
+            labels=["route", "error"],
+        )
+        for (route, error_code), n in sorted(self.stats.errors.items()):
+            answered_errors.add_metric([route, error_code], n)
+        retries = CounterMetricFamily(
+            "idpool_ledger_retries",
+            "Ledger transactions run again after the server rolled them back on a conflict "
+            "(Galera certification failure): not applied, so safe to repeat",
+            labels=["op", "reason"],
+        )
+        for retry in self.snap["node"].get("ledger_retries", ()):
+            retries.add_metric([retry["op"], retry["reason"]], retry["count"])
         build = GaugeMetricFamily(
             "idpool_build_info", "Always 1: the running version", labels=["version", "python"]
         )
         build.add_metric([VERSION, platform.python_version()], 1)
-        yield from (up, errors, latency, requests, build)
+        yield from (up, errors, retries, latency, requests, answered_errors, build)
 
 
 def _bound(value: float) -> str:

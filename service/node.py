@@ -1,7 +1,8 @@
-"""A node: the per-tag buffers of one process, and where their ranges come from.
+"""A node: the per-tag buffers of one process and their lifecycle (made on first
+use, released when idle, dropped when disabled, returned at shutdown), the
+kinds of ID it serves (``kinds.py``), and its reports to the cluster.
 
-A range comes from the Redis pool (one atomic pop) or, when the pool is empty
-or Redis is unreachable, straight from the MySQL ledger. On shutdown the unused
+Its ranges come from a RangeSource (``source.py``). On shutdown the unused
 remainders go back to the head of each tag's list, so the next node serves them
 first: IDs are trend-increasing across nodes, not strictly rising.
 """
@@ -10,171 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims
 from idpool.pool.errors import (
     Draining,
-    IdPoolError,
     KindNotServed,
-    MarkNotRaised,
-    NoRangeAvailable,
-    StoreBusy,
     StoreNotSent,
-    StoreSkipped,
     StoreUnavailable,
     UnknownTag,
 )
-from idpool.pool.preloader import log_dropped, log_refused
 from idpool.pool.ranges import IdRange
-from idpool.pool.stores import PoolStore
+from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
-from .health import StoreHealth
 from .kinds import KINDS, SEGMENT, IdKind, KeepsTags
-from .stats import SAMPLE_EVERY, NodeStats
+from .source import RangeSource
+from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.node")
-
-
-class RangeSource:
-    def __init__(
-        self,
-        claims: LedgerClaims,
-        redis_pool: PoolStore | None,
-        stats: NodeStats | None = None,
-        on_low: Callable[[str], None] | None = None,
-        health: StoreHealth | None = None,
-        step_of: Callable[[str], int] = lambda tag: 1,
-    ) -> None:
-        self.claims = claims
-        self.redis_pool = redis_pool
-        self.stats = stats or NodeStats()
-        self.on_low = on_low  # called when a tag's list runs low: refill it now
-        self.health = health or StoreHealth(claims.ledger, redis_pool)
-        self.step_of = step_of  # a tag's step as last known: sizes a batch's claim
-        self._skip_redis_until = 0.0
-        self._redis_error: StoreUnavailable | None = None
-        self._background: set[asyncio.Task[None]] = set()
-
-    async def fetch(self, tag: str, ids: int = 1) -> list[IdRange]:
-        """Ranges holding at least ``ids`` IDs (at least one range): one pop from
-        the pool, and for what it lacks one claim from the ledger.
-
-        Raises NoRangeAvailable when neither store gives anything; returns what
-        the pool gave when only the claim failed (the caller asks again).
-        """
-        errors: list[StoreUnavailable] = []
-        taken = await self._pop(tag, ids, errors)
-        missing = ids - sum(map(len, taken))
-        if missing <= 0 and taken:
-            return taken
-        try:
-            claim = await self.claims.claim(tag, math.ceil(max(missing, 1) / self.step_of(tag)))
-        except IdPoolError as e:
-            if not isinstance(e, StoreUnavailable):  # unknown or exhausted tag, stale ledger
-                if taken:
-                    return taken  # popped ranges are served; the caller asks again
-                raise
-            self._failed(e)
-            errors.append(e)
-            if isinstance(e, MarkNotRaised):
-                self.stats.waste(tag, "mark_not_raised", len(e.wasted))
-                logger.error(
-                    "event=range_abandoned tag=%s range=%s reason=mark_not_raised detail=%r",
-                    tag,
-                    e.wasted.to_text(),
-                    e.detail,
-                )
-            if taken:
-                return taken
-            await self.health.probe_soon()
-            raise NoRangeAvailable(tag, self._with_probed(errors)) from e
-        self.health.answered(self.health.ledger_name)
-        log_refused(logger, tag, claim.refused, claim.raised_to)
-        for refused in claim.refused:
-            self.stats.waste(tag, "stale_ledger", len(refused))
-        self.stats.tags[tag].ranges_from_ledger += 1
-        logger.info("event=range_taken tag=%s range=%s source=ledger", tag, claim.range.to_text())
-        return [*taken, claim.range]
-
-    def report_finished(self, tag: str, ids: int, seconds: float) -> None:
-        """A buffer used up a range: tell the preloader's dynamic step how long it lasted."""
-        if self.redis_pool is not None:
-            self.spawn(self.redis_pool.report_lifetime(tag, ids, seconds))
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Best-effort store write off the request path (a lost figure only skews sizing)."""
-
-        async def guarded() -> None:
-            try:
-                await coro
-            except StoreUnavailable:
-                pass
-
-        task = asyncio.ensure_future(guarded())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def close(self) -> None:
-        if self._background:
-            await asyncio.wait(list(self._background), timeout=5)
-
-    def _with_probed(self, errors: list[StoreUnavailable]) -> list[StoreUnavailable]:
-        """The errors met, plus stores the health probe found down: a claim that
-        failed on Redis never asked MySQL, and the 503 should name both."""
-        named = {e.store for e in errors}
-        for store, (_, detail) in self.health.last_error.items():
-            if store not in named and not self.health.is_up(store):
-                errors.append(StoreUnavailable(store, detail))
-        return errors
-
-    def _failed(self, e: StoreUnavailable) -> None:
-        if not isinstance(e, StoreBusy | StoreSkipped):
-            self.stats.store_errors[e.store] += 1
-        self.health.failed(e)
-
-    async def _pop(self, tag: str, ids: int, errors: list[StoreUnavailable]) -> list[IdRange]:
-        if self.redis_pool is None:
-            return []
-        if time.monotonic() < self._skip_redis_until and self._redis_error is not None:
-            errors.append(self._redis_error)  # still counted as down, for the 503 message
-            return []
-        try:
-            result = await self.redis_pool.pop(tag, ids)
-        except StoreBusy as e:
-            errors.append(e)  # never sent: nothing was taken, and Redis is not at fault
-            return []
-        except StoreUnavailable as e:
-            # The pop may have happened: whatever it took is lost, never reused.
-            self._skip_redis_until = time.monotonic() + REDIS_SKIP_SECONDS
-            self._redis_error = e
-            self.claims.redis_failed()  # the claim that follows fails fast too
-            self._failed(e)
-            logger.warning("event=pool_pop_failed tag=%s detail=%r", tag, e.detail)
-            errors.append(e)
-            return []
-        if self.health.pool_name is not None:
-            self.health.answered(self.health.pool_name)
-        log_dropped(logger, result.dropped)
-        for item in result.dropped:
-            dropped_tag, _, text = item.partition("=")
-            self.stats.waste(dropped_tag, "redis_new_incarnation", len(IdRange.from_text(text)))
-        # target_depth is 0 until a preloader has sized this tag's list: leave
-        # those to the preloader's next tick.
-        if self.on_low is not None and result.depth < result.target_depth / 2:
-            self.on_low(tag)
-        for taken in result.ranges:
-            self.claims.observe(tag, taken)
-            self.stats.tags[tag].ranges_from_pool += 1
-            logger.info("event=range_taken tag=%s range=%s source=pool", tag, taken.to_text())
-        return result.ranges
 
 
 @dataclass
@@ -196,16 +55,20 @@ class Node:
         tag_reload_seconds: float = 5.0,
         node_id: str = "",
         identity: dict[str, str] | None = None,
-        extra_waste: Callable[[], Counter[tuple[str, str]]] = Counter,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        self._clock = clock  # monotonic seconds, for idleness and reloads
+        self._wall_clock = wall_clock  # seconds since the epoch, for the consumption chart
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
         self.tag_reload_seconds = tag_reload_seconds
         self.reserve_seconds = reserve_seconds
         self.stats = source.stats
+        self.waste = source.waste
         self.health = source.health
         self.prefetch_at = prefetch_at
-        self.tags = tags or TagDirectory(source.claims.ledger)
+        self.tags = tags or TagDirectory(source.claims.ledger, clock=clock)
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
@@ -220,8 +83,6 @@ class Node:
         # The cluster view: who this node is (empty: not registered)
         self.node_id = node_id
         self.identity = identity or {}
-        # waste counted elsewhere in this process (the preloader's), reported with ours
-        self.extra_waste = extra_waste
         self._reported_totals: dict[tuple[str, str], int] = {}
 
     def not_ready(self) -> str | None:
@@ -242,8 +103,7 @@ class Node:
     def shown_tags(self) -> list[str]:
         """The tags /status and /metrics show: those served here, and those that
         wasted IDs here (a disabled tag's waste stays visible after its buffer goes)."""
-        wasted = {tag for tag, counters in self.stats.tags.items() if counters.wasted}
-        return sorted(wasted.union(self.served()))
+        return sorted(self.waste.tags().union(self.served()))
 
     def served(self) -> set[str]:
         """Every tag served here, of every kind."""
@@ -268,6 +128,7 @@ class Node:
                 self.prefetch_at,
                 self.source.report_finished,
                 self.reserve_seconds,
+                clock=self._clock,
             )
             self.buffers[tag] = buf
         return buf
@@ -313,6 +174,12 @@ class Node:
             self._forget(tag, buf)
             raise
 
+    def undelivered(self, tag: str, ids: list[int]) -> None:
+        """IDs taken for an answer the client never got (it hung up first): waste,
+        never served again. One log line a second at most: a client that hangs
+        up in a loop must not flood the log."""
+        self.waste.undelivered(tag, ids)
+
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
         # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
         if buf.current is None and self.buffers.get(tag) is buf:
@@ -322,8 +189,8 @@ class Node:
 
     def sample(self, now: float | None = None, mono: float | None = None) -> None:
         """Record IDs issued per tag (the consumption chart); let idle buffers go."""
-        now = time.time() if now is None else now
-        mono = time.monotonic() if mono is None else mono
+        now = self._wall_clock() if now is None else now
+        mono = self._clock() if mono is None else mono
         for tag, buf in list(self.buffers.items()):
             issued = buf.issued
             self.stats.tags[tag].history.append((now, issued))
@@ -356,7 +223,7 @@ class Node:
         The tags served here (and ``changed``, one an operator just changed
         through this node) every time; the whole list once a minute."""
         full = self.tags.full_at
-        whole = full is None or time.monotonic() - full >= _FULL_TAG_RELOAD_SECONDS
+        whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
         served = self.served()
         names = served if changed is None else {*served, changed}
         try:
@@ -365,10 +232,15 @@ class Node:
             return  # the copy stands; tried again next time
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
+        for tag in set(self.buffers) - set(self.tags.rows):
+            await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
 
-    async def _stop_disabled(self, tag: str, buf: SegmentBuffer) -> None:
-        """Drop a disabled tag's buffer; what it held is waste, never served again
-        (enabled, the tag goes on from fresh ranges above its ledger's max_id)."""
+    async def _stop_disabled(
+        self, tag: str, buf: SegmentBuffer, reason: Reason = Reason.TAG_DISABLED
+    ) -> None:
+        """Drop a disabled (or removed) tag's buffer; what it held is waste, never
+        served again (enabled or added again, the tag goes on from fresh ranges
+        above its ledger's max_id, or its tombstone's)."""
         if self.buffers.get(tag) is not buf:
             return
         # Out of `buffers` first, in one synchronous step: the fast path and new
@@ -378,18 +250,12 @@ class Node:
         remainder = await buf.drain()  # waits for a fetch under way: it is waste too
         self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         self.stats.tags[tag].history.clear()
-        if remainder:
-            self.stats.waste(tag, "tag_disabled", sum(map(len, remainder)))
-            logger.warning(
-                "event=range_abandoned tag=%s range=%s reason=tag_disabled",
-                tag,
-                ",".join(r.to_text() for r in remainder),
-            )
+        self.waste.record(tag, remainder, reason)
 
     async def report(self) -> None:
         """Tell the preloader how many IDs this node handed out per tag since the
         last report: the consumption the pool is sized by. One round trip."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None:
             return
         dropped = dict(self._unreported)  # from buffers released as idle
@@ -420,9 +286,7 @@ class Node:
         for tag, counters in list(self.stats.tags.items()):
             if counters.ids_returned:
                 found[(tag, "returned")] += counters.ids_returned
-            for reason, ids in counters.wasted.items():
-                found[(tag, f"wasted:{reason}")] += ids
-        for (tag, reason), ids in self.extra_waste().items():
+        for (tag, reason), ids in self.waste.totals().items():
             found[(tag, f"wasted:{reason}")] += ids
         return dict(found)
 
@@ -430,7 +294,7 @@ class Node:
         """Add what grew since the last report to each tag's cluster totals in
         the pool's stats hash. A report whose outcome is unknown is sent again:
         totals are figures for people, and may read high, never IDs."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None:
             return
         now = self.totals()
@@ -450,7 +314,7 @@ class Node:
 
     async def heartbeat(self) -> None:
         """Say this node is alive (the cluster view): a few fields, one round trip."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None or not self.node_id:
             return
         fields = {
@@ -466,7 +330,7 @@ class Node:
 
     async def leave(self) -> None:
         """Take this node out of the cluster view (a graceful stop)."""
-        pool = self.source.redis_pool
+        pool = self.source.pool
         if pool is None or not self.node_id:
             return
         try:
@@ -477,7 +341,7 @@ class Node:
     async def run_housekeeping(self) -> None:
         sampled = reloaded = 0.0
         while True:
-            now = time.monotonic()
+            now = self._clock()
             if now - sampled >= SAMPLE_EVERY:
                 self.sample()
                 sampled = now
@@ -521,14 +385,14 @@ class Node:
         return report
 
     async def _return(self, tag: str, remainder: list[IdRange], report: ShutdownReport) -> None:
-        texts = ",".join(r.to_text() for r in remainder)
-        ids = sum(map(len, remainder))
-        pool = self.source.redis_pool
-        stats = self.stats.tags[tag]
-        if pool is None:
+        pool = self.source.pool
+
+        def abandon(reason: Reason, detail: str | None = None) -> None:
             report.abandoned += [(tag, r) for r in remainder]
-            stats.wasted["no_pool"] += ids
-            logger.warning("event=range_abandoned tag=%s range=%s reason=no_pool", tag, texts)
+            self.waste.record(tag, remainder, reason, detail)
+
+        if pool is None:
+            abandon(Reason.NO_POOL)
             return
         for _ in range(_BUSY_RETRIES):
             try:
@@ -538,23 +402,15 @@ class Node:
                 continue  # never sent: safe to send again
             except StoreUnavailable as e:
                 # Maybe pushed, maybe not: never retried, the remainder is waste.
-                report.abandoned += [(tag, r) for r in remainder]
-                stats.wasted["push_outcome_unknown"] += ids
-                logger.error(
-                    "event=range_abandoned tag=%s range=%s reason=push_outcome_unknown detail=%r",
-                    tag,
-                    texts,
-                    e.detail,
-                )
+                abandon(Reason.PUSH_OUTCOME_UNKNOWN, e.detail)
                 return
         else:
-            report.abandoned += [(tag, r) for r in remainder]
-            stats.wasted["push_not_sent"] += ids
-            logger.error("event=range_abandoned tag=%s range=%s reason=push_not_sent", tag, texts)
+            abandon(Reason.PUSH_NOT_SENT)
             return
-        log_dropped(logger, result.dropped)
+        self.waste.dropped(result.dropped)
         report.returned += [(tag, r) for r in remainder]
-        stats.ids_returned += ids
+        self.stats.tags[tag].ids_returned += sum(map(len, remainder))
+        texts = ",".join(r.to_text() for r in remainder)
         logger.info("event=range_returned tag=%s range=%s depth=%d", tag, texts, result.depth)
 
 

@@ -141,9 +141,276 @@ def _body(schema: Schema) -> Schema:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+_RANGES: Schema = {"type": "array", "items": {"type": "string"}}
+# The answers of the lease and token routes
+_LEASES: Schema = {
+    "type": "object",
+    "required": ["tag", "count", "leases"],
+    "properties": {
+        "tag": {"type": "string"},
+        "count": {"type": "integer"},
+        "leases": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["lease", "secret", "first", "last"],
+                "properties": {
+                    "lease": {"type": "string"},
+                    "secret": {"type": "string"},
+                    "first": {"type": "integer"},
+                    "last": {"type": "integer"},
+                },
+            },
+        },
+    },
+}
+
+_RETURNED: Schema = {
+    "type": "object",
+    "required": ["lease", "tag", "returned", "count"],
+    "properties": {
+        "lease": {"type": "string"},
+        "tag": {"type": "string"},
+        "returned": {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "first": {"type": "integer"},
+                "last": {"type": "integer"},
+            },
+        },
+        "count": {"type": "integer"},
+    },
+}
+
+_NEW_TOKEN: Schema = {
+    "type": "object",
+    "required": ["tag", "id", "token", "created_at"],
+    "properties": {
+        "tag": {"type": "string"},
+        "id": {"type": "string"},
+        "token": {"type": "string"},
+        "created_at": {"type": "string"},
+    },
+}
+
+_TOKEN_IDS: Schema = {
+    "type": "object",
+    "required": ["tag", "tokens"],
+    "properties": {
+        "tag": {"type": "string"},
+        "tokens": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "created_at"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "created_at": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+_REVOKED: Schema = {
+    "type": "object",
+    "required": ["tag", "revoked"],
+    "properties": {
+        "tag": {"type": "string"},
+        "revoked": {"type": "string"},
+    },
+}
+
+_DRAINED: Schema = {
+    "type": "object",
+    "required": ["draining", "returned", "abandoned"],
+    "properties": {
+        "draining": {"type": "boolean"},
+        "returned": _RANGES,
+        "abandoned": _RANGES,
+    },
+}
+
+
+_TAG_ROW_REF: Schema = {"$ref": "#/components/schemas/TagRow"}
+_REMOVED: Schema = {
+    "type": "object",
+    "required": ["tag", "removed", "wasted"],
+    "properties": {
+        "tag": {"type": "string"},
+        "removed": _TAG_ROW_REF,
+        "wasted": {"type": "integer"},
+    },
+}
+
+
 def document(max_count: int) -> Schema:
     """The OpenAPI document of a node whose ``/ids`` takes up to ``max_count``."""
-    tag_row = {"$ref": "#/components/schemas/TagRow"}
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "idpool",
+            "version": metrics.VERSION,
+            "description": "Distributed 64-bit IDs: unique across every node, roughly "
+            "increasing. Errors are JSON {error, message}.",
+        },
+        "paths": {**_id_paths(max_count), **_lease_paths(), **_operator_paths(), **_admin_paths()},
+        "components": _COMPONENTS,
+    }
+
+
+def _id_paths(max_count: int) -> Schema:
+    return {
+        "/id/{tag}": {"get": _one_id("One ID")},
+        "/api/segment/get/{tag}": {"get": _one_id("One ID (Meituan Leaf's path)")},
+        "/ids/{tag}": {
+            "get": _op(
+                "A batch of IDs, increasing within each range",
+                [
+                    _ok(
+                        "the IDs",
+                        "application/json",
+                        {
+                            "type": "object",
+                            "required": ["tag", "ids"],
+                            "properties": {
+                                "tag": {"type": "string"},
+                                "ids": {"type": "array", "items": {"type": "integer"}},
+                            },
+                            "additionalProperties": False,
+                        },
+                    ),
+                    *_ID_ERRORS,
+                ],  # fmt: skip
+                security=_TAG_SECURITY,
+                parameters=[
+                    _TAG_PARAM,
+                    _TOKEN_PARAM,
+                    {
+                        "name": "count",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": max_count},
+                    },
+                ],
+            )
+        },
+    }
+
+
+def _lease_paths() -> Schema:
+    return {
+        "/lease/{tag}": {
+            "post": _op(
+                "Lease whole ranges covering about count IDs, for a client library",
+                [
+                    _ok(
+                        "the leases",
+                        "application/json",
+                        _LEASES,
+                    ),
+                    *_ID_ERRORS[:-1],
+                    _error("409", "strict_tag"),
+                    _error("413", "body_too_large"),
+                    _error("503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"),
+                ],  # fmt: skip
+                security=_TAG_SECURITY,
+                parameters=[
+                    _TAG_PARAM,
+                    _TOKEN_PARAM,
+                    {
+                        "name": "count",
+                        "in": "query",
+                        "required": False,
+                        "description": "IDs wanted (clamped to IDPOOL_CLIENT_MAX_COUNT); "
+                        "none: one range",
+                        "schema": {"type": "integer", "minimum": 1},
+                    },
+                ],  # fmt: skip
+            )
+        },
+        "/lease/return": {
+            "post": _op(
+                "Give back the unused tail of a lease, once",
+                [
+                    _ok(
+                        "what was returned",
+                        "application/json",
+                        _RETURNED,
+                    ),
+                    _error(
+                        "400",
+                        "bad_body",
+                        "bad_lease",
+                        "bad_secret",
+                        "bad_from",
+                        "bad_tag",
+                        "outside_lease",
+                        "wrong_tag",
+                    ),
+                    _error("401", "unauthorized"),
+                    _error("403", "wrong_secret"),
+                    _error("404", "unknown_tag", "not_found"),
+                    _error("405", "method_not_allowed"),
+                    _error("409", "unknown_lease", "already_returned"),
+                    _error("413", "body_too_large"),
+                    _error("503", "unavailable", "leases_unavailable"),
+                ],  # fmt: skip
+                requestBody=_body(
+                    {
+                        "type": "object",
+                        "required": ["lease", "secret", "tag", "from"],
+                        "properties": {
+                            "lease": {"type": "string"},
+                            "secret": {"type": "string"},
+                            "from": {"type": "integer"},
+                            "tag": {"type": "string"},
+                        },
+                    }
+                ),  # fmt: skip
+                security=_TAG_SECURITY,
+                parameters=[_TOKEN_PARAM],
+            )
+        },
+    }
+
+
+def _operator_paths() -> Schema:
+    return {
+        "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
+        "/readyz": {
+            "get": _op(
+                "Readiness: 503 while starting, draining, or with no IDs and no Redis",
+                [_ok("ready", "text/plain", _TEXT), _error("503", "not_ready")],
+            )
+        },
+        "/metrics": {"get": _op("Prometheus metrics", [_ok("exposition", "text/plain", _TEXT)])},
+        "/status": {"get": _op("Status page", [_ok("HTML page", "text/html", _TEXT)])},
+        "/status.json": {
+            "get": _op(
+                "The status page's data",
+                [
+                    _ok(
+                        "snapshot",
+                        "application/json",
+                        {
+                            "type": "object",
+                            "required": ["node", "stores", "tags"],
+                        },
+                    )
+                ],  # fmt: skip
+            )
+        },
+        "/openapi.json": {
+            "get": _op(
+                "This document", [_ok("OpenAPI 3.0", "application/json", {"type": "object"})]
+            )  # fmt: skip
+        },
+    }
+
+
+def _admin_paths() -> Schema:
     new_tag: Schema = {
         "type": "object",
         "required": ["tag"],
@@ -163,6 +430,48 @@ def document(max_count: int) -> Schema:
         },
         "additionalProperties": False,
     }
+    return {
+        "/admin/tags": {
+            "get": _admin(
+                "List tags",
+                [
+                    _ok(
+                        "every tag",
+                        "application/json",
+                        {
+                            "type": "object",
+                            "required": ["tags"],
+                            "properties": {"tags": {"type": "array", "items": _TAG_ROW_REF}},
+                        },
+                    )
+                ],  # fmt: skip
+            ),
+            "post": _admin(
+                "Create a tag",
+                [
+                    _ok("created", "application/json", _TAG_ROW_REF, "201"),
+                    _error(
+                        "400",
+                        "bad_body",
+                        "bad_tag",
+                        "bad_step",
+                        "bad_start",
+                        "bad_max",
+                        "bad_description",
+                        "bad_kind",
+                    ),
+                    _error("409", "tag_exists"),
+                    _error("413", "body_too_large"),
+                ],  # fmt: skip
+                requestBody=_body(new_tag),
+            ),
+        },
+        **_admin_tag_paths(),
+        **_admin_token_paths(),
+    }
+
+
+def _admin_tag_paths() -> Schema:
     change: Schema = {
         "type": "object",
         "minProperties": 1,
@@ -173,346 +482,114 @@ def document(max_count: int) -> Schema:
         },
         "additionalProperties": False,
     }
-    ranges: Schema = {"type": "array", "items": {"type": "string"}}
     return {
-        "openapi": "3.0.3",
-        "info": {
-            "title": "idpool",
-            "version": metrics.VERSION,
-            "description": "Distributed 64-bit IDs: unique across every node, roughly "
-            "increasing. Errors are JSON {error, message}.",
-        },
-        "paths": {
-            "/id/{tag}": {"get": _one_id("One ID")},
-            "/api/segment/get/{tag}": {"get": _one_id("One ID (Meituan Leaf's path)")},
-            "/ids/{tag}": {
-                "get": _op(
-                    "A batch of IDs, increasing within each range",
-                    [
-                        _ok(
-                            "the IDs",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["tag", "ids"],
-                                "properties": {
-                                    "tag": {"type": "string"},
-                                    "ids": {"type": "array", "items": {"type": "integer"}},
-                                },
-                                "additionalProperties": False,
-                            },
-                        ),
-                        *_ID_ERRORS,
-                    ],  # fmt: skip
-                    security=_TAG_SECURITY,
-                    parameters=[
-                        _TAG_PARAM,
-                        _TOKEN_PARAM,
-                        {
-                            "name": "count",
-                            "in": "query",
-                            "required": True,
-                            "schema": {"type": "integer", "minimum": 1, "maximum": max_count},
-                        },
-                    ],
-                )
-            },
-            "/lease/{tag}": {
-                "post": _op(
-                    "Lease whole ranges covering about count IDs, for a client library",
-                    [
-                        _ok(
-                            "the leases",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["tag", "count", "leases"],
-                                "properties": {
-                                    "tag": {"type": "string"},
-                                    "count": {"type": "integer"},
-                                    "leases": {
-                                        "type": "array",
-                                        "items": {
-                                            "type": "object",
-                                            "required": ["lease", "first", "last"],
-                                            "properties": {
-                                                "lease": {"type": "string"},
-                                                "first": {"type": "integer"},
-                                                "last": {"type": "integer"},
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                        ),
-                        *_ID_ERRORS[:-1],
-                        _error("409", "strict_tag"),
-                        _error(
-                            "503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"
-                        ),
-                    ],  # fmt: skip
-                    security=_TAG_SECURITY,
-                    parameters=[
-                        _TAG_PARAM,
-                        _TOKEN_PARAM,
-                        {
-                            "name": "count",
-                            "in": "query",
-                            "required": False,
-                            "description": "IDs wanted (clamped to IDPOOL_CLIENT_MAX_COUNT); "
-                            "none: one range",
-                            "schema": {"type": "integer", "minimum": 1},
-                        },
-                    ],  # fmt: skip
-                )
-            },
-            "/lease/return": {
-                "post": _op(
-                    "Give back the unused tail of a lease, once",
-                    [
-                        _ok(
-                            "what was returned",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["lease", "tag", "returned", "count"],
-                                "properties": {
-                                    "lease": {"type": "string"},
-                                    "tag": {"type": "string"},
-                                    "returned": {
-                                        "type": "object",
-                                        "nullable": True,
-                                        "properties": {
-                                            "first": {"type": "integer"},
-                                            "last": {"type": "integer"},
-                                        },
-                                    },
-                                    "count": {"type": "integer"},
-                                },
-                            },
-                        ),
-                        _error(
-                            "400",
-                            "bad_body",
-                            "bad_lease",
-                            "bad_from",
-                            "bad_tag",
-                            "outside_lease",
-                            "wrong_tag",
-                        ),
-                        _error("404", "not_found"),
-                        _error("405", "method_not_allowed"),
-                        _error("409", "unknown_lease", "already_returned"),
-                        _error("503", "unavailable", "leases_unavailable"),
-                    ],  # fmt: skip
-                    requestBody=_body(
-                        {
-                            "type": "object",
-                            "required": ["lease", "from"],
-                            "properties": {
-                                "lease": {"type": "string"},
-                                "from": {"type": "integer"},
-                                "tag": {"type": "string"},
-                            },
-                        }
-                    ),  # fmt: skip
-                )
-            },
-            "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
-            "/readyz": {
-                "get": _op(
-                    "Readiness: 503 while starting, draining, or with no IDs and no Redis",
-                    [_ok("ready", "text/plain", _TEXT), _error("503", "not_ready")],
-                )
-            },
-            "/metrics": {
-                "get": _op("Prometheus metrics", [_ok("exposition", "text/plain", _TEXT)])
-            },
-            "/status": {"get": _op("Status page", [_ok("HTML page", "text/html", _TEXT)])},
-            "/status.json": {
-                "get": _op(
-                    "The status page's data",
-                    [
-                        _ok(
-                            "snapshot",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["node", "stores", "tags"],
-                            },
-                        )
-                    ],  # fmt: skip
-                )
-            },
-            "/openapi.json": {
-                "get": _op(
-                    "This document", [_ok("OpenAPI 3.0", "application/json", {"type": "object"})]
-                )  # fmt: skip
-            },
-            "/admin/tags": {
-                "get": _admin(
-                    "List tags",
-                    [
-                        _ok(
-                            "every tag",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["tags"],
-                                "properties": {"tags": {"type": "array", "items": tag_row}},
-                            },
-                        )
-                    ],  # fmt: skip
-                ),
-                "post": _admin(
-                    "Create a tag",
-                    [
-                        _ok("created", "application/json", tag_row, "201"),
-                        _error(
-                            "400",
-                            "bad_body",
-                            "bad_tag",
-                            "bad_step",
-                            "bad_start",
-                            "bad_max",
-                            "bad_description",
-                            "bad_kind",
-                        ),
-                        _error("409", "tag_exists"),
-                    ],  # fmt: skip
-                    requestBody=_body(new_tag),
-                ),
-            },
-            "/admin/tags/{tag}": {
-                "patch": _admin(
-                    "Change the step, move the start forward, disable or enable",
-                    [
-                        _ok("the row after the change", "application/json", tag_row),
-                        _error(
-                            "400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"
-                        ),
-                        _error("409", "start_below_issued"),
-                    ],  # fmt: skip
-                    parameters=[_TAG_PARAM],
-                    requestBody=_body(change),
-                )
-            },
-            "/admin/tags/{tag}/tokens": {
-                "post": _admin(
-                    "Make a token for the tag; from then on the tag needs one",
-                    [
-                        _ok(
-                            "the token: shown this once, stored only hashed",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["tag", "id", "token", "created_at"],
-                                "properties": {
-                                    "tag": {"type": "string"},
-                                    "id": {"type": "string"},
-                                    "token": {"type": "string"},
-                                    "created_at": {"type": "string"},
-                                },
-                            },
-                            "201",
-                        ),
-                        _error("400", "bad_tag"),
-                    ],  # fmt: skip
-                    parameters=[_TAG_PARAM],
-                ),
-                "get": _admin(
-                    "The tag's token ids (never the tokens)",
-                    [
-                        _ok(
-                            "token ids",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["tag", "tokens"],
-                                "properties": {
-                                    "tag": {"type": "string"},
-                                    "tokens": {
-                                        "type": "array",
-                                        "items": {
-                                            "type": "object",
-                                            "required": ["id", "created_at"],
-                                            "properties": {
-                                                "id": {"type": "string"},
-                                                "created_at": {"type": "string"},
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                        ),
-                        _error("400", "bad_tag"),
-                    ],  # fmt: skip
-                    parameters=[_TAG_PARAM],
-                ),
-            },
-            "/admin/tags/{tag}/tokens/{token_id}": {
-                "delete": _admin(
-                    "Revoke one token",
-                    [
-                        _ok(
-                            "revoked",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["tag", "revoked"],
-                                "properties": {
-                                    "tag": {"type": "string"},
-                                    "revoked": {"type": "string"},
-                                },
-                            },
-                        ),
-                        _error("400", "bad_tag"),
-                    ],  # fmt: skip
-                    parameters=[
-                        _TAG_PARAM,
-                        {
-                            "name": "token_id",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        },
-                    ],  # fmt: skip
-                ),
-            },
-            "/admin/drain": {
-                "post": _admin(
-                    "Stop serving here and return the remainders to the pool",
-                    [
-                        _ok(
-                            "what was returned or abandoned",
-                            "application/json",
-                            {
-                                "type": "object",
-                                "required": ["draining", "returned", "abandoned"],
-                                "properties": {
-                                    "draining": {"type": "boolean"},
-                                    "returned": ranges,
-                                    "abandoned": ranges,
-                                },
-                            },
-                        )
-                    ],  # fmt: skip
-                )
-            },
-        },
-        "components": {
-            "schemas": {"Error": _ERROR, "TagRow": _TAG_ROW},
-            "securitySchemes": {
-                "bearer": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "IDPOOL_ADMIN_TOKEN",
-                },
-                "tag_token": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "one of the tag's tokens (idpool tag token add)",
-                },
-            },
+        "/admin/tags/{tag}": {
+            "patch": _admin(
+                "Change the step, move the start forward, disable or enable",
+                [
+                    _ok("the row after the change", "application/json", _TAG_ROW_REF),
+                    _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"),
+                    _error("409", "start_below_issued", "start_above_max"),
+                    _error("413", "body_too_large"),
+                ],  # fmt: skip
+                parameters=[_TAG_PARAM],
+                requestBody=_body(change),
+            ),
+            "delete": _admin(
+                "Remove the tag for good: unknown from then on, its tokens dropped, its "
+                "ready ranges wasted; the name added again starts above all it issued",
+                [
+                    _ok(
+                        "the row as it was removed, and the ready IDs wasted",
+                        "application/json",
+                        _REMOVED,
+                    ),
+                    _error("400", "bad_tag"),
+                ],  # fmt: skip
+                parameters=[_TAG_PARAM],
+            ),
         },
     }
+
+
+def _admin_token_paths() -> Schema:
+    return {
+        "/admin/tags/{tag}/tokens": {
+            "post": _admin(
+                "Make a token for the tag; from then on the tag needs one",
+                [
+                    _ok(
+                        "the token: shown this once, stored only hashed",
+                        "application/json",
+                        _NEW_TOKEN,
+                        "201",
+                    ),
+                    _error("400", "bad_tag"),
+                ],  # fmt: skip
+                parameters=[_TAG_PARAM],
+            ),
+            "get": _admin(
+                "The tag's token ids (never the tokens)",
+                [
+                    _ok(
+                        "token ids",
+                        "application/json",
+                        _TOKEN_IDS,
+                    ),
+                    _error("400", "bad_tag"),
+                ],  # fmt: skip
+                parameters=[_TAG_PARAM],
+            ),
+        },
+        "/admin/tags/{tag}/tokens/{token_id}": {
+            "delete": _admin(
+                "Revoke one token",
+                [
+                    _ok(
+                        "revoked",
+                        "application/json",
+                        _REVOKED,
+                    ),
+                    _error("400", "bad_tag"),
+                ],  # fmt: skip
+                parameters=[
+                    _TAG_PARAM,
+                    {
+                        "name": "token_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    },
+                ],  # fmt: skip
+            ),
+        },
+        "/admin/drain": {
+            "post": _admin(
+                "Stop serving here and return the remainders to the pool",
+                [
+                    _ok(
+                        "what was returned or abandoned",
+                        "application/json",
+                        _DRAINED,
+                    )
+                ],  # fmt: skip
+            )
+        },
+    }
+
+
+_COMPONENTS: Schema = {
+    "schemas": {"Error": _ERROR, "TagRow": _TAG_ROW},
+    "securitySchemes": {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "IDPOOL_ADMIN_TOKEN",
+        },
+        "tag_token": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "one of the tag's tokens (idpool tag token add)",
+        },
+    },
+}

@@ -24,10 +24,12 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore
+from idpool.pool.waste import WasteRecorder
 
 from . import metrics, openapi, status
 from .errors import FailureLog
-from .node import Node, RangeSource, node_ttl
+from .node import Node, node_ttl
+from .source import RangeSource
 from .stats import NodeStats
 from .tags import TagDirectory
 
@@ -67,7 +69,7 @@ class Runtime:
         return self._leases
 
     async def snapshot(self) -> status.Snapshot:
-        return status.assemble(self.node, await self.store_reads.get(), self.preloader.wasted)
+        return status.assemble(self.node, await self.store_reads.get())
 
     async def render_once_a_second(
         self, name: str, render: Callable[[], Awaitable[bytes]]
@@ -127,9 +129,10 @@ class Runtime:
 async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
     ledger, pool = await stores(settings)
     claims = LedgerClaims(ledger, pool)
-    preloader = Preloader(settings, ledger, pool, claims)
+    waste = WasteRecorder()  # one per process: the node's and the preloader's waste
+    preloader = Preloader(settings, ledger, pool, claims, waste)
     stats = NodeStats()
-    source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon)
+    source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste)
     node = Node(
         source,
         prefetch_at=settings.prefetch_at,
@@ -145,7 +148,6 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
             "version": metrics.VERSION,
             "started_at": f"{stats.started_at:.0f}",
         },
-        extra_waste=lambda: preloader.wasted,
     )
     store_reads = status.StoreReadsCache(
         lambda: status.read_stores(

@@ -38,7 +38,6 @@ class TagCounters:
     ranges_from_pool: int = 0
     ranges_from_ledger: int = 0
     ids_returned: int = 0
-    wasted: Counter[str] = field(default_factory=Counter)  # reason -> IDs
     # (unix time, IDs issued so far) every SAMPLE_EVERY seconds, for the rate chart
     history: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=int(HISTORY_SECONDS / SAMPLE_EVERY) + 1)
@@ -52,10 +51,9 @@ class NodeStats:
         self.latency: defaultdict[str, LatencyHistogram] = defaultdict(LatencyHistogram)
         # (route, HTTP status) -> requests answered; a plain dict increment on the fast path
         self.requests: Counter[tuple[str, int]] = Counter()
+        # (route, error code) -> error answers, e.g. ("id", "tag_exhausted")
+        self.errors: Counter[tuple[str, str]] = Counter()
         self.started_at = time.time()
-
-    def waste(self, tag: str, reason: str, ids: int) -> None:
-        self.tags[tag].wasted[reason] += ids
 
 
 _EXACT_ROUTES = {

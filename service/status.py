@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idpool.pool.errors import StoreUnavailable
-from idpool.pool.ledger import TagRow
-from idpool.pool.redis_pool import PoolSummary
 from idpool.pool.stores import LedgerStore, PoolStore
+from idpool.pool.values import PoolSummary, TagRow
 
 from .node import Node
 from .stats import rates
@@ -83,6 +82,25 @@ def runway_seconds(row: TagRow | None, pool_ids: int, rate: float | None) -> flo
     return round(left / rate, 1) if rate else None
 
 
+_YEAR_S = 365 * 86400
+_LONGEST_SHOWN_S = 1000 * _YEAR_S  # an idle tag's runway is in the trillions of days
+
+
+def runway_text(seconds: float | None, bounded: bool = True, sep: str = " ") -> str:
+    """A runway for people: 45 s, 12 m, 5.5 h, 30.0 d, 12.5 y, "> 1000 y";
+    "unbounded" for a tag with no max, "-" when there is no rate to tell."""
+    if not bounded:
+        return "unbounded"
+    if seconds is None:
+        return "-"
+    if seconds >= _LONGEST_SHOWN_S:
+        return f">{sep}1000{sep}y"
+    for unit, size in (("y", _YEAR_S), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{sep}{unit}"
+    return f"{seconds:.0f}{sep}s"
+
+
 class StoreReadsCache:
     """One round of store reads at a time, reused for STORE_READS_SECONDS: however
     many scrapers call, the stores see at most one round a second. The node's
@@ -103,22 +121,15 @@ class StoreReadsCache:
         return await asyncio.shield(task)
 
 
-async def snapshot(
-    node: Node,
-    ledger: LedgerStore,
-    pool: PoolStore | None,
-    preloader_waste: Counter[tuple[str, str]] | None = None,
-    tags: list[str] | None = None,
-) -> Snapshot:
-    """The node and the tags it serves (or ``tags``), read fresh from the stores."""
-    names = node.shown_tags() if tags is None else tags
-    return assemble(node, await read_stores(ledger, pool, names), preloader_waste, names)
+def tag_entries(node: Node | None, view: StoreView, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per tag, its /status.json entry: what the stores said and, given a node,
+    what that node holds and did (``idpool pool show`` has no node)."""
+    return [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag)) for tag in names]
 
 
 def assemble(
     node: Node,
     view: StoreView,
-    preloader_waste: Counter[tuple[str, str]] | None = None,
     tags: list[str] | None = None,
 ) -> Snapshot:
     """The snapshot from the node's own state now and what the stores said.
@@ -135,22 +146,30 @@ def assemble(
             "at": when,
             "detail": detail,
         }
-    waste = Counter[tuple[str, str]]() if preloader_waste is None else preloader_waste
-    entries = [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag), waste) for tag in names]
+    entries = tag_entries(node, view, names)
     return {
         "updated_at": round(time.time(), 3),
         "cluster": cluster(view, node.node_id),
         "node": {
+            "addr": node.identity.get("addr"),
             "pid": os.getpid(),
             "started_at": node.stats.started_at,
             "uptime_s": round(time.time() - node.stats.started_at, 1),
             "draining": node.draining,
             "ready": node.not_ready() is None,
             "store_errors": dict(node.stats.store_errors),
+            "ledger_retries": ledger_retries(node),
         },
         "stores": stores,
         "tags": entries,
     }
+
+
+def ledger_retries(node: Node) -> list[dict[str, Any]]:
+    """Ledger transactions run again after a conflict (a Galera certification
+    failure), by operation and reason. Only the MySQL ledger has the counter."""
+    counts = getattr(node.source.claims.ledger, "retries", {})
+    return [{"op": op, "reason": why, "count": n} for (op, why), n in sorted(counts.items())]
 
 
 def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:
@@ -220,20 +239,17 @@ def _issued(described: dict[str, Any] | None) -> int:
 
 
 def _tag(
-    node: Node,
+    node: Node | None,
     tag: str,
     row: TagRow | None,
     pooled: PoolSummary | None,
-    preloader_waste: Counter[tuple[str, str]],
 ) -> dict[str, Any]:
-    counters = node.stats.tags.get(tag)
-    buf = node.buffers.get(tag)
+    counters = None if node is None else node.stats.tags.get(tag)
+    buf = None if node is None else node.buffers.get(tag)
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
-    wasted = Counter[str]() if counters is None else Counter(counters.wasted)
-    for (waste_tag, reason), ids in preloader_waste.items():
-        if waste_tag == tag:
-            wasted[reason] += ids
+    wasted = Counter[str]() if node is None else node.waste.of(tag)  # and its preloader's
+    described = None if node is None else node.describe(tag)
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,
@@ -243,12 +259,12 @@ def _tag(
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
         "runway_s": None,
-        "buffer": node.describe(tag),
+        "buffer": described,
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,
         "counters": {
-            "ids_issued": buf.issued if buf is not None else _issued(node.describe(tag)),
+            "ids_issued": buf.issued if buf is not None else _issued(described),
             "ranges_from_pool": 0 if counters is None else counters.ranges_from_pool,
             "ranges_from_ledger": 0 if counters is None else counters.ranges_from_ledger,
             "ids_returned": 0 if counters is None else counters.ids_returned,

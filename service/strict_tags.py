@@ -24,10 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from idpool.pool.claims import REDIS_SKIP_SECONDS, Claim
-from idpool.pool.errors import Draining, StoreBusy, StoreUnavailable
-from idpool.pool.preloader import log_refused
-from idpool.pool.ranges import IdRange
+from idpool.pool.claims import Claim, RedisSkip
+from idpool.pool.errors import Draining, StoreBusy, StoreSkipped, StoreUnavailable
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.sqlite_ledger import SqliteLedger
 from idpool.pool.strict import (
@@ -107,7 +105,9 @@ def _stopping() -> Draining:
 
 class StrictTags:
     """A node's strict tags: one group commit per tag, over one supply; fails
-    fast for a second after the sequence's store failed, like the segment path."""
+    fast for a second after the sequence's store failed, like the segment path
+    (on Redis, the process's one RedisSkip: a failed pop or claim skips strict
+    takes too, and a failed strict take skips pops and claims)."""
 
     def __init__(
         self,
@@ -116,15 +116,14 @@ class StrictTags:
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[StoreUnavailable], None] = lambda e: None,
         also_down: Callable[[str], Awaitable[str]] | None = None,
+        skip: RedisSkip | None = None,
     ) -> None:
         self._take = take
         self.store = store  # the sequence's store: "redis", or "sqlite" embedded
-        self._clock = clock
         self._on_error = on_error  # the node's store health and error counts
         self._also_down = also_down  # the other stores the health probe finds down
         self.queues: dict[str, GroupCommit] = {}
-        self._skip_until = 0.0
-        self._error: StoreUnavailable | None = None
+        self._skip = skip or RedisSkip(clock)  # after the sequence's store failed
 
     async def take(self, tag: str, n: int) -> int:
         queue = self.queues.get(tag)
@@ -133,8 +132,13 @@ class StrictTags:
         return await queue.take(n)
 
     async def _guarded(self, tag: str, n: int) -> int:
-        if self._error is not None and self._clock() < self._skip_until:
-            raise self._error
+        skipped = self._skip.skipping()
+        if skipped is not None:
+            raise StoreSkipped(
+                skipped.store,
+                f"strict tags need {skipped.store}, which failed under a second ago: "
+                f"{skipped.detail}",
+            )
         try:
             return await self._take(tag, n)
         except StoreBusy:
@@ -144,9 +148,8 @@ class StrictTags:
             others = "" if self._also_down is None else await self._also_down(e.store)
             detail = f"strict tags need {e.store}: {e.detail}{others}"
             named = StoreUnavailable(e.store, detail)
-            if e.store == self.store:  # the sequence's own store: fail fast for a moment
-                self._error = named
-                self._skip_until = self._clock() + REDIS_SKIP_SECONDS
+            if e.store == self.store and not isinstance(e, StoreSkipped):
+                self._skip.failed(named)  # the sequence's own store: fail fast for a moment
             raise named from e
 
 
@@ -160,12 +163,15 @@ class StrictKind:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.supply = strict_supply(node)
+        claims = node.source.claims
         self.tags = StrictTags(
             self.supply.take,
             self.supply.name,
             on_error=node.health.failed,
             also_down=self._also_down,
+            skip=claims.redis_skip if self.supply.name == "redis" else None,
         )
+
 
     async def _also_down(self, failed: str) -> str:
         """The other stores the node's health probe finds down, for the 503: one
@@ -205,7 +211,7 @@ def strict_supply(node: Node) -> StrictSupply:
     """Where a node's strict takes go: the Redis sequence, refilled from the
     node's fenced ledger claims; or, embedded, the SQLite ledger itself."""
     source = node.source
-    pool, ledger = source.redis_pool, source.claims.ledger
+    pool, ledger = source.pool, source.claims.ledger
     if isinstance(pool, RedisPool):
         return StrictSequence(
             RedisStrict(pool),
@@ -213,6 +219,7 @@ def strict_supply(node: Node) -> StrictSupply:
             step_of=node.tags.step,
             hold_seconds=node.reserve_seconds,
             events=NodeStrictEvents(node.stats),
+            waste=node.waste,
         )
     if isinstance(ledger, SqliteLedger):
         return SqliteStrict(ledger.file)
@@ -232,27 +239,15 @@ class _NoSupply:
 
 
 class NodeStrictEvents(StrictEvents):
-    """Logs a strict sequence's refills and waste as the segment path does, and
-    counts the waste in the node's stats (so /status and /metrics show it)."""
+    """Logs a strict sequence's refills as the segment path logs its claims, and
+    counts them in the node's stats (its waste goes to the node's WasteRecorder)."""
 
     def __init__(self, stats: NodeStats) -> None:
         self.stats = stats
 
     def claimed(self, tag: str, claim: Claim, how: str) -> None:
-        log_refused(logger, tag, claim.refused, claim.raised_to)
-        for refused in claim.refused:
-            self.stats.waste(tag, "stale_ledger", len(refused))
         self.stats.tags[tag].ranges_from_ledger += 1
         # ops/faults accounts for a strict tag's IDs by these lines
         logger.info(
             "event=strict_refilled tag=%s range=%s how=%s", tag, claim.range.to_text(), how
         )
-
-    def wasted(self, tag: str, reason: str, ids: int, wasted: IdRange | None = None) -> None:
-        self.stats.waste(tag, reason, ids)
-        if wasted is None:
-            logger.warning("event=strict_ids_lost tag=%s ids=%d reason=%s", tag, ids, reason)
-        else:
-            logger.warning(
-                "event=range_abandoned tag=%s range=%s reason=%s", tag, wasted.to_text(), reason
-            )

@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from idpool.pool.stores import HighWaterMarks, LedgerStore
+from idpool.pool.values import TagRow
 
 from .kinds import KINDS, SEGMENT
 from .strict_tags import STRICT
@@ -56,6 +59,19 @@ class NewTag:
     end_id: int  # first ID never handed out (max + 1; MAX_ID: no bound)
     description: str = ""
     kind: str = SEGMENT
+
+    async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
+        """Add the tag (claims.create_tag: above any ID ever issued under its name)."""
+        return await create_tag(
+            ledger,
+            pool,
+            self.tag,
+            step=self.step,
+            start=self.start,
+            description=self.description,
+            end_id=self.end_id,
+            kind=self.kind,
+        )
 
 
 def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_is) -> NewTag:

@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
-from idpool.pool.ledger import TagRow
 from idpool.pool.stores import LedgerStore
 from idpool.pool.tokens import TokenRow
+from idpool.pool.values import TagRow
 
 UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
 MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
@@ -135,7 +135,10 @@ class TagDirectory:
             rows = await self.ledger.list_tags(names)
             tokens = await self.ledger.list_tokens()
             # In one synchronous step, as a full reload: rows and tokens agree.
-            self.rows.update((row.tag, row) for row in rows)
+            found = {row.tag: row for row in rows}
+            for gone in set(names) - set(found):
+                self.rows.pop(gone, None)  # removed (idpool tag remove): unknown from now on
+            self.rows.update(found)
             self.tokens = _hashes(tokens)
             return
         if self._loading is None:

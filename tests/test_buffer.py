@@ -118,7 +118,8 @@ async def test_concurrent_waiters_share_one_fetch_and_get_distinct_ids() -> None
 async def test_failed_fetch_fails_fast_then_recovers() -> None:
     supply = FakeSupply(step=5)
     supply.fail = StoreUnavailable("redis", "down")
-    buf = SegmentBuffer("t", supply, prefetch_at=0.1)
+    now = [100.0]
+    buf = SegmentBuffer("t", supply, prefetch_at=0.1, clock=lambda: now[0])
     with pytest.raises(StoreUnavailable):
         await buf.take_waiting()
     calls = supply.calls
@@ -126,7 +127,7 @@ async def test_failed_fetch_fails_fast_then_recovers() -> None:
         await buf.take_waiting()
     assert supply.calls == calls
     supply.fail = None
-    await asyncio.sleep(0.25)
+    now[0] += 0.25
     assert await buf.take_waiting() == 1
 
 
@@ -203,14 +204,20 @@ async def test_a_batch_larger_than_the_buffer_is_one_fetch() -> None:
 async def test_the_reserve_holds_seconds_of_this_buffers_consumption() -> None:
     # A new range needs Redis: the reserve is what a node serves while Redis is out.
     supply = FakeSupply(step=10)
+    now = [100.0]
+    clock = lambda: now[0]  # noqa: E731
     # rate_span 0.05 s: the default 5 s, on this test's compressed clock
-    buf = SegmentBuffer("t", supply, prefetch_at=0.1, reserve_seconds=2.0, rate_span=0.05)
-    plain = SegmentBuffer("p", FakeSupply(step=10), prefetch_at=0.1)
+    buf = SegmentBuffer(
+        "t", supply, prefetch_at=0.1, reserve_seconds=2.0, rate_span=0.05, clock=clock
+    )
+    plain = SegmentBuffer("p", FakeSupply(step=10), prefetch_at=0.1, clock=clock)
     for _ in range(40):
         await buf.take_waiting()
         await plain.take_waiting()
-        await asyncio.sleep(0.005)  # some hundred IDs/s
-    await asyncio.sleep(0.05)  # the last fetch lands
+        now[0] += 0.005  # some hundred IDs/s
+        await asyncio.sleep(0)
+    for _ in range(10):
+        await asyncio.sleep(0)  # the last fetch lands
     assert buf.rate > 20
     assert buf.in_memory >= buf.rate * 2.0 - 10  # two seconds' worth, give or take a range
     assert plain.in_memory <= 20  # Leaf's double buffer alone: two ranges at most

@@ -16,8 +16,9 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from idpool.service.node import Node, RangeSource
-from ops.servers import TcpProxy
+from idpool.service.node import Node
+from idpool.service.source import RangeSource
+from ops.toolkit import TcpProxy
 
 from .conftest import TEST_DATABASE
 from .test_app import add_tag, pool_ranges

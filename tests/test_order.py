@@ -17,8 +17,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from ops.faultsuite.order import OrderLog
 from ops.faultsuite.recorder import Clients, IdBitmap
-from ops.processes import NodeProcess, env_with
-from ops.servers import RedisServer
+from ops.toolkit import NodeProcess, RedisServer, env_with
 
 from .conftest import MYSQL_URL, REDIS_URL, new_name
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis
 
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .conftest import MYSQL_URL, REDIS_URL, new_name
 

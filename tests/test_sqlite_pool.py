@@ -162,8 +162,8 @@ async def test_the_pool_outlives_the_process(sqlite_settings: Settings, tag: str
 async def test_drain_takes_every_ready_range_once(pool: PoolStore, tag: str) -> None:
     await pool.push(tag, [R("1-10"), R("11-20")], head=False)
     await pool.push(tag, [R("91-95")], head=True)
-    assert await pool.drain(tag) == [R("91-95"), R("1-10"), R("11-20")]  # serving order
-    assert await pool.drain(tag) == []
+    assert await pool.take_all(tag) == [R("91-95"), R("1-10"), R("11-20")]  # serving order
+    assert await pool.take_all(tag) == []
     assert await pool.depth(tag) == 0
     await pool.push(tag, [R("21-30")], head=False)  # the list works as before afterwards
     assert (await pool.pop(tag)).ranges == [R("21-30")]
@@ -180,3 +180,19 @@ async def test_heartbeats_list_live_nodes_until_they_leave(pool: PoolStore, tag:
     await pool.add_stats({tag: {"returned": 1}})
     stats = await pool.read_stats(tag)
     assert (stats["returned"], stats["wasted:tag_disabled"]) == ("6", "7")
+
+
+async def test_a_preloaders_push_lands_only_while_it_holds_the_lease(
+    pool: PoolStore, tag: str
+) -> None:
+    assert await pool.lead("a", 10)
+    assert not (await pool.push(tag, [R("1-10")], head=False, leader="a")).lease_lost
+    await pool.resign("a")
+    assert await pool.lead("b", 10)  # "a" froze past its lease; "b" took over
+    refused = await pool.push(tag, [R("11-20")], head=False, leader="a")
+    assert refused.lease_lost
+    assert await pool.ranges(tag) == [R("1-10")]  # nothing of the stale push
+    assert not (await pool.push(tag, [R("5-10")], head=True)).lease_lost  # a node's return
+    await pool.resign("b")
+    assert (await pool.push(tag, [R("21-30")], head=False, leader="a")).lease_lost  # nobody's
+    assert await pool.ranges(tag) == [R("5-10"), R("1-10")]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pymysql
@@ -15,7 +16,8 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.sqlite_ledger import SqliteLedger
 from idpool.pool.strict import RedisStrict, SqliteStrict, StrictEvents, StrictSequence
-from ops.servers import RedisServer
+from idpool.pool.waste import Reason, WasteRecorder
+from ops.toolkit import RedisServer
 
 from .conftest import TEST_DATABASE
 
@@ -23,23 +25,49 @@ pytestmark = pytest.mark.anyio
 
 
 class Recorded(StrictEvents):
+    """The claims a sequence reports, and (as its waste recorder) every ID it gives
+    up: (reason, IDs, the range or None when it is not known)."""
+
     def __init__(self) -> None:
         self.claims: list[tuple[IdRange, str]] = []
         self.waste: list[tuple[str, int, IdRange | None]] = []
+        self.recorder = RecordedWaste(self.waste)
 
     def claimed(self, tag: str, claim: Claim, how: str) -> None:
         self.claims.append((claim.range, how))
 
-    def wasted(self, tag: str, reason: str, ids: int, wasted: IdRange | None = None) -> None:
-        self.waste.append((reason, ids, wasted))
+
+class RecordedWaste(WasteRecorder):
+    def __init__(self, into: list[tuple[str, int, IdRange | None]]) -> None:
+        super().__init__()
+        self.into = into
+
+    def record(
+        self,
+        tag: str,
+        ranges: Sequence[IdRange],
+        reason: Reason,
+        detail: str | None = None,
+        raised_to: int | None = None,
+    ) -> None:
+        self.into.extend((reason.value, len(r), r) for r in ranges)
+        super().record(tag, ranges, reason, detail, raised_to)
+
+    def lost(self, tag: str, ids: int, reason: Reason) -> None:
+        self.into.append((reason.value, ids, None))
+        super().lost(tag, ids, reason)
 
 
 def sequence(
-    pool: RedisPool, ledger: Ledger, events: StrictEvents | None = None, step: int = 10
+    pool: RedisPool, ledger: Ledger, events: Recorded | None = None, step: int = 10
 ) -> StrictSequence:
     """A node's strict sequence: its own claims (in-memory mark), the shared Redis."""
     return StrictSequence(
-        RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda tag: step, events=events
+        RedisStrict(pool),
+        LedgerClaims(ledger, pool),
+        step_of=lambda tag: step,
+        events=events,
+        waste=None if events is None else events.recorder,
     )
 
 
@@ -311,6 +339,7 @@ async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
         step_of=lambda t: 10,
         hold_seconds=1.0,
         events=events,
+        waste=events.recorder,
     )
     for _ in range(300):
         await seq.take(tag, 20)

@@ -10,15 +10,16 @@ from collections.abc import Iterator
 
 import pytest
 from starlette.testclient import TestClient
+from starlette.types import Message, Scope
 
 from idpool.pool.claims import LedgerClaims
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from idpool.service.app import create_app
+from idpool.service.app import NodeApp, create_app
 from idpool.service.strict_tags import StrictKind
-from ops.servers import TcpProxy
+from ops.toolkit import TcpProxy
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -136,6 +137,9 @@ def test_without_redis_a_strict_tag_is_503_naming_redis_then_comes_back(
         r = c.get(f"/id/{tag}")  # a node cannot be strict from memory
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
         assert "redis" in r.json()["message"]
+        # counted by its code, as the routes' errors are (the strict path answers it itself)
+        errors = 'idpool_http_errors_total{error="unavailable",route="id"} 1.0'
+        assert errors in c.get("/metrics").text
         redis.restore()
         for _ in range(50):
             r = c.get(f"/id/{tag}")
@@ -168,7 +172,46 @@ def test_the_embedded_mode_serves_strict_tags(sqlite_settings: Settings, tag: st
         assert c.get(f"/id/{tag}").text == "9"
 
 
+def test_ids_of_a_strict_answer_the_client_never_got_are_counted_as_waste(
+    settings: Settings, tag: str
+) -> None:
+    """The strict path waits for the shared sequence: a client that hung up
+    meanwhile (or whose send fails) never gets its IDs, which are waste, counted
+    as on the fast path, and never handed out again."""
+    add_strict(settings, tag, step=1000)
+    with TestClient(create_app(settings)) as c:
+        app = c.app
+        assert isinstance(app, NodeApp) and c.portal is not None
+        assert c.get(f"/id/{tag}").text == "1"
 
+        async def request(path: str, query: bytes, gone: bool) -> list[Message]:
+            scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": ""}
+            scope.update(query_string=query, headers=[], http_version="1.1", scheme="http")
+            scope["state"] = c.app_state.copy()  # the lifespan state, as a server passes it
+            sent: list[Message] = []
+
+            async def receive() -> Message:
+                if gone:
+                    return {"type": "http.disconnect"}
+                return {"type": "http.request", "body": b"", "more_body": False}
+
+            async def send(message: Message) -> None:
+                if not gone:
+                    raise OSError("the client is gone")
+                sent.append(message)
+
+            await app(scope, receive, send)
+            return sent
+
+        assert c.portal.call(request, f"/id/{tag}", b"", True) == []  # nothing sent
+        assert c.portal.call(request, f"/ids/{tag}", b"count=5", True) == []
+        with pytest.raises(OSError):
+            c.portal.call(request, f"/id/{tag}", b"", False)
+        entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
+        assert entry["counters"]["ids_wasted"] == {"answer_undelivered": 7}
+        assert c.get(f"/id/{tag}").text == "9"  # 2-8 were never served, and never will be
+        metrics = c.get("/metrics").text
+        assert f'idpool_ids_wasted_total{{reason="answer_undelivered",tag="{tag}"}} 7.0' in metrics
 
 
 def test_tokens_and_disable_hold_for_strict_tags(settings: Settings, tag: str) -> None:

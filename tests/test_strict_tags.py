@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from idpool.pool.claims import LedgerClaims
-from idpool.pool.errors import StoreUnavailable
+from idpool.pool.claims import LedgerClaims, RedisSkip
+from idpool.pool.errors import StoreSkipped, StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.strict import RedisStrict, StrictSequence
@@ -94,6 +94,26 @@ async def test_fails_fast_after_a_store_error_and_comes_back() -> None:
     now[0] += 1.5
     assert await tags.take("t", 1) == 1  # back by itself
 
+
+
+async def test_one_redis_skip_for_strict_takes_pops_and_claims() -> None:
+    """The process's one Redis skip: a failed pop or claim skips strict takes
+    for a second, and a failed strict take skips pops and claims."""
+    counter = SlowCounter()
+    now = [100.0]
+    skip = RedisSkip(lambda: now[0])
+    tags = StrictTags(counter.take, "redis", skip=skip)
+    skip.failed(StoreUnavailable("redis", "a pop timed out"))
+    with pytest.raises(StoreSkipped, match="strict tags need redis.*a pop timed out"):
+        await tags.take("t", 1)
+    assert counter.calls == []  # not sent
+    now[0] += 1.5
+    counter.fail = StoreUnavailable("redis", "Connection refused")
+    with pytest.raises(StoreUnavailable, match="strict tags need redis"):
+        await tags.take("t", 1)
+    skipped = skip.skipping()  # pops and claims see it
+    assert skipped is not None and "Connection refused" in skipped.detail
+    assert counter.calls == [1]
 
 async def test_group_commit_on_real_redis_batches_and_never_repeats(
     ledger: Ledger, redis_pool: RedisPool, tag: str

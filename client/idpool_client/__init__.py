@@ -10,7 +10,7 @@ ranges it held; one that cannot reach any node keeps serving what it holds,
 then raises ``IdPoolUnavailable``.
 
     from idpool_client import IdPoolClient
-    with IdPoolClient(["http://10.0.0.1:8000", "http://10.0.0.2:8000"]) as ids:
+    with IdPoolClient(["http://10.0.0.1:8000"], tokens={"orders": ORDERS_TOKEN}) as ids:
         order_id = ids.next_id("orders")
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .aio import AsyncIdPoolClient
 from .errors import (
+    IdPoolAuthError,
     IdPoolClosed,
     IdPoolError,
     IdPoolRequestError,
@@ -27,9 +28,12 @@ from .errors import (
 from .sync import CloseReport, IdPoolClient
 from .transport import Lease
 
+__version__ = "0.2.0"
+
 __all__ = [
     "AsyncIdPoolClient",
     "CloseReport",
+    "IdPoolAuthError",
     "IdPoolClient",
     "IdPoolClosed",
     "IdPoolError",
@@ -37,4 +41,5 @@ __all__ = [
     "IdPoolStrictTag",
     "IdPoolUnavailable",
     "Lease",
+    "__version__",
 ]

@@ -43,7 +43,8 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore, open_stores
 from idpool.service.app import NodeApp, create_app
-from idpool.service.node import Node, RangeSource
+from idpool.service.node import Node
+from idpool.service.source import RangeSource
 
 Handler = Callable[[Request], Awaitable[Response]]
 TICKETS_TABLE = "bench_tickets64"

@@ -35,8 +35,7 @@ from typing import Any
 import pymysql
 import redis
 
-from ops.processes import free_port
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer, free_port
 
 from .load import Load, Result, run_wrk
 from .servers import ROOT, HttpServer, idpool_command

@@ -12,8 +12,6 @@ order check of strict tags (``order.py``).
 
 from __future__ import annotations
 
-import http.client
-import json
 import random
 import re
 import threading
@@ -21,6 +19,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ops.toolkit import NodeConnections
 
 from .order import OrderLog
 
@@ -193,7 +193,7 @@ class Clients:
 
     def _run(self, n: int) -> None:
         rng = random.Random(self.seed * 1000 + n)
-        conns: dict[int, tuple[http.client.HTTPConnection, float]] = {}
+        conns = NodeConnections(REQUEST_TIMEOUT, IDLE_REUSE)
         turn = n
         next_at = time.monotonic()
         while not self.stopping.is_set():
@@ -204,15 +204,18 @@ class Clients:
                 port = self.ports[turn % len(self.ports)]
                 turn += 1
                 sent = time.monotonic()
-                status, ids, took = self._attempt(conns, port, path, single)
+                answer = conns.get_ids(f"127.0.0.1:{port}", path)
                 answered = time.monotonic()
-                self._observe(took)
-                if ids is not None:
+                self._observe(answer.seconds)
+                if answer.ids is not None:
                     if self.order is not None:
-                        self.order.add(sent, answered, ids)
-                    self.bitmap_add(ids, answered - started)
+                        self.order.add(sent, answered, answer.ids)
+                    self.bitmap_add(answer.ids, answered - started)
                     break
-                self._fail(status)
+                if answer.message:
+                    with self.lock:
+                        self.tally.messages.setdefault(answer.status, answer.message)
+                self._fail(answer.status)
                 time.sleep(RETRY_PAUSE)
             else:
                 with self.lock:
@@ -222,44 +225,7 @@ class Clients:
             pause = next_at - time.monotonic()
             if pause > 0:
                 self.stopping.wait(pause)
-        for conn, _ in conns.values():
-            conn.close()
-
-    def _attempt(
-        self,
-        conns: dict[int, tuple[http.client.HTTPConnection, float]],
-        port: int,
-        path: str,
-        single: bool,
-    ) -> tuple[str, list[int] | None, float]:
-        started = time.monotonic()
-        conn, last_used = conns.get(port, (None, 0.0))
-        if conn is not None and started - last_used > IDLE_REUSE:
-            conn.close()
-            conn = None
-        if conn is None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            body = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            conns.pop(port, None)
-            return type(e).__name__, None, time.monotonic() - started
-        took = time.monotonic() - started
-        conns[port] = (conn, time.monotonic())
-        if resp.status != 200:
-            try:
-                error = json.loads(body)
-                code, message = str(error.get("error", "")), str(error.get("message", ""))
-            except ValueError:
-                code, message = "", body[:200].decode(errors="replace")
-            status = f"{resp.status} {code}".strip()
-            with self.lock:
-                self.tally.messages.setdefault(status, message)
-            return status, None, took
-        return "200", ([int(body)] if single else json.loads(body)["ids"]), took
+        conns.close()
 
     def bitmap_add(self, ids: list[int], request_latency: float) -> None:
         with self.lock:

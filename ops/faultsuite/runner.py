@@ -20,8 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ops.replication import MariaPair
-from ops.servers import MariaServer
+from ops.toolkit import GaleraCluster, MariaPair, MariaServer
 
 from .accounting import Accounting, account, parse_ranges
 from .cluster import STEP, Cluster
@@ -86,9 +85,11 @@ def run_scenario(
 ) -> Outcome:
     tag = f"{scenario.name}-{rng.randrange(10**6):06d}"
     started = time.monotonic()
-    ledger: MariaServer | MariaPair = maria
+    ledger: MariaServer | MariaPair | GaleraCluster = maria
     if scenario.topology == "mysql-replica":
         ledger = MariaPair(directory / scenario.name / "mariadb")
+    elif scenario.topology == "galera":
+        ledger = GaleraCluster(3)  # a temp dir of its own, owned by mysql (the rsync SST)
     env = dict(scenario.env)
     if args.strict and scenario.name in STRICT_SOON:
         # a strict state holds IDPOOL_RESERVE_SECONDS of supply: claims come that often
@@ -104,10 +105,11 @@ def run_scenario(
         env_overrides=env,
         idle_tags=args.idle_tags,
         strict=args.strict,
+        step=scenario.step or STEP,
     )
     order = OrderLog() if args.strict else None
     try:
-        if isinstance(ledger, MariaPair):
+        if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.start()
         cluster.start()
         start_id, _ = cluster.ledger_row()
@@ -148,7 +150,7 @@ def run_scenario(
         result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
-        if isinstance(ledger, MariaPair):
+        if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.stop()
     outcome = Outcome(
         scenario,
@@ -260,7 +262,8 @@ def render(outcome: Outcome, hold_note: str) -> str:
         + "".join(f"\n     - {f}" for f in outcome.failures),
         "   timeline (s from cluster start):",
         *(f"     {t:7.2f}  {what}" for t, what in outcome.events),
-        f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed",
+        f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed"
+        + (f" (step {sc.step})" if sc.step else ""),
         f"   handed out: {acc.issued:,} IDs in {tally.requests:,} requests; "
         f"duplicates: {acc.total_duplicates}",
         *([f"   strict tag: {outcome.order.summary()}"] if outcome.order is not None else []),
@@ -373,7 +376,8 @@ def run(
             f"$ {command}",
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {len(scenarios)} scenarios, "
             f"{args.nodes} nodes + 1 standalone preloader each, {args.clients} client threads "
-            f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), step {STEP}, "
+            f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), "
+            f"step {STEP} (unless a scenario says), "
             f"seed {args.seed}; {args.idle_tags} idle tags beside; "
             + ("strict tags, real-time order checked; " if args.strict else "")
             + f"logs in {workdir}"

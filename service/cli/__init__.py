@@ -1,4 +1,4 @@
-"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
+"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable/remove,
 tag token add/list/revoke, pool show, status.
 
 One module per command group (``serve.py``, ``tag.py``, ``status.py``);
@@ -19,6 +19,7 @@ from urllib.parse import quote
 from idpool.pool.errors import ConfigError, StoreUnavailable
 from idpool.pool.settings import Settings
 
+from ..metrics import VERSION
 from . import serve, status, tag
 from .common import EMBEDDED_FILE, EXIT_CANNOT_LISTEN, EXIT_UNAVAILABLE, EXIT_USAGE, common_options
 from .logs import logging_config
@@ -34,6 +35,7 @@ _COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
+    parser.add_argument("--version", action="version", version=f"idpool {VERSION}")
     common_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
     embedded = argparse.ArgumentParser(add_help=False)
@@ -68,7 +70,7 @@ def _choose_ledger(settings: Settings, embedded: bool) -> Settings:
     operator set, and nothing else ever picks it (no fallback when MySQL is down)."""
     if not embedded or settings.embedded:
         return settings
-    if os.environ.get("IDPOOL_MYSQL_URL"):
+    if os.environ.get("IDPOOL_MYSQL_URL") or os.environ.get("IDPOOL_LEDGER_URL"):
         raise ConfigError(
             "--embedded and IDPOOL_MYSQL_URL name two different ledgers: unset "
             "IDPOOL_MYSQL_URL, or set it to sqlite:///path/to/idpool.db to choose the file"

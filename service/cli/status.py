@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from idpool.pool.claims import LedgerClaims
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
-from ..node import Node, RangeSource, node_ttl
-from ..status import cluster, read_stores, snapshot
-from .common import duration, show
+from ..node import node_ttl
+from ..status import cluster, read_stores, runway_text, tag_entries
+from .common import show
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -29,9 +28,8 @@ async def pool_show(settings: Settings, args: argparse.Namespace) -> int:
     """The per-tag part of /status, from the stores (no node's buffers here)."""
     ledger, pool = await open_stores(settings)
     try:
-        idle = Node(RangeSource(LedgerClaims(ledger, pool), pool), prefetch_at=0.1)
         names = [row.tag for row in await ledger.list_tags()]
-        snap = await snapshot(idle, ledger, pool, tags=names)
+        entries = tag_entries(None, await read_stores(ledger, pool, names), names)
     finally:
         await pool.close()
         await ledger.close()
@@ -39,7 +37,7 @@ async def pool_show(settings: Settings, args: argparse.Namespace) -> int:
         f"{'tag':<20} {'step':>9} {'max_id':>14} {'depth':>6} {'target':>6} {'pool IDs':>12} "
         f"{'IDs/s':>9} {'minutes':>8}  head range"
     )
-    for t in snap["tags"]:
+    for t in entries:
         pooled = t["pool"] or {}
         rate = t["rate"].get("cluster_ids_per_s")
         print(
@@ -73,16 +71,18 @@ async def status(settings: Settings, args: argparse.Namespace) -> int:
         )
     print(
         f"  {'tag':<20} {'max_id':>14} {'max':>16} {'ranges':>9} {'minutes':>8} {'IDs/s':>9} "
-        f"{'returned':>9} {'runway':>8}  wasted / state"
+        f"{'returned':>9} {'runway':>9}  wasted / state"
     )
     for t in shown["tags"]:
         ranges = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
         wasted = " ".join(f"{reason}={ids}" for reason, ids in sorted(t["wasted"].items()))
+        bounded = t["max"] is not None or t["max_id"] is None  # no row: not known
         state = ", ".join(t["problems"])
         print(
             f"  {t['tag']:<20} {show(t['max_id']):>14} {show(t['max']):>16} {ranges:>9} "
             f"{show(t['minutes_of_supply']):>8} {show(t['ids_per_s']):>9} "
-            f"{t['returned']:>9} {duration(t['runway_s']):>8}  {wasted or '-'}"
+            f"{t['returned']:>9} {runway_text(t['runway_s'], bounded, ''):>9}"
+            f"  {wasted or '-'}"
             + (f"  [{state}]" if state else "")
         )
     if len(names) > len(shown["tags"]):

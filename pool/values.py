@@ -1,0 +1,106 @@
+"""The values both ledgers (MySQL, SQLite) and both pools (Redis, SQLite) hand
+out, and the rules both ledgers apply to a row, so each twin imports them from
+here rather than from the other: a tag's row, a pop's or a push's result, a
+list's summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple
+
+from .errors import TagDisabled, TagExhausted
+from .ranges import MAX_ID, IdRange, TaggedRange
+
+DEFAULT_MAX_STEP = 1_000_000
+MAX_POP_RANGES = 10_000  # ranges one pop may take, whatever count a batch asks for
+
+
+def step_bounds(step: int, min_step: int | None, max_step: int | None) -> tuple[int, int]:
+    """A new tag's dynamic-step bounds: ``[step, max(step, DEFAULT_MAX_STEP)]`` unless given."""
+    lo = step if min_step is None else min_step
+    hi = max(step, DEFAULT_MAX_STEP) if max_step is None else max_step
+    return lo, hi
+
+
+def check_bound(start: int, end_id: int) -> None:
+    """A tag's bound must leave it at least its first ID."""
+    if not start < end_id <= MAX_ID:
+        raise ValueError(f"max must be from start ({start}) to {MAX_ID - 1}")
+
+
+@dataclass(frozen=True)
+class TagRow:
+    tag: str
+    max_id: int
+    step: int
+    start_id: int
+    description: str
+    updated_at: datetime
+    min_step: int
+    max_step: int
+    end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
+    disabled: bool = False
+    kind: str = "segment"  # how its IDs are made (service/kinds.py)
+
+    @property
+    def max(self) -> int | None:
+        """The highest ID the tag may hand out (``--max``), or None when unbounded."""
+        return None if self.end_id >= MAX_ID else self.end_id - 1
+
+    @property
+    def left(self) -> int:
+        """IDs not yet claimed below the bound."""
+        return max(0, self.end_id - self.max_id)
+
+
+def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
+    """The range a claim of ``ids`` IDs from ``start`` gets: cut short at the
+    tag's bound, never past it. Shared by both ledgers so they agree."""
+    if disabled:
+        raise TagDisabled(f"tag {tag!r} is disabled; enable it with `idpool tag enable {tag}`")
+    if start >= end_id:
+        bound = "64-bit IDs" if end_id >= MAX_ID else f"IDs up to its max {end_id - 1}"
+        raise TagExhausted(f"tag {tag!r} has run out of {bound}")
+    # Written as start < end_id - ids so the sum cannot leave 64 bits.
+    return IdRange(start, start + ids if start < end_id - ids else end_id)
+
+
+class PopResult(NamedTuple):
+    ranges: list[IdRange]  # taken from the head, in serving order (empty: none left)
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
+    depth: int = 0  # ranges left in the list after the pop
+    target_depth: int = 0  # what the preloader fills the list to (0: not known yet)
+
+    @property
+    def range(self) -> IdRange | None:
+        """The first range taken, or None when the list was empty."""
+        return self.ranges[0] if self.ranges else None
+
+
+class Moved(NamedTuple):
+    tags: list[str]  # tags that moved since the last read
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
+
+
+class PoolSummary(NamedTuple):
+    """A list's state from O(1) reads: what /status and /metrics show per tag."""
+
+    depth: int
+    head: IdRange | None
+    ids: int  # the head range's IDs plus (depth - 1) full ranges of the published step
+    stats: dict[str, str]
+
+
+class PushResult(NamedTuple):
+    depth: int
+    dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
+    lease_lost: bool = False  # a preloader's push refused: another preloader leads
+
+
+def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:
+    head = None if head_text is None else IdRange.from_text(head_text)
+    step = int(stats.get("step", 0))
+    ids = 0 if head is None else len(head) + max(0, depth - 1) * (step or len(head))
+    return PoolSummary(depth, head, ids, stats)
