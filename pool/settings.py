@@ -139,6 +139,10 @@ class Settings:
     # IDPOOL_MAX_BODY_BYTES: largest request body a node reads (admin calls, lease
     # returns: a few hundred bytes); a larger one is refused with 413 unread
     max_body_bytes: int = 65_536
+    # IDPOOL_BODY_SECONDS: how long a request body may take to arrive, whole; a
+    # slower one is refused with 408 (a client trickling bodies over many
+    # connections would otherwise hold memory for as long as it likes)
+    body_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -182,6 +186,7 @@ class Settings:
             (self.client_lease_seconds >= 1, "IDPOOL_CLIENT_LEASE_SECONDS must be at least 1"),
             (self.client_max_count >= 1, "IDPOOL_CLIENT_MAX_COUNT must be at least 1"),
             (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
+            (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -13,6 +13,7 @@ before Starlette's routing (the fast path); the routes answer everything else.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -88,20 +89,37 @@ def _declared_length(scope: Scope) -> int:
     return 0
 
 
-def _limited(receive: Receive, limit: int) -> Receive:
+def _limited(receive: Receive, limit: int, seconds: float) -> Receive:
     """``receive``, refusing a body once it passes ``limit`` bytes (a chunked body
-    has no Content-Length to check up front): nothing past it is kept."""
+    has no Content-Length to check up front): nothing past it is kept; and one
+    that has not arrived whole ``seconds`` after the request began (408)."""
     seen = 0
+    deadline = time.monotonic() + seconds
 
     async def limited() -> Message:
         nonlocal seen
-        message = await receive()
+        try:
+            async with asyncio.timeout(_left(deadline)):
+                message = await receive()
+        except TimeoutError:
+            raise HTTPException(408, _too_slow(seconds)) from None
         seen += len(message.get("body", b""))
         if seen > limit:
             raise HTTPException(413, _too_large(limit))
         return message
 
     return limited
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _too_slow(seconds: float) -> str:
+    return (
+        f"the request body did not arrive whole within {seconds:g} s "
+        "(IDPOOL_BODY_SECONDS); send it at once"
+    )
 
 
 def _parse_count(request: Request, limit: int) -> int:
@@ -160,6 +178,7 @@ class NodeApp(Starlette):
         self.node: Node | None = None  # the runtime's node, set by the lifespan while it serves
         self.max_count = settings.max_count  # the largest /ids count the fast path answers
         self.max_body = settings.max_body_bytes  # the largest request body read
+        self.body_seconds = settings.body_seconds  # how long a body may take to arrive
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
@@ -216,7 +235,7 @@ class NodeApp(Starlette):
             await too_large(scope, receive, send)
             return
         if scope["method"] not in ("GET", "HEAD"):
-            receive = _limited(receive, self.max_body)
+            receive = _limited(receive, self.max_body, self.body_seconds)
         await super().__call__(scope, receive, send)
 
     def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:

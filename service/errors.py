@@ -103,6 +103,9 @@ ERRORS: tuple[ErrorRow, ...] = (
     ),
     ErrorRow("tag_disabled", 410, "an operator disabled the tag", TagDisabled),
     ErrorRow(
+        "body_too_slow", 408, "the body did not arrive whole within IDPOOL_BODY_SECONDS (10 s)"
+    ),
+    ErrorRow(
         "body_too_large", 413, "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread"
     ),
     ErrorRow(
@@ -204,9 +207,10 @@ async def answer_http_error(request: Request, exc: Exception) -> Response:
         return error(
             "method_not_allowed", f"use {allowed} here, not {request.method}", {"allow": allowed}
         )
-    elif exc.status_code == 413:
+    elif exc.status_code in (408, 413):
         # the rest of the body is not read
-        response = error("body_too_large", str(exc.detail), {"connection": "close"})
+        code = "body_too_slow" if exc.status_code == 408 else "body_too_large"
+        response = error(code, str(exc.detail), {"connection": "close"})
     else:
         response = error("http_error", str(exc.detail), status=exc.status_code)
     response.headers.update(exc.headers or {})

@@ -99,7 +99,8 @@ def _parse_count(request: Request, limit: int) -> int | None:
     if not values:
         return None  # one range, whatever its size
     raw = values[0]
-    if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or raw == "0":
+    # int(raw), not raw == "0": "00" is zero too (it was leased as a 200 with no lease)
+    if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or not int(raw):
         raise InvalidInput("bad_count", f"count must be a positive integer, not {raw[:40]!r}")
     return min(int(raw), limit)  # the client's wish, clamped
 

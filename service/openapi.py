@@ -311,6 +311,7 @@ def _lease_paths() -> Schema:
                         _LEASES,
                     ),
                     *_ID_ERRORS[:-1],
+                    _error("408", "body_too_slow"),
                     _error("409", "strict_tag"),
                     _error("413", "body_too_large"),
                     _error("503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"),
@@ -354,6 +355,7 @@ def _lease_paths() -> Schema:
                     _error("404", "unknown_tag", "not_found"),
                     _error("405", "method_not_allowed"),
                     _error("409", "unknown_lease", "already_returned"),
+                    _error("408", "body_too_slow"),
                     _error("413", "body_too_large"),
                     _error("503", "unavailable", "leases_unavailable"),
                 ],  # fmt: skip
@@ -461,6 +463,7 @@ def _admin_paths() -> Schema:
                         "bad_kind",
                     ),
                     _error("409", "tag_exists"),
+                    _error("408", "body_too_slow"),
                     _error("413", "body_too_large"),
                 ],  # fmt: skip
                 requestBody=_body(new_tag),
@@ -490,6 +493,7 @@ def _admin_tag_paths() -> Schema:
                     _ok("the row after the change", "application/json", _TAG_ROW_REF),
                     _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"),
                     _error("409", "start_below_issued", "start_above_max"),
+                    _error("408", "body_too_slow"),
                     _error("413", "body_too_large"),
                 ],  # fmt: skip
                 parameters=[_TAG_PARAM],

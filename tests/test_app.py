@@ -632,6 +632,47 @@ def test_a_large_body_is_refused_unread_and_id_keeps_answering(
         node.stop()
 
 
+def test_a_body_that_trickles_in_is_refused_at_its_deadline(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # 800 connections each sending a body a byte a second held 80 KiB apiece for
+    # as long as they liked: a body now has IDPOOL_BODY_SECONDS to arrive whole.
+    add_tag(settings, tag)
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+        IDPOOL_BODY_SECONDS="1",
+    )
+    node = NodeProcess(env, tmp_path / "node").start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        started = time.monotonic()
+        sock.sendall(
+            b"POST /lease/return HTTP/1.1\r\nHost: n\r\nContent-Length: 100\r\n\r\n{"
+        )
+        answer = bytearray()
+        sock.settimeout(0.3)
+        while b"\r\n\r\n{" not in answer and time.monotonic() - started < 8:
+            try:
+                sock.sendall(b" ")  # a byte now and then, never the whole body
+                answer += sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        waited = time.monotonic() - started
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), bytes(answer[:200])
+        assert b'"body_too_slow"' in answer and b"IDPOOL_BODY_SECONDS" in answer
+        assert waited < 6, waited  # refused at its deadline, not when the client gave up
+        url = f"{node.base_url}/id/{tag}"
+        assert urllib.request.urlopen(url, timeout=5).read() == b"1"
+    finally:
+        node.stop()
+
+
 def _waste(c: TestClient, tag: str) -> dict[str, int]:
     entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
     return dict(entry["counters"]["ids_wasted"])

@@ -25,6 +25,7 @@ from idpool_client import (
     IdPoolUnavailable,
     Lease,
 )
+from idpool_client.transport import Transport
 
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
@@ -463,3 +464,23 @@ def test_next_id_for_a_tag_draws_from_the_same_chain_as_next_id() -> None:
     drawn += list(client.next_ids("t", 5))
     assert drawn == list(range(1, len(drawn) + 1))
     client.close()
+
+
+def test_a_failover_tries_every_node_even_when_another_call_moves_the_first_node() -> None:
+    # Another thread's call that succeeds on node b moves `_first` while this call
+    # waits on node a: the failover must still try b, not a twice (a return then
+    # reported a healthy cluster as down and its tail as lost).
+    transport = Transport(["http://a.invalid:1", "http://b.invalid:1"], timeout=0.1)
+    tried: list[str] = []
+
+    def request(server: Any, *args: Any) -> tuple[int, dict[str, Any]]:
+        tried.append(server.url)
+        if server.url == "http://a.invalid:1":
+            transport._first = 1  # as a concurrent call answered by b does
+            raise TimeoutError("timed out")
+        return 200, {"count": 7}
+
+    transport._request = request  # type: ignore[method-assign]
+    lease = Lease("id", "orders", 1, 11, "secret")
+    assert transport.give_back(lease, 4) == 7
+    assert tried == ["http://a.invalid:1", "http://b.invalid:1"]

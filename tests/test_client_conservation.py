@@ -69,9 +69,11 @@ class ClientProcess:
         self.proc.wait()
 
     def ids(self) -> list[int]:
+        data = self.out.read_bytes()
+        used = -(-len(data.rstrip(b"\0")) // 8) * 8  # the slots past the last one written
         drawn = array.array("q")
-        drawn.frombytes(self.out.read_bytes())
-        return drawn.tolist()
+        drawn.frombytes(data[:used])
+        return [i for i in drawn if i]  # 0: a slot taken, not yet written when killed
 
 
 class HttpCallers:

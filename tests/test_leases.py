@@ -131,9 +131,12 @@ def test_count_is_clamped_and_a_large_wish_claims_contiguously(
         assert 2500 <= body["count"] <= 2600
         assert sum(x["last"] - x["first"] + 1 for x in body["leases"]) == body["count"]
         assert len(body["leases"]) == 1  # pool range + the claim right after it, merged
-        for bad in ("0", "-1", "x", "1.5"):
+        before = pool_ranges(settings, tag)
+        # "00" and "0000" are zero too: refused, not a 200 with no lease (and no pop)
+        for bad in ("0", "00", "0000", "-1", "x", "1.5"):
             r = client.post(f"/lease/{tag}?count={bad}")
             assert (r.status_code, r.json()["error"]) == (400, "bad_count")
+        assert pool_ranges(settings, tag) == before
         assert client.post("/lease/no%20such").json()["error"] == "bad_tag"
         r = client.post(f"/lease/{tag}zz")
         assert (r.status_code, r.json()["error"]) == (404, "unknown_tag")

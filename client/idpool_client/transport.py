@@ -148,8 +148,11 @@ class Transport:
     ) -> dict[str, Any]:
         failures: list[tuple[str, str]] = []
         n = len(self.servers)
+        # Read once: another thread's call may move _first meanwhile, and reading it
+        # per try could ask the same node twice and never the healthy one.
+        first = self._first
         for k in range(n):
-            index = (self._first + k) % n
+            index = (first + k) % n
             server = self.servers[index]
             self.calls[kind] += 1
             try:
