@@ -5,8 +5,8 @@ from here, not from the modules behind it:
 - stores of our own on free ports: ``RedisServer``, ``MariaServer``, a Redis
   under Sentinel (``RedisSentinelGroup``; ``SENTINEL_SERVICE`` is the name its
   Sentinels know the master by), a MariaDB primary and replica (``MariaPair``),
-  a Galera cluster (``GaleraCluster``), and ``TcpProxy`` to cut a store off
-  from a node;
+  a Galera cluster (``GaleraCluster``), a Redis Cluster of 3 primaries and 3
+  replicas (``LocalCluster``), and ``TcpProxy`` to cut a store off from a node;
 - idpool processes: ``NodeProcess`` (``idpool serve``), ``PreloaderProcess``,
   ``env_with`` (their environment), ports (``free_port``, ``wait_for_port``,
   ``wait_port_closed``), ``wait_ready`` (``/readyz``), ``node_stopped`` (the
@@ -28,6 +28,7 @@ from .processes import (
     wait_port_closed,
     wait_ready,
 )
+from .redis_cluster import LocalCluster
 from .replication import SERVICE as SENTINEL_SERVICE
 from .replication import MariaPair, RedisSentinelGroup
 from .servers import MariaServer, RedisServer, TcpProxy
@@ -35,6 +36,7 @@ from .servers import MariaServer, RedisServer, TcpProxy
 __all__ = [
     "Answer",
     "GaleraCluster",
+    "LocalCluster",
     "MariaPair",
     "MariaServer",
     "NodeConnections",

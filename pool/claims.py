@@ -2,7 +2,7 @@
 
 A MySQL that fails over to a lagging replica, or is restored from a backup, can
 return a ``max_id`` below what it already handed out; claiming from it would
-repeat IDs. The mark in Redis (``idpool:hwm:{tag}``) is the highest ledger
+repeat IDs. The mark in Redis (``idpool:{tag}:hwm``) is the highest ledger
 position any process has claimed up to. A claim reads it first and refuses a
 range that starts below it (then raises ``max_id`` past it and claims again),
 and raises it past the new range *before* the range is pushed or served.
@@ -160,6 +160,8 @@ async def create_tag(
     description: str = "",
     end_id: int = MAX_ID,
     kind: str = "segment",
+    options: str = "",
+    secret: str = "",
 ) -> TagRow:
     """Add a tag, starting above any ID ever issued under that name, and never
     handing out ``end_id`` or above (ValueError unless ``start < end_id``).
@@ -182,6 +184,8 @@ async def create_tag(
         floor=floor,
         end_id=end_id,
         kind=kind,
+        options=options,
+        secret=secret,
     )
 
 

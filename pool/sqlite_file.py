@@ -38,6 +38,8 @@ CREATE TABLE IF NOT EXISTS idpool_tags (
     end_id      INTEGER NOT NULL DEFAULT 9223372036854775807,  -- the bound (--max) + 1
     disabled    INTEGER NOT NULL DEFAULT 0,  -- 1: no claim until enabled
     kind        TEXT    NOT NULL DEFAULT 'segment',  -- how its IDs are made
+    options     TEXT    NOT NULL DEFAULT '',  -- JSON: format, reset, obfuscate
+    secret      TEXT    NOT NULL DEFAULT '',  -- obfuscation key (hex); never shown
     description TEXT    NOT NULL DEFAULT '',
     created_at  REAL    NOT NULL,  -- unix time
     updated_at  REAL    NOT NULL
@@ -50,7 +52,7 @@ CREATE TABLE IF NOT EXISTS idpool_pool (
     last_id  INTEGER NOT NULL,  -- inclusive, as in Redis
     PRIMARY KEY (tag, seq)
 );
--- What Redis keeps in idpool:stats:{tag}, idpool:hwm:{tag} and idpool:lease:{tag}.
+-- What Redis keeps in idpool:{tag}:stats, idpool:{tag}:hwm and idpool:preloader.
 CREATE TABLE IF NOT EXISTS idpool_pool_stats (
     tag   TEXT NOT NULL,
     field TEXT NOT NULL,
@@ -97,6 +99,8 @@ MIGRATIONS = [
     ("end_id", "INTEGER NOT NULL DEFAULT 9223372036854775807"),
     ("disabled", "INTEGER NOT NULL DEFAULT 0"),
     ("kind", "TEXT NOT NULL DEFAULT 'segment'"),
+    ("options", "TEXT NOT NULL DEFAULT ''"),
+    ("secret", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 

@@ -20,21 +20,34 @@ from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
 from .tokens import TokenRow
-from .values import TagRow, check_bound, cut, step_bounds
+from .values import TagRow, check_bound, cut, period_rows_between, step_bounds
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind"
+    "kind, options, secret"
 )
 
 
 def _row(values: Any) -> TagRow:
     tag, max_id, step, start_id, description, updated_at, min_step, max_step, end, off, kind = (
-        values
+        values[:11]
     )
     updated = datetime.fromtimestamp(updated_at, UTC)
+    options, secret = values[11:13]
     return TagRow(
-        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off), kind
+        tag,
+        max_id,
+        step,
+        start_id,
+        description,
+        updated,
+        min_step,
+        max_step,
+        end,
+        bool(off),
+        kind,
+        options,
+        secret,
     )
 
 
@@ -107,6 +120,8 @@ class SqliteLedger:
         max_step: int | None = None,
         end_id: int = MAX_ID,
         kind: str = "segment",
+        options: str = "",
+        secret: str = "",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
         lo, hi = step_bounds(step, min_step, max_step)
@@ -123,9 +138,23 @@ class SqliteLedger:
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, end_id, kind, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (tag, first, step, start, description, lo, hi, end_id, kind, now, now),
+                    "min_step, max_step, end_id, kind, options, secret, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        tag,
+                        first,
+                        step,
+                        start,
+                        description,
+                        lo,
+                        hi,
+                        end_id,
+                        kind,
+                        options,
+                        secret,
+                        now,
+                        now,
+                    ),
                 )
             except sqlite3.IntegrityError:
                 raise TagExists(tag) from None
@@ -168,9 +197,10 @@ class SqliteLedger:
         """Disable or enable a tag; max_id is kept (see Ledger.set_disabled)."""
 
         def op(conn: sqlite3.Connection) -> TagRow:
-            conn.execute(
-                "UPDATE idpool_tags SET disabled = ?, updated_at = ? WHERE tag = ?",
-                (int(disabled), time.time(), tag),
+            conn.execute(  # with the tag's period rows, as in Ledger.set_disabled
+                "UPDATE idpool_tags SET disabled = ?, updated_at = ? "
+                "WHERE tag = ? OR tag BETWEEN ? AND ?",
+                (int(disabled), time.time(), tag, *period_rows_between(tag)),
             )
             return _select(conn, tag)
 

@@ -41,6 +41,8 @@ class LedgerStore(Protocol):
         max_step: int | None = None,
         end_id: int = ...,
         kind: str = ...,
+        options: str = ...,
+        secret: str = ...,
     ) -> TagRow: ...
 
     async def remove_tag(self, tag: str) -> TagRow: ...

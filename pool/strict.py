@@ -5,15 +5,16 @@ before another request is sent, to any node, the second gets a larger ID; the
 IDs of one batch are consecutive; no ID is ever handed out twice. Gaps are
 allowed (waste), order and uniqueness are not negotiable.
 
-Redis serializes: one hash per strict tag, ``idpool:strict:{tag}``, holds
-``[next, limit)`` (IDs claimed from the ledger, ready) and ``inc``, the Redis
-incarnation (``run_id:master_replid``) it was set under. A take is one script:
-it computes the incarnation on the server (as the pool scripts' prelude does)
-and moves ``next`` up by the batch only if the state is of that incarnation
-and holds the batch. Otherwise it answers "refill needed" with the current
-incarnation. A refill claims from the ledger through ``LedgerClaims`` (fenced
-by the high-water mark) *after* having seen that incarnation, then one script
-extends the state, only if the incarnation is still the one seen:
+Redis serializes: one hash per strict tag, ``idpool:{tag}:strict`` (in the
+tag's slot: every strict script touches that one key), holds ``[next, limit)``
+(IDs claimed from the ledger, ready) and ``inc``, the Redis incarnation
+(``run_id:master_replid``, of the server the tag's slot is on) it was set
+under. A take is one script: it computes the incarnation on the server (as the
+pool scripts' prelude does) and moves ``next`` up by the batch only if the
+state is of that incarnation and holds the batch. Otherwise it answers "refill
+needed" with the current incarnation. A refill claims from the ledger through
+``LedgerClaims`` (fenced by the high-water mark) *after* having seen that
+incarnation, then one script extends the state, only if the incarnation is still the one seen:
 
 - a state of an older incarnation (Redis restarted empty, restored from a
   snapshot, failed over) is replaced by the claim: claimed after this
@@ -41,6 +42,8 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
+
+from redis.asyncio import Redis
 
 from .claims import Claim, LedgerClaims
 from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable, TagExhausted
@@ -248,8 +251,13 @@ class RedisStrict:
 
     async def from_master(self, incarnation: str) -> bool:
         """Whether the server a call ran on (its incarnation) is the master most
-        Sentinels name, asked after the call; always True without Sentinel."""
-        named = await named_master_by_majority(self.pool.client, incarnation.split(":")[0])
+        Sentinels name, asked after the call; always True without Sentinel (a
+        cluster's shards fail over without one: a take reaches only the primary
+        the slot map names)."""
+        client = self.pool.client
+        if not isinstance(client, Redis):
+            return True
+        named = await named_master_by_majority(client, incarnation.split(":")[0])
         return named is not False
 
     async def state(self, tag: str) -> dict[str, str]:

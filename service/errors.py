@@ -64,6 +64,17 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("bad_max", 400, "max is not an integer in range, or below start"),
     ErrorRow("bad_kind", 400, "kind is not a kind of ID this node knows (segment, strict)"),
     ErrorRow("bad_description", 400, "description is not a string of at most 255"),
+    ErrorRow(
+        "bad_format",
+        400,
+        "format is not a template with one {id} (unknown field, bad spec, literal braces, "
+        "over 128 characters)",
+    ),
+    ErrorRow(
+        "bad_reset", 400, "reset is not daily, monthly or yearly, or the format lacks its date"
+    ),
+    ErrorRow("bad_obfuscate", 400, "obfuscate is not true or false"),
+    ErrorRow("bad_value", 400, "decode: the value is not an ID this tag's format makes"),
     ErrorRow("bad_disabled", 400, "disabled is not true or false"),
     ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
     ErrorRow("bad_secret", 400, "secret is not a secret POST /lease/{tag} answered"),

@@ -9,7 +9,7 @@ field, raising InvalidInput whose code names the field (``bad_step``, ...).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
@@ -17,11 +17,14 @@ from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from idpool.pool.stores import HighWaterMarks, LedgerStore
 from idpool.pool.values import TagRow
 
+from .formats import options_for
 from .kinds import KINDS, SEGMENT
 from .strict_tags import STRICT
 
 Spell = Callable[[str], str]
-NEW_TAG_FIELDS = frozenset({"tag", "step", "start", "description", "max", "kind", "strict"})
+NEW_TAG_FIELDS = frozenset(
+    {"tag", "step", "start", "description", "max", "kind", "strict", "format", "reset", "obfuscate"}
+)
 
 
 def _as_is(field: str) -> str:
@@ -59,6 +62,8 @@ class NewTag:
     end_id: int  # first ID never handed out (max + 1; MAX_ID: no bound)
     description: str = ""
     kind: str = SEGMENT
+    options: str = ""  # JSON: format, reset, obfuscate (service/formats.py)
+    secret: str = field(default="", repr=False)  # the obfuscation key, hex
 
     async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
         """Add the tag (claims.create_tag: above any ID ever issued under its name)."""
@@ -71,6 +76,8 @@ class NewTag:
             description=self.description,
             end_id=self.end_id,
             kind=self.kind,
+            options=self.options,
+            secret=self.secret,
         )
 
 
@@ -107,4 +114,29 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
             )
         kind = STRICT
     end_id = MAX_ID if top is None else top + 1
-    return NewTag(tag, step, start, end_id, description, kind)
+    try:
+        options, secret = options_for(
+            tag,
+            fields.get("format"),
+            fields.get("reset"),
+            fields.get("obfuscate", False),
+            end_id,
+        )
+    except InvalidInput as e:
+        raise InvalidInput(e.code, _spelled(str(e), name)) from None
+    if options and kind != SEGMENT:
+        # A format renders a segment tag's sequence (service/formats.py); another
+        # kind would store it and hand out bare IDs.
+        raise InvalidInput(
+            "bad_format",
+            f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
+            f"{SEGMENT} tags only, not to kind {kind!r}",
+        )
+    return NewTag(tag, step, start, end_id, description, kind, options, secret)
+
+
+def _spelled(message: str, name: Spell) -> str:
+    """A formats message with the options spelled the caller's way (--format)."""
+    for option in ("format", "reset", "obfuscate"):
+        message = message.replace(f"{option} ", f"{name(option)} ", 1)
+    return message

@@ -331,8 +331,7 @@ async def test_the_preloaders_tick_cleans_a_new_incarnation(
     # from an old snapshot: the active preloader's read of the moved set cleans it.
     await redis_pool.push(tag, [R("1-10"), R("11-20")], head=False)
     client = redis_pool.client
-    marker = await client.get(redis_pool.keys.incarnation)
-    await client.delete(marker)  # as if this Redis had never been cleaned
+    await client.delete(redis_pool.keys.clean(tag))  # as if this Redis had never been cleaned
     moved = await redis_pool.take_moved()
     assert moved.dropped == [dropped(tag, "1-10"), dropped(tag, "11-20")]
     assert await redis_pool.depth(tag) == 0
@@ -414,3 +413,68 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
         replica.resume()
         replica.kill9()
         primary.kill9()
+
+
+async def test_a_preloaders_push_checks_its_lease_in_the_push_script(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    """On one Redis the lease is read in the push script itself, no GET apart: a
+    preloader frozen between a look and its push cannot land it."""
+
+    async def no_get(*args: object) -> None:
+        raise AssertionError("the lease was read apart from the push")
+
+    redis_pool.client.get = no_get  # type: ignore[method-assign]
+    r = IdRange.from_text
+    owner = f"{tag}-a"
+    try:
+        assert (await redis_pool.push(tag, [r("1-10")], head=False, leader=owner)).lease_lost
+        assert await redis_pool.lead(owner, 10)
+        assert not (await redis_pool.push(tag, [r("11-20")], head=False, leader=owner)).lease_lost
+        assert (await redis_pool.push(tag, [r("21-30")], head=False, leader="b")).lease_lost
+        assert await redis_pool.ranges(tag) == [r("11-20")]
+    finally:
+        await redis_pool.resign(owner)
+
+
+async def test_a_raise_that_finds_the_mark_higher_still_writes(
+    redis_server: RedisServer, settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # WAIT counts the replicas that have the writes *of its own connection*
+    # (Redis 7.0 also stamps reads with the current offset; newer servers stamp
+    # only commands that propagate). A raise that finds the mark already past its
+    # claim, set by another process whose WAIT is still pending or failed, must
+    # leave a write after that mark's in the replication stream: else its WAIT
+    # answers for an older offset and its range counts with the mark on no replica.
+    private = settings.with_changes(redis_url=redis_server.url)
+    pool = RedisPool.from_settings(private)
+    replica = RedisServer(tmp_path / "replica", "--replicaof", "127.0.0.1", str(redis_server.port))
+    replica.start()
+    try:
+        primary = redis.Redis.from_url(redis_server.url)
+        primary.config_set("repl-ping-replica-period", 3600)  # no pings in the stream
+        _wait_until(lambda: primary.info("replication").get("slave0", {}).get("state") == "online")
+        assert await pool.raise_high_water(tag, 300) == 300
+        before = primary.info("replication")["master_repl_offset"]
+        assert await pool.raise_high_water(tag, 250) == 300  # the mark stays
+        assert primary.info("replication")["master_repl_offset"] > before
+    finally:
+        replica.kill9()
+        await pool.close()
+
+
+async def test_a_command_on_a_connection_closed_under_it_is_a_store_error(
+    redis_pool: RedisPool,
+) -> None:
+    # On CLUSTERDOWN redis-py's cluster client closes every connection, also one
+    # another command is opening at that moment; asyncio then refuses the write
+    # with this RuntimeError (seen with a shard restarted empty). Outcome unknown,
+    # like any Redis error: not an exception that escapes a pop, a claim or a report.
+    async def closed_under_it() -> None:
+        raise RuntimeError(
+            "unable to perform operation on <TCPTransport closed=True reading=False "
+            "0x55b968585060>; the handler is closed"
+        )
+
+    with pytest.raises(StoreUnavailable, match="handler is closed"):
+        await redis_pool.send(closed_under_it())

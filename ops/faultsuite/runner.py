@@ -101,6 +101,7 @@ def run_scenario(
         scenario.redis_mode,
         args.nodes,
         sentinel=scenario.topology == "sentinel",
+        redis_cluster=scenario.topology == "cluster",
         database="faults_" + scenario.name.replace("-", "_"),
         env_overrides=env,
         idle_tags=args.idle_tags,
@@ -166,12 +167,14 @@ def run_scenario(
 
 
 def read_pool(cluster: Cluster) -> tuple[list[tuple[int, int]], bool]:
-    """The tag's list, and whether this Redis incarnation was cleaned (its lists count)."""
+    """The tag's list, and whether the server holding it cleaned it in its current
+    incarnation (only then do its ranges count)."""
     client = cluster.redis_client()
     run_id = client.info("server")["run_id"]
     replid = client.info("replication")["master_replid"]
-    clean = bool(client.exists(f"idpool:clean:{run_id}:{replid}"))
-    texts = client.lrange(f"idpool:pool:{cluster.tag}", 0, -1)
+    marker = client.get(f"idpool:{{{cluster.tag}}}:clean")
+    clean = (marker.decode() if isinstance(marker, bytes) else marker) == f"{run_id}:{replid}"
+    texts = client.lrange(f"idpool:{{{cluster.tag}}}:pool", 0, -1)
     ranges = [r for t in texts for r in parse_ranges(t.decode() if isinstance(t, bytes) else t)]
     return ranges, clean
 
@@ -182,7 +185,7 @@ def read_strict_state(cluster: Cluster) -> list[tuple[int, int]]:
     client = cluster.redis_client()
     run_id = client.info("server")["run_id"]
     replid = client.info("replication")["master_replid"]
-    raw: dict[bytes, bytes] = client.hgetall(f"idpool:strict:{cluster.tag}")  # type: ignore[assignment]
+    raw: dict[bytes, bytes] = client.hgetall(f"idpool:{{{cluster.tag}}}:strict")  # type: ignore[assignment]
     state = {k.decode(): v.decode() for k, v in raw.items()}
     if state.get("inc") != f"{run_id}:{replid}" or "next" not in state:
         return []

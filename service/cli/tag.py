@@ -11,6 +11,8 @@ import contextlib
 import sys
 from functools import partial
 
+from idpool_client.formats import RESETS
+
 from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     InvalidInput,
@@ -27,6 +29,8 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
+from ..decode import decode
+from ..formats import split_periods, tag_list_entry
 from ..kinds import KINDS, SEGMENT
 from ..status import runway_seconds, runway_text
 from ..tag_fields import check_int, new_tag
@@ -58,6 +62,29 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         help="kind strict: IDs strictly increasing in real time across every node "
         "(each request needs Redis; no client leases); chosen now, never changed",
     )
+    add.add_argument(
+        "--format",
+        default=None,
+        help="render IDs with a template: one {id} ({id:06d}, {id:b36}, {id:b62}) and any "
+        "{date:%%Y%%m%%d} (UTC), e.g. 'INV-{date:%%Y%%m%%d}-{id:06d}'",
+    )
+    add.add_argument(
+        "--reset",
+        choices=RESETS,
+        default=None,
+        help="restart {id} at 1 each UTC day, month or year (the --format must show that period)",
+    )
+    add.add_argument(
+        "--obfuscate",
+        action="store_true",
+        help="hand out unique numbers that do not show the count: a keyed permutation of "
+        "1..--max (default 2^63-2)",
+    )
+    decode = tag.add_parser(
+        "decode", parents=[embedded], help="an ID of a tag back to its sequence number"
+    )
+    decode.add_argument("tag", type=tag_arg)
+    decode.add_argument("value")
     tag.add_parser(
         "list", parents=[embedded], help="list tags: ledger position, bound, runway, state"
     )
@@ -112,6 +139,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             return await _remove(settings, ledger, args)
         if args.tag_command == "token":
             return await _token(ledger, args)
+        if args.tag_command == "decode":
+            return await _decode(ledger, args)
         return await _list(settings, ledger)
     except UnknownTag:
         print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
@@ -123,6 +152,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields = {"tag": args.tag, "start": args.start, "description": args.description}
     fields.update(max=args.max, kind=args.kind)
+    fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
     if args.strict:
         fields["strict"] = True
         if args.kind == SEGMENT:
@@ -150,12 +180,14 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
     bound = "" if row.max is None else f", max {row.max}"
     kind = "" if row.kind == SEGMENT else f", kind {row.kind}"
-    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{note}")
+    shown = tag_list_entry(row)
+    formatted = f", format {shown}" if shown else ""
+    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{formatted}{note}")
     return 0
 
 
 async def _list(settings: Settings, ledger: LedgerStore) -> int:
-    rows = await ledger.list_tags()
+    rows, periods = split_periods(await ledger.list_tags())
     # The runway needs the cluster's rate from the pool; without it, "-".
     pool = await open_pool(settings, check=False)
     try:
@@ -181,6 +213,22 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
                 f"{show(row.max):>20} {runway_text(runway, row.max is not None, ''):>10} "
                 f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
             )
+            shown = tag_list_entry(row)
+            if shown:  # a format: under its row, so the columns stay as they were
+                latest = sorted(periods.get(row.tag, {}).items())[-1:]
+                now = "".join(f"; period {k}: max_id {p.max_id}" for k, p in latest)
+                print(f"{'':<24} format {shown}{now}")
+    return 0
+
+
+async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    try:
+        found = decode(await ledger.get_tag(args.tag), args.value)
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    note = f" ({found['note']})" if "note" in found else ""
+    print(f"{found['tag']} {found['value']}: sequence number {found['sequence']}{note}")
     return 0
 
 
