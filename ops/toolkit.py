@@ -3,10 +3,10 @@ scale bench and the rolling restart use to run servers, nodes and load. Import
 from here, not from the modules behind it:
 
 - stores of our own on free ports: ``RedisServer``, ``MariaServer``, a Redis
-  under Sentinel (``RedisSentinelGroup``), a MariaDB primary and replica
-  (``MariaPair``), a Galera cluster (``GaleraCluster``), a Redis Cluster of
-  3 primaries and 3 replicas (``LocalCluster``), and ``TcpProxy``
-  to cut a store off from a node;
+  under Sentinel (``RedisSentinelGroup``; ``SENTINEL_SERVICE`` is the name its
+  Sentinels know the master by), a MariaDB primary and replica (``MariaPair``),
+  a Galera cluster (``GaleraCluster``), a Redis Cluster of 3 primaries and 3
+  replicas (``LocalCluster``), and ``TcpProxy`` to cut a store off from a node;
 - idpool processes: ``NodeProcess`` (``idpool serve``), ``PreloaderProcess``,
   ``env_with`` (their environment), ports (``free_port``, ``wait_for_port``,
   ``wait_port_closed``), ``wait_ready`` (``/readyz``), ``node_stopped`` (the
@@ -29,6 +29,7 @@ from .processes import (
     wait_ready,
 )
 from .redis_cluster import LocalCluster
+from .replication import SERVICE as SENTINEL_SERVICE
 from .replication import MariaPair, RedisSentinelGroup
 from .servers import MariaServer, RedisServer, TcpProxy
 
@@ -42,6 +43,7 @@ __all__ = [
     "NodeProcess",
     "PreloaderProcess",
     "RedisSentinelGroup",
+    "SENTINEL_SERVICE",
     "RedisServer",
     "TcpProxy",
     "env_with",

@@ -27,6 +27,20 @@ With the default prefix ``idpool`` and the tag ``orders``:
     a range from MySQL, before the range is pushed or served; read before every
     claim to refuse ranges from a MySQL that came back older.
 
+``idpool:{orders}:strict``  HASH, the sequence of a strict tag: ``next`` (the next
+    ID to hand out), ``limit`` (the end of the ledger-claimed IDs behind it, so
+    ``[next, limit)`` is ready) and ``inc`` (the Redis incarnation,
+    ``run_id:master_replid``, it was set under). Written only by the strict
+    scripts (``pool/strict.py``): a take moves ``next`` up by the batch; a refill
+    raises ``limit`` with a range it claimed from the ledger, or replaces a state
+    of an older incarnation. Read by the same scripts. A state whose ``inc`` is
+    not the server's current incarnation is never served from. Also
+    ``refill_until`` and ``refill_by`` (the one node granted the next refill,
+    until when, in Redis ``TIME`` ms) and ``since_ms``, ``since_next`` (where the
+    consumption rate that sizes a refill is measured from). Every strict script
+    touches this one key: on a cluster it runs on the tag's shard, and the
+    incarnation it checks is that shard's.
+
 ``idpool:{orders}:stats``  HASH of supply figures. ``issued``: IDs nodes have
     handed out (HINCRBY by nodes every few seconds: the consumption signal);
     ``lifetime_s`` and ``lifetime_ids``: how long the last range a node finished
@@ -105,6 +119,9 @@ class Keys:
 
     def hwm(self, tag: str) -> str:
         return self._of(tag, "hwm")
+
+    def strict(self, tag: str) -> str:
+        return self._of(tag, "strict")
 
     def stats(self, tag: str) -> str:
         return self._of(tag, "stats")

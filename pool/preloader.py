@@ -238,6 +238,11 @@ class Preloader:
         not given)."""
         tag = row.tag
         report = RefillReport(tag)
+        if row.kind != "segment":
+            # Only segment tags are served from the pool: a strict tag's IDs come from
+            # its sequence in Redis (pool/strict.py), claimed by the nodes as needed.
+            report.skipped = f"kind {row.kind}"
+            return report
         if row.disabled or not row.left:
             # Nothing to claim (the ledger refuses it anyway): no warning every tick.
             report.skipped = "disabled" if row.disabled else "exhausted"

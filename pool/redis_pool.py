@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
@@ -47,13 +48,20 @@ from .sentinel import sentinel_client
 from .settings import Settings
 from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
-# Shared head of the pool scripts: the incarnation check, per tag.
-PRELUDE = """
+# The Redis incarnation, computed on the server inside the script that relies on
+# it: `run_id` changes on every start, `master_replid` on every promotion.
+INCARNATION_LUA = """
 local function incarnation()
   local server = redis.call('INFO', 'server')
   local repl = redis.call('INFO', 'replication')
   return string.match(server, 'run_id:(%w+)') .. ':' .. string.match(repl, 'master_replid:(%w+)')
 end
+"""
+
+# Shared head of the pool scripts: the incarnation check, per tag.
+PRELUDE = (
+    INCARNATION_LUA
+    + """
 -- The tag's list may hold only ranges pushed on this incarnation. The first
 -- script of the tag here (restart, failover, restore) drops what an older one
 -- left, unread: those ranges may have been popped before the data was lost.
@@ -81,6 +89,7 @@ local function ensure_clean(marker, list, tag, old_list, old_clean)
   return dropped
 end
 """
+)
 
 # KEYS[1] = the tag's clean marker, KEYS[2] = pool list, KEYS[3] = stats hash,
 # KEYS[4] = the old layout's list (single Redis only); ARGV[1] = tag, ARGV[2] =
@@ -305,9 +314,17 @@ class RedisPool:
     async def check(self) -> None:
         """Raise StoreUnavailable (naming IDPOOL_REDIS_URL) unless Redis answers.
 
+        Under Sentinel, ask the Sentinels for the master first: when it moved,
+        redis-py drops the idle connections to the old one. Without this a node
+        whose connections all stayed open to an old primary that came back as
+        a master during a failover kept using it until Sentinel demoted it (8-15
+        s): two masters serving at once, which a strict tag's order cannot take.
         The first check of a cluster also asks every primary for its state: a
         cluster with a slot uncovered or a shard down is refused at start."""
+        pool = getattr(self.client, "connection_pool", None)  # a cluster client has none
         try:
+            if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+                await self._plain(pool.get_master_address())  # type: ignore[no-untyped-call]
             if not self._verified and isinstance(self.client, RedisCluster):
                 await self._plain(verify_cluster(self.client))
                 self._verified = True

@@ -16,10 +16,12 @@ knows, is an error at once (``MasterNotFoundError``), never a guess.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import RedisError
 
 from .settings import SentinelParams
 
@@ -52,3 +54,32 @@ def sentinel_client(params: SentinelParams, **options: Any) -> aioredis.Redis:
         **options,
     )
     return master
+
+
+async def named_master_by_majority(client: aioredis.Redis, run_id: str) -> bool | None:
+    """Whether most Sentinels name, as the master, the server whose ``run_id`` is
+    given (``SENTINEL MASTER``, all Sentinels asked at once). None when the client
+    does not follow Sentinel (nothing to ask).
+
+    A strict tag's take asks after it ran: two masters can be up at once during a
+    failover (an old primary restarted as a master while the Sentinels promote a
+    replica), and Sentinels never go back to a master they left, so a take that
+    most of them still name the master of cannot be answered after a take on the
+    one they switched to (two majorities share a Sentinel).
+    """
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return None
+    sentinels = list(pool.sentinel_manager.sentinels)
+
+    async def names(sentinel: aioredis.Redis) -> bool:
+        try:
+            state = await sentinel.execute_command(  # type: ignore[no-untyped-call]
+                "SENTINEL MASTER", pool.service_name
+            )
+        except (RedisError, OSError):
+            return False  # no answer: not a vote for it
+        return bool(state.get("runid") == run_id and not state.get("is_odown"))
+
+    votes = await asyncio.gather(*(names(s) for s in sentinels))
+    return sum(votes) > len(sentinels) // 2

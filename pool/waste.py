@@ -3,7 +3,8 @@
 ``WasteRecorder.record`` call, which logs it (``event=range_abandoned
 reason=...``; ``event=stale_ledger`` for a range MySQL handed out below the
 high-water mark) and counts it per (tag, reason): /status, /metrics and the
-cluster totals read those counts.
+cluster totals read those counts. IDs given up whose range is not known (a
+strict take that may have run) go through ``WasteRecorder.lost``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class Reason(StrEnum):
     NO_POOL = "no_pool"  # a remainder at shutdown with no pool to return it to
     PUSH_NOT_SENT = "push_not_sent"  # a push never sent, retries used up
     PUSH_OUTCOME_UNKNOWN = "push_outcome_unknown"  # a push that may or may not have landed
+    # strict tags (pool/strict.py): their takes and refills
+    STRICT_TAKE_OUTCOME_UNKNOWN = "strict_take_outcome_unknown"  # a take that may have run
+    STRICT_EXTEND_OUTCOME_UNKNOWN = "strict_extend_outcome_unknown"  # a refill that may have landed
+    STRICT_EXTEND_NOT_SENT = "strict_extend_not_sent"  # a refill's claim never put in the state
+    STRICT_REFILL_RACED = "strict_refill_raced"  # claimed below a limit another node set first
+    STRICT_STATE_SKIPPED = "strict_state_skipped"  # a state's rest, jumped over by a refill
+    STRICT_NOT_MASTER = "strict_not_master"  # taken on a Redis the Sentinels no longer name
 
 
 # A store that failed mid-write is worth an error; a decision (disable, no pool) a warning.
@@ -43,6 +51,9 @@ _ERRORS = {
     Reason.PUSH_NOT_SENT,
     Reason.PUSH_OUTCOME_UNKNOWN,
     Reason.LEADERSHIP_LOST,
+    Reason.STRICT_TAKE_OUTCOME_UNKNOWN,
+    Reason.STRICT_EXTEND_OUTCOME_UNKNOWN,
+    Reason.STRICT_EXTEND_NOT_SENT,
 }
 
 
@@ -92,6 +103,16 @@ class WasteRecorder:
                 reason,
                 detail,
             )
+
+    def lost(self, tag: str, ids: int, reason: Reason) -> None:
+        """``ids`` IDs of ``tag`` given up whose range this process cannot know (a
+        strict take whose answer never came): counted, and logged as
+        ``event=strict_ids_lost``."""
+        if ids <= 0:
+            return
+        self._by_tag.setdefault(tag, Counter())[reason.value] += ids
+        level = logging.ERROR if reason in _ERRORS else logging.WARNING
+        logger.log(level, "event=strict_ids_lost tag=%s ids=%d reason=%s", tag, ids, reason)
 
     def undelivered(self, tag: str, ids: Sequence[int]) -> None:
         """IDs taken for an answer the client never got (it hung up first): counted

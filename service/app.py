@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import orjson
@@ -40,10 +40,13 @@ from .errors import (
     answer_http_error,
     error,
     json_response,
+    message_of,
+    row_of,
 )
 from .node import Node
 from .runtime import Runtime, StoreOpener, open_runtime
 from .stats import route_of
+from .strict_tags import STRICT
 
 
 def _head_refused() -> HttpRefusal:
@@ -203,6 +206,10 @@ class NodeApp(Starlette):
                     raise
                 node.stats.requests[_OK[route]] += 1
                 return
+            strict = self._strict(node, scope["path"], scope["query_string"])
+            if strict is not None:
+                await self._answer_strict(node, scope, receive, send, started, *strict)
+                return
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
@@ -272,6 +279,76 @@ class NodeApp(Starlette):
         value = None if buf is None else buf.take()
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
+    def _strict(self, node: Node, path: str, query: bytes) -> tuple[str, str, int] | None:
+        """(route, tag, count) for a GET of a strict tag that the routes would hand
+        straight to its kind (the same forms the memory path takes: a known,
+        enabled tag without tokens, on a node not draining); else None."""
+        if path.startswith("/ids/"):
+            tag, route, digits = path[5:], "ids", query[6:]
+            if not query.startswith(b"count=") or not (digits.isdigit() and len(digits) <= 6):
+                return None
+            count = int(digits)
+            if not 1 <= count <= self.max_count:
+                return None
+        elif path.startswith("/id/"):
+            tag, route, count = path[4:], "id", 1
+        elif path.startswith(_LEAF_PREFIX):
+            tag, route, count = path[len(_LEAF_PREFIX) :], "id", 1
+        else:
+            return None
+        row = node.tags.rows.get(tag)  # "/id/a/b" finds none
+        guarded = node.tags.tokens
+        if row is None or row.kind != STRICT or row.disabled or (guarded and tag in guarded):
+            return None
+        return None if node.draining else (route, tag, count)
+
+    async def _answer_strict(
+        self,
+        node: Node,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        started: float,
+        route: str,
+        tag: str,
+        n: int,
+    ) -> None:
+        """A strict tag's request, answered as the routes would, without their
+        routing: the IDs come from the shared sequence (group-committed), so the
+        answer waits for it; an error is answered from the same table, and the
+        IDs of a client that hung up meanwhile are waste, as on the fast path."""
+        kind = node.kinds[STRICT]
+        try:
+            ids: Sequence[int | str]
+            if route == "id":
+                value = await kind.next_id(tag)
+                ids, body, content_type = (value,), str(value).encode(), _TEXT_PLAIN
+            else:
+                ids = await kind.next_ids(tag, n)
+                body, content_type = orjson.dumps({"tag": tag, "ids": ids}), _JSON
+        except IdPoolError as e:
+            row = row_of(e)
+            message = message_of(e, row, tag)
+            if row.code == "unavailable":
+                scope["state"]["run"].failures.log(tag, message)
+            node.stats.requests[(route, row.status)] += 1
+            node.stats.errors[(route, row.code)] += 1
+            body = orjson.dumps({"error": row.code, "message": message})
+            await _send(send, body, _JSON, row.status, [(ERROR_HEADER_RAW, row.code.encode())])
+            return
+        if (await receive())["type"] == "http.disconnect":
+            node.undelivered(tag, ids)
+            node.stats.requests[(route, CLIENT_GONE)] += 1
+            return
+        node.stats.latency[route].observe(_clock() - started)
+        try:
+            await _send(send, body, content_type)
+        except OSError:  # a server that says so (ASGI 2.4) when the client is gone
+            node.undelivered(tag, ids)
+            node.stats.requests[(route, CLIENT_GONE)] += 1
+            raise
+        node.stats.requests[_OK[route]] += 1
+
     def _formatted(
         self, node: Node, tag: str, fmt: TagFormat | None, query: bytes | None
     ) -> Answer | None:
@@ -304,9 +381,17 @@ def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
     node.stats.requests[(route, CLIENT_GONE)] += 1
 
 
-async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> None:
+async def _send(
+    send: Send,
+    body: bytes,
+    content_type: tuple[bytes, bytes],
+    status: int = 200,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     headers = [(b"content-length", str(len(body)).encode()), content_type]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if extra:
+        headers += extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

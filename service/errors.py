@@ -62,7 +62,7 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("bad_step", 400, "step is not an integer in range"),
     ErrorRow("bad_start", 400, "start is not an integer in range"),
     ErrorRow("bad_max", 400, "max is not an integer in range, or below start"),
-    ErrorRow("bad_kind", 400, "kind is not a kind of ID this node knows (segment)"),
+    ErrorRow("bad_kind", 400, "kind is not a kind of ID this node knows (segment, strict)"),
     ErrorRow("bad_description", 400, "description is not a string of at most 255"),
     ErrorRow(
         "bad_format",
@@ -107,6 +107,11 @@ ERRORS: tuple[ErrorRow, ...] = (
     ),
     ErrorRow("unknown_lease", 409, "no such lease: forged, expired, or Redis restarted since"),
     ErrorRow("already_returned", 409, "returned before; a retried return has succeeded"),
+    ErrorRow(
+        "strict_tag",
+        409,
+        "the tag is strict: client libraries cannot lease its IDs (ask a node for each ID)",
+    ),
     ErrorRow("tag_disabled", 410, "an operator disabled the tag", TagDisabled),
     ErrorRow(
         "body_too_slow", 408, "the body did not arrive whole within IDPOOL_BODY_SECONDS (10 s)"

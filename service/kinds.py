@@ -3,17 +3,21 @@ and served.
 
 Every tag has a kind (the ledger's ``kind`` column, ``segment`` by default).
 A node keeps one object per kind (``Node.kinds``) and hands each request for a
-tag to the object of the tag's kind. A kind implements ``IdKind``; the only
-kind today is ``segment``: ranges from the pool or the ledger, served from the
-node's double buffers (``buffer.py``), answered from memory by NodeApp's fast
-path. A new kind is a module beside this one with a class implementing
-``IdKind``, added to ``KINDS`` below (docs/design.md, "Kinds of ID").
+tag to the object of the tag's kind. A kind implements ``IdKind``. ``segment``:
+ranges from the pool or the ledger, served from the node's double buffers
+(``buffer.py``), answered from memory by NodeApp's fast path. ``strict``
+(``strict_tags.py``): every request takes from one sequence in Redis, so IDs
+increase in real time across every node. A new kind is a module beside this
+one with a class implementing ``IdKind``, added to ``KINDS`` below
+(docs/design.md, "Kinds of ID").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .strict_tags import STRICT, StrictKind
 
 if TYPE_CHECKING:
     from .node import Node
@@ -41,6 +45,17 @@ class IdKind(Protocol):
         """What this node holds for the tag, shown as ``buffer`` in /status.json
         (None: nothing held here)."""
         ...
+
+
+@runtime_checkable
+class KeepsTags(Protocol):
+    """What a kind without buffers may add to ``IdKind``: the tags it served here
+    (their rows are read again every reload, so a disable counts within it; they
+    show in /status), and a close at shutdown for what it has under way."""
+
+    def served(self) -> set[str]: ...
+
+    async def close(self) -> None: ...
 
 
 class SegmentKind:
@@ -85,4 +100,4 @@ class SegmentKind:
 
 
 # Every kind a tag may have: its name -> how a node makes its object.
-KINDS: dict[str, Callable[[Node], IdKind]] = {SEGMENT: SegmentKind}
+KINDS: dict[str, Callable[[Node], IdKind]] = {SEGMENT: SegmentKind, STRICT: StrictKind}

@@ -44,6 +44,7 @@ from idpool.pool.waste import Reason
 from . import auth
 from .errors import HttpRefusal, json_response
 from .runtime import Runtime
+from .strict_tags import STRICT
 
 logger = logging.getLogger("idpool.leases")
 
@@ -137,9 +138,16 @@ async def lease(request: Request) -> Response:
     store = _lease_store(run)
     if run.node.draining:
         raise Draining("node is shutting down")
-    await run.node.tags.lookup(tag)  # its tokens are read with it
+    row = await run.node.tags.lookup(tag)  # its tokens are read with it
     if not auth.allowed(run.node.tags, tag, request):
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    if row.kind == STRICT:
+        raise HttpRefusal(
+            "strict_tag",
+            f"tag {tag!r} is strict: its IDs increase in real time across every caller, "
+            "which only the nodes can do, so it cannot be leased to a client that hands "
+            f"out IDs itself; ask a node for each ID (GET /id/{tag}, GET /ids/{tag}?count=N)",
+        )
     # A formatted tag: the client renders as the node does, so the answer carries
     # the format (with the obfuscation key: every holder of the tag's token gets
     # it). With a reset the numbers come from the period's row, named in each lease.

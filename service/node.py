@@ -29,7 +29,7 @@ from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
 from .formats import FormattedTags, Id, parent_of
-from .kinds import KINDS, SEGMENT, IdKind
+from .kinds import KINDS, SEGMENT, IdKind, KeepsTags
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
@@ -106,7 +106,12 @@ class Node:
     def shown_tags(self) -> list[str]:
         """The tags /status and /metrics show: those served here, and those that
         wasted IDs here (a disabled tag's waste stays visible after its buffer goes)."""
-        return sorted(self.waste.tags().union(self.buffers))
+        return sorted(self.waste.tags().union(self.served()))
+
+    def served(self) -> set[str]:
+        """Every tag served here, of every kind."""
+        kept = (k.served() for k in self.kinds.values() if isinstance(k, KeepsTags))
+        return set(self.buffers).union(*kept)
 
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, created on first use for a tag the ledger has."""
@@ -225,7 +230,8 @@ class Node:
         through this node) every time; the whole list once a minute."""
         full = self.tags.full_at
         whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
-        names = set(self.buffers) if changed is None else {*self.buffers, changed}
+        served = self.served()
+        names = served if changed is None else {*served, changed}
         # A period row (formats with a reset) is read with its tag, and its tag with it.
         names |= {parent for parent in map(parent_of, names) if parent is not None}
         names |= {n for n, row in self.tags.rows.items() if row.disabled and parent_of(n) in names}
@@ -329,7 +335,7 @@ class Node:
             **self.identity,
             "draining": "1" if self.draining else "0",
             "ready": "1" if self.not_ready() is None else "0",
-            "tags": ",".join(sorted(self.buffers)[:MAX_HEARTBEAT_TAGS]),
+            "tags": ",".join(sorted(self.served())[:MAX_HEARTBEAT_TAGS]),
         }
         try:
             await pool.heartbeat(self.node_id, fields, node_ttl(self.report_seconds))
@@ -386,6 +392,9 @@ class Node:
         await self.report()
         await self.report_totals()
         await self.heartbeat()  # shown as draining until the process leaves
+        for kind in self.kinds.values():
+            if isinstance(kind, KeepsTags):
+                await kind.close()
         await self.source.close()
         return report
 

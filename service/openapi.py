@@ -47,7 +47,11 @@ _TAG_ROW: Schema = {
     ],  # fmt: skip
     "properties": {
         "tag": {"type": "string"},
-        "kind": {"type": "string", "description": "how its IDs are made: segment"},
+        "kind": {
+            "type": "string",
+            "description": "how its IDs are made: segment (trend-increasing, served from "
+            "memory) or strict (strictly increasing in real time across every node)",
+        },
         "max_id": {"type": "integer", "description": "first ID not yet claimed"},
         "step": {"type": "integer", "description": "IDs per range"},
         "min_step": {"type": "integer"},
@@ -364,6 +368,7 @@ def _lease_paths() -> Schema:
                     ),
                     *_ID_ERRORS[:-1],
                     _error("408", "body_too_slow"),
+                    _error("409", "strict_tag"),
                     _error("413", "body_too_large"),
                     _error("503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"),
                 ],  # fmt: skip
@@ -474,6 +479,12 @@ def _admin_paths() -> Schema:
             "max": {"type": "integer", "minimum": 1, "maximum": MAX_ID - 1, "nullable": True},
             "description": {"type": "string", "maxLength": 255},
             "kind": {"type": "string", "enum": list(KINDS), "default": SEGMENT},
+            "strict": {
+                "type": "boolean",
+                "default": False,
+                "description": "true: kind strict (IDs strictly increasing in real time "
+                "across every node; no client leases)",
+            },
             "format": {
                 "type": "string",
                 "nullable": True,

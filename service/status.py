@@ -235,6 +235,11 @@ def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> di
     }
 
 
+def _issued(described: dict[str, Any] | None) -> int:
+    """IDs a kind without buffers (strict) handed out here, as it describes itself."""
+    return 0 if described is None else int(described.get("issued", 0))
+
+
 def _tag(
     node: Node | None,
     tag: str,
@@ -246,6 +251,7 @@ def _tag(
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
     wasted = Counter[str]() if node is None else node.waste.of(tag)  # and its preloader's
+    described = None if node is None else node.describe(tag)
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,
@@ -257,12 +263,12 @@ def _tag(
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
         "runway_s": None,
-        "buffer": None if node is None else node.describe(tag),
+        "buffer": described,
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,
         "counters": {
-            "ids_issued": 0 if buf is None else buf.issued,
+            "ids_issued": buf.issued if buf is not None else _issued(described),
             "ranges_from_pool": 0 if counters is None else counters.ranges_from_pool,
             "ranges_from_ledger": 0 if counters is None else counters.ranges_from_ledger,
             "ids_returned": 0 if counters is None else counters.ids_returned,

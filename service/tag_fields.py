@@ -19,10 +19,11 @@ from idpool.pool.values import TagRow
 
 from .formats import options_for
 from .kinds import KINDS, SEGMENT
+from .strict_tags import STRICT
 
 Spell = Callable[[str], str]
 NEW_TAG_FIELDS = frozenset(
-    {"tag", "step", "start", "description", "max", "kind", "format", "reset", "obfuscate"}
+    {"tag", "step", "start", "description", "max", "kind", "strict", "format", "reset", "obfuscate"}
 )
 
 
@@ -103,6 +104,15 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
             "bad_description", f"{name('description')} must be a string of at most 255"
         )
     kind = check_kind(fields.get("kind", SEGMENT), name)
+    strict = fields.get("strict", False)
+    if not isinstance(strict, bool):
+        raise InvalidInput("bad_kind", f"{name('strict')} must be true or false")
+    if strict:  # "strict": true is kind strict (IDs in real-time order across nodes)
+        if "kind" in fields and kind != STRICT:
+            raise InvalidInput(
+                "bad_kind", f"{name('strict')} asks for kind strict, {name('kind')} for {kind}"
+            )
+        kind = STRICT
     end_id = MAX_ID if top is None else top + 1
     try:
         options, secret = options_for(

@@ -332,3 +332,14 @@ def test_tag_kind_is_checked_as_the_admin_api_checks_it_and_listed(
     row = next(i for i, line in enumerate(listed) if line.startswith(tag))
     groups = [line for line in listed[:row] if line.startswith("-- kind ")]
     assert groups[-1].startswith("-- kind segment: ")
+
+
+def test_tag_add_strict_makes_a_strict_tag_and_list_shows_it(settings: Settings, tag: str) -> None:
+    made = idpool(settings, "tag", "add", tag, "--strict")
+    assert made.returncode == 0 and "kind strict" in made.stdout, made.stderr
+    both = idpool(settings, "tag", "add", tag + "x", "--strict", "--kind", "counting")
+    assert both.returncode == 2
+    listed = idpool(settings, "tag", "list").stdout.splitlines()
+    row = next(i for i, line in enumerate(listed) if line.startswith(tag))
+    groups = [line for line in listed[:row] if line.startswith("-- kind ")]
+    assert groups[-1].startswith("-- kind strict: ")

@@ -21,6 +21,7 @@ from idpool_client import (
     IdPoolClient,
     IdPoolClosed,
     IdPoolRequestError,
+    IdPoolStrictTag,
     IdPoolUnavailable,
     Lease,
 )
@@ -198,6 +199,24 @@ def test_unknown_tag_is_a_request_error(cluster: tuple[Settings, list[str]]) -> 
         with pytest.raises(IdPoolRequestError) as refused:
             client.next_id(new_name("nosuch"))
         assert refused.value.code == "unknown_tag" and refused.value.status == 404
+
+
+def test_a_strict_tag_is_refused_with_a_clear_error(cluster: tuple[Settings, list[str]]) -> None:
+    settings, urls = cluster
+    tag = new_name("strict")
+
+    async def add() -> None:
+        ledger = await Ledger.connect(settings)
+        await ledger.add_tag(tag, step=100, start=1, kind="strict")
+        await ledger.close()
+
+    asyncio.run(add())
+    with IdPoolClient(urls, return_at_exit=False) as client:
+        with pytest.raises(IdPoolStrictTag) as refused:
+            client.next_id(tag)
+        assert refused.value.code == "strict_tag" and refused.value.status == 409
+        assert "strict" in str(refused.value) and f"/id/{tag}" in str(refused.value)
+        assert isinstance(refused.value, IdPoolRequestError)  # a 4xx: no other node is tried
 
 
 def test_async_client_tasks_never_share_an_id(cluster: tuple[Settings, list[str]]) -> None:

@@ -75,6 +75,25 @@ def test_no_duplicate_when_redis_and_mysql_fail_over_to_lagging_replicas(tmp_pat
 
 
 @pytest.mark.slow
+def test_strict_tags_keep_real_time_order_when_redis_comes_back_old(tmp_path: Path) -> None:
+    """ops/faults --strict on the snapshot and AOF restarts: a state restored
+    with an older incarnation is replaced by a fresh claim, never taken from;
+    every pair of answers checked for real-time order."""
+    names = ["redis-old-rdb", "redis-kill9-aof"]
+    argv = ["--workdir", str(tmp_path), "--seed", "3", "--strict"]
+    for name in names:
+        argv += ["--scenario", name]
+    reports: list[str] = []
+    outcomes = run(build_parser().parse_args(argv), "ops/faults " + " ".join(argv), reports.append)
+    report = "\n".join(reports)
+    for o in outcomes:
+        assert o.order is not None and o.order.ok, f"{o.scenario.name}\n{report}"
+        assert o.order.requests >= 500, f"{o.scenario.name}: too little traffic\n{report}"
+        assert o.accounting.total_duplicates == 0, report
+        assert o.failures == [], f"{o.scenario.name}: {o.failures}\n{report}"
+        assert o.accounting.log_events["range_abandoned"], "the restart dropped a state"
+
+
 def test_no_duplicate_with_nodes_on_different_galera_members_and_one_killed(
     tmp_path: Path,
 ) -> None:

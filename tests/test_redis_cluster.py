@@ -29,6 +29,7 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.pool.strict import RedisStrict, StrictSequence
 from idpool.pool.values import PopResult
 from idpool.pool.waste import Reason
 from idpool.service.node import Node
@@ -79,10 +80,12 @@ def test_a_tags_keys_share_one_slot() -> None:
     tag = "orders"
     slots = {key_slot(k.encode()) for k in (keys.pool(tag), keys.clean(tag), keys.hwm(tag))}
     slots.add(key_slot(keys.stats(tag).encode()))
+    slots.add(key_slot(keys.strict(tag).encode()))
     slots.add(key_slot(keys.lease_route(route_of(tag)).encode()))
     slots.add(key_slot(keys.leased(route_of(tag), "run:repl", "x").encode()))
     assert slots == {key_slot(b"orders")}
     assert keys.pool(tag) == "idpool:{orders}:pool"
+    assert keys.strict(tag) == "idpool:{orders}:strict"
 
 
 async def test_the_cluster_client_runs_every_command_at_most_once(cs: Settings) -> None:
@@ -145,6 +148,30 @@ async def test_pool_scripts_leases_and_marks_on_every_shard(
             assert refused.value.code == "already_returned"
             assert await pool.take_all(tag) == [R("23-25"), R("26-30"), R("11-20")]
         assert len(await pool.take_moved()) == 2
+    finally:
+        await pool.close()
+
+
+async def test_strict_sequences_on_every_shard(
+    cs: Settings, cluster: LocalCluster, ledger: Ledger
+) -> None:
+    """A strict tag's state is a key of the tag's slot, and its scripts touch only
+    that key: takes and refills run on the tag's shard (a script that touched
+    another slot would be refused with CROSSSLOT), in order, with no waste."""
+    pool = RedisPool.from_settings(cs)
+    try:
+        for tag in tags_over_shards(cluster, 1, "sc"):
+            await ledger.add_tag(tag, step=10, start=1, kind="strict")
+            claims = LedgerClaims(ledger, pool)
+            seq = StrictSequence(RedisStrict(pool), claims, step_of=lambda t: 10)
+            firsts = [await seq.take(tag, 3) for _ in range(12)]  # refills on the way
+            await seq.close()
+            assert firsts == list(range(1, 36, 3))
+            assert seq.waste.of(tag) == {}
+            primary = cluster.primary_of(pool.keys.strict(tag))
+            assert primary.port == cluster.primary_of(pool.keys.pool(tag)).port
+            with primary.client() as c:
+                assert int(c.hget(pool.keys.strict(tag), "next")) == 37
     finally:
         await pool.close()
 

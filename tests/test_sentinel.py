@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 from idpool.pool.errors import ConfigError, StoreUnavailable
 from idpool.pool.ranges import IdRange, TaggedRange
 from idpool.pool.redis_pool import RedisPool, make_client
-from idpool.pool.sentinel import SentinelMaster
+from idpool.pool.sentinel import SentinelMaster, named_master_by_majority
 from idpool.pool.settings import SentinelParams, Settings, parse_sentinel_url
-from ops.toolkit import RedisSentinelGroup
+from ops.toolkit import SENTINEL_SERVICE, RedisSentinelGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -137,6 +138,54 @@ async def test_failover_to_a_lagging_replica_is_followed_and_fenced(
         # and it takes writes: the pool works on the new master
         await pool.push(tag, [IdRange(2001, 2101)], head=False)
         assert (await pool.pop(tag)).range == IdRange(2001, 2101)
+    finally:
+        await pool.close()
+        group.stop()
+
+
+async def test_a_probe_follows_the_master_sentinel_names(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Connections that stay open to the old master are dropped at the next
+    probe once the Sentinels name another: a node does not go on serving from a
+    server that is no longer the master (two masters would break a strict tag's
+    order), however long its connections stay healthy."""
+    group = RedisSentinelGroup(tmp_path, "--save", "").start()
+    pool = RedisPool.from_settings(settings.with_changes(redis_url=group.url, store_timeout=1.0))
+    try:
+        await pool.check()
+        old = group.port
+        sentinel = Redis(port=group.sentinels[0].port)
+        sentinel.execute_command("SENTINEL", "FAILOVER", SENTINEL_SERVICE)
+        new = next(s.port for s in group.servers if s.port != old)
+        group.wait_master(new, 30.0)
+        await pool.check()
+        # every connection the pool keeps now leads to the new master
+        ports = {c.port for c in pool.client.connection_pool._available_connections}  # type: ignore[attr-defined]
+        assert ports == {new}, ports
+    finally:
+        await pool.close()
+        group.stop()
+
+
+async def test_a_take_counts_only_on_the_master_most_sentinels_name(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Asked after a strict take: the server it ran on (its run_id) must be the
+    master most Sentinels name (two masters can be up during a failover)."""
+    group = RedisSentinelGroup(tmp_path, "--save", "").start()
+    pool = RedisPool.from_settings(settings.with_changes(redis_url=group.url, store_timeout=1.0))
+    try:
+        run_id = Redis(port=group.port).info("server")["run_id"]
+        assert await named_master_by_majority(pool.client, run_id) is True
+        assert await named_master_by_majority(pool.client, "0" * 40) is False  # another server
+        replica = next(s for s in group.servers if s.port != group.port)
+        assert await named_master_by_majority(
+            pool.client, Redis(port=replica.port).info("server")["run_id"]
+        ) is False
+        plain = RedisPool.from_settings(settings)  # no Sentinel: nothing to ask
+        assert await named_master_by_majority(plain.client, run_id) is None
+        await plain.close()
     finally:
         await pool.close()
         group.stop()

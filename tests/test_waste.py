@@ -40,3 +40,20 @@ def test_ranges_a_new_redis_dropped_arrive_as_values() -> None:
     waste = WasteRecorder()
     waste.dropped([TaggedRange.from_text("a=1-10"), TaggedRange("b", IdRange(5, 7))])
     assert waste.totals() == {("a", "redis_new_incarnation"): 10, ("b", "redis_new_incarnation"): 2}
+
+
+def test_ids_lost_without_a_known_range_are_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A strict take whose answer never came: how many IDs, not which."""
+    waste = WasteRecorder()
+    with caplog.at_level(logging.WARNING, logger="idpool.waste"):
+        waste.lost("s", 4, Reason.STRICT_TAKE_OUTCOME_UNKNOWN)
+        waste.lost("s", 3, Reason.STRICT_NOT_MASTER)
+        waste.lost("s", 0, Reason.STRICT_NOT_MASTER)  # nothing given up: nothing logged
+    assert [r.getMessage() for r in caplog.records] == [
+        "event=strict_ids_lost tag=s ids=4 reason=strict_take_outcome_unknown",
+        "event=strict_ids_lost tag=s ids=3 reason=strict_not_master",
+    ]
+    assert [r.levelname for r in caplog.records] == ["ERROR", "WARNING"]
+    assert waste.of("s") == {"strict_take_outcome_unknown": 4, "strict_not_master": 3}

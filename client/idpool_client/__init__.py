@@ -22,6 +22,7 @@ from .errors import (
     IdPoolClosed,
     IdPoolError,
     IdPoolRequestError,
+    IdPoolStrictTag,
     IdPoolUnavailable,
 )
 from .sync import CloseReport, IdPoolClient
@@ -37,6 +38,7 @@ __all__ = [
     "IdPoolClosed",
     "IdPoolError",
     "IdPoolRequestError",
+    "IdPoolStrictTag",
     "IdPoolUnavailable",
     "Lease",
     "__version__",

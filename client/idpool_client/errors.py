@@ -54,5 +54,18 @@ class IdPoolAuthError(IdPoolRequestError):
         self.token_sent = token_sent
 
 
+class IdPoolStrictTag(IdPoolRequestError):
+    """The tag is strict (created ``--strict``): its IDs must increase in real time
+    across every caller, which only the nodes can do, so a client library may not
+    lease ranges of it. Ask a node for each ID (``GET /id/{tag}``, ``/ids/{tag}``)."""
+
+
+def request_error(url: str, status: int, code: str, message: str) -> IdPoolRequestError:
+    """The error for a node's 4xx answer: the class its ``error`` code names."""
+    if code == "strict_tag":
+        return IdPoolStrictTag(url, status, code, message)
+    return IdPoolRequestError(url, status, code, message)
+
+
 class IdPoolClosed(IdPoolError):
     """The client was closed; its unused IDs went back to the pool."""

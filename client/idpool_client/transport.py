@@ -20,7 +20,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from .errors import IdPoolAuthError, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .errors import (
+    IdPoolAuthError,
+    IdPoolError,
+    IdPoolRequestError,
+    IdPoolUnavailable,
+    request_error,
+)
 from .formats import TagFormat, period_of_row
 
 
@@ -210,7 +216,7 @@ class Transport:
                     str(body.get("message")),
                 )
             if status >= 400:
-                raise IdPoolRequestError(
+                raise request_error(
                     server.url, status, str(body.get("error")), str(body.get("message"))
                 )
             self._first = index

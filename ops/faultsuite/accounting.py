@@ -16,7 +16,10 @@ processes' logs say about it:
 6. ranges pushed to Redis (by a preloader, or returned by a stopping node) that
    vanished from Redis: the restarted server came back with older data, or a pop
    whose answer was lost took them;
-7. the rest: not attributed (e.g. a ledger claim whose answer was lost).
+7. ranges a strict tag's refill put in its state, whose IDs no client
+   received (a take whose answer was lost, a state a new Redis incarnation
+   replaced);
+8. the rest: not attributed (e.g. a ledger claim whose answer was lost).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class RunLog:
     returned: list[Interval] = field(default_factory=list)
     abandoned: dict[str, list[Interval]] = field(default_factory=dict)
     stale: list[Interval] = field(default_factory=list)
+    refilled: list[Interval] = field(default_factory=list)  # strict tags' refill claims
     lines: Counter[str] = field(default_factory=Counter)  # event -> count
 
 
@@ -79,6 +83,8 @@ def read_run(run: Run, tag: str) -> RunLog:
             log.abandoned.setdefault(reason.group(1) if reason else "?", []).extend(ranges)
         elif event == "stale_ledger":
             log.stale += ranges
+        elif event == "strict_refilled":
+            log.refilled += ranges
     return log
 
 
@@ -204,6 +210,11 @@ def account(
         "pushed to Redis, then gone from it (Redis came back with older data, "
         "or a pop whose answer was lost)",
         [i for _, g in logs for i in [*g.pushed, *g.returned]],
+    )
+    charge(
+        "refilled into a strict tag's state, not handed out (a take whose answer was "
+        "lost, a batch whose node was killed, the state of an older Redis incarnation)",
+        [i for _, g in logs for i in g.refilled],
     )
     return Accounting(
         start_id=start_id,

@@ -52,11 +52,22 @@ def node_sigterm(cluster: Cluster, rng: random.Random, hold: float) -> None:
     cluster.start_node(index)
 
 
+def _supply(redis: Redis, tag: str) -> tuple[int, bytes | None]:
+    """What a restart could bring back: the list's length and head, or a strict
+    tag's state (1 and its ``next``)."""
+    depth = int(redis.llen(f"idpool:{{{tag}}}:pool"))
+    if depth:
+        return depth, redis.lindex(f"idpool:{{{tag}}}:pool", 0)  # type: ignore[return-value]
+    state = redis.hget(f"idpool:{{{tag}}}:strict", "next")
+    return (0, None) if state is None else (1, state)  # type: ignore[return-value]
+
+
 def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
     # The hazard needs ranges in the list (nodes fetch their reserve in large pops,
-    # so it is often empty): wait for some, so the restart has ranges to drop.
+    # so it is often empty), or a strict tag's state: wait for some, so the
+    # restart has something to drop.
     redis = cluster.redis_client()
-    wait_for(lambda: bool(redis.llen(f"idpool:{{{cluster.tag}}}:pool")), 20.0)
+    wait_for(lambda: bool(_supply(redis, cluster.tag)[0]), 20.0)
     cluster.store("redis", "kill9")
     time.sleep(min(hold, 1.0))
     cluster.store("redis", "start")
@@ -64,15 +75,15 @@ def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
     redis = cluster.redis_client()
-    key = f"idpool:{{{cluster.tag}}}:pool"
-    # The hazard needs a snapshot that lists ranges nodes pop afterwards. Nodes
-    # fetch their reserve in large pops, so the list is often empty: wait for one.
-    wait_for(lambda: bool(redis.llen(key)), 20.0)
+    # The hazard needs a snapshot that lists ranges nodes pop afterwards (or a
+    # strict state they take from afterwards). Nodes fetch their reserve in large
+    # pops, so the list is often empty: wait for one.
+    wait_for(lambda: bool(_supply(redis, cluster.tag)[0]), 20.0)
     snapshot = cluster.redis_snapshot()
-    head = redis.lindex(key, 0)
+    head = _supply(redis, cluster.tag)[1]
     time.sleep(hold)  # traffic goes on: nodes pop ranges the snapshot still lists
-    if not wait_for(lambda: redis.lindex(key, 0) != head, 20.0):
-        cluster.note("the snapshot's head range was not popped before the restart")
+    if not wait_for(lambda: _supply(redis, cluster.tag)[1] != head, 20.0):
+        cluster.note("the snapshot's head range (or strict next) was not taken before the restart")
     cluster.redis_restart_from(snapshot)
 
 
@@ -113,8 +124,11 @@ def both_down(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    dumped = cluster.ledger_max_id()
     dump = cluster.mysql_dump()
+    # the dump's own max_id: a claim between a read before the dump and the dump
+    # made the waits below end at once (a strict tag, claiming every few seconds,
+    # then met the restore with no claim after it)
+    dumped = cluster.dumped[dump]
     time.sleep(hold)  # nodes and preloaders claim past the dumped max_id
     # A rewind only bites if claims were made after the dump, and only shows if
     # claims are made after the restore: wait for both (bounded).
@@ -266,8 +280,8 @@ def redis_blip_mysql_rewind(cluster: Cluster, rng: random.Random, hold: float) -
     the shared high-water mark, would be claimed again from the rewound MySQL by
     a process reading the stale mark (500 IDs twice in the review's reproduction).
     """
-    dumped = cluster.ledger_max_id()
     dump = cluster.mysql_dump()
+    dumped = cluster.dumped[dump]  # the dump's own max_id (see mysql_rewind)
     wait_for(lambda: cluster.ledger_max_id() > dumped, 20.0)
     cluster.store("redis", "pause")
     time.sleep(min(hold, 0.8))  # shorter than a store timeout: a blip, not an outage

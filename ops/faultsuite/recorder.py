@@ -5,7 +5,9 @@ so a 30-minute run at tens of thousands of IDs a second holds a few megabytes,
 not a Python set of millions of ints; a bit already set is a duplicate. Every
 request attempt records its latency; a failed attempt records its status (an
 HTTP status, or the name of the socket error) and the request moves on to the
-next node, as a client behind a load balancer would.
+next node, as a client behind a load balancer would. With an ``OrderLog``, each
+answer is also recorded with when it was sent and answered, for the real-time
+order check of strict tags (``order.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ops.toolkit import NodeConnections
+
+from .order import OrderLog
 
 MAX_ATTEMPTS = 8  # per request, across nodes, before the request counts as failed
 RETRY_PAUSE = 0.05  # seconds between attempts
@@ -162,8 +166,10 @@ class Clients:
         rate: float,
         seed: int,
         origin: float = 0.0,
+        order: OrderLog | None = None,
     ) -> None:
         self.ports = ports
+        self.order = order  # when given, each answer's send and answer times too (strict tags)
         self.tag = tag
         self.bitmap = bitmap
         self.tally = Tally()
@@ -197,10 +203,14 @@ class Clients:
             for _attempt in range(MAX_ATTEMPTS):
                 port = self.ports[turn % len(self.ports)]
                 turn += 1
+                sent = time.monotonic()
                 answer = conns.get_ids(f"127.0.0.1:{port}", path)
+                answered = time.monotonic()
                 self._observe(answer.seconds)
                 if answer.ids is not None:
-                    self.bitmap_add(answer.ids, time.monotonic() - started)
+                    if self.order is not None:
+                        self.order.add(sent, answered, answer.ids)
+                    self.bitmap_add(answer.ids, answered - started)
                     break
                 if answer.message:
                     with self.lock:

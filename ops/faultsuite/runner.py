@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from ops.toolkit import GaleraCluster, MariaPair, MariaServer
 from .accounting import Accounting, account, parse_ranges
 from .cluster import STEP, Cluster
 from .faults import SCENARIOS, Scenario
+from .order import OrderLog, OrderReport
 from .recorder import Clients, IdBitmap, Tally
 
 # Short form: each scenario warms up, takes one fault (three in "mixed"), recovers.
@@ -33,6 +34,12 @@ CI_HOLD = 3.0
 CI_RECOVER = 2.0
 CI_MIXED_FAULTS = 3
 SETUP_SECONDS = 5.0  # rough cost of starting and stopping one scenario's processes
+# --strict: scenarios whose fault must meet a claim made after it (a rewound or
+# promoted ledger), so their strict states hold a few seconds, not the default 30
+STRICT_SOON = ("mysql-rewind", "redis-blip-mysql-rewind", "mysql-replica")
+# --strict: seconds in a row requests may fail while Redis is away (the short
+# form holds a fault 3 s; a hung Redis costs a call its 2 s timeout on top)
+STRICT_FAILURE_BUDGET = 15.0
 
 
 @dataclass
@@ -44,6 +51,7 @@ class Outcome:
     accounting: Accounting
     problems: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    order: OrderReport | None = None  # strict tags: the real-time order check
 
 
 def faults_to_inject(
@@ -82,6 +90,10 @@ def run_scenario(
         ledger = MariaPair(directory / scenario.name / "mariadb")
     elif scenario.topology == "galera":
         ledger = GaleraCluster(3)  # a temp dir of its own, owned by mysql (the rsync SST)
+    env = dict(scenario.env)
+    if args.strict and scenario.name in STRICT_SOON:
+        # a strict state holds IDPOOL_RESERVE_SECONDS of supply: claims come that often
+        env["IDPOOL_RESERVE_SECONDS"] = "4"
     cluster = Cluster(
         directory / scenario.name,
         ledger,
@@ -91,10 +103,12 @@ def run_scenario(
         sentinel=scenario.topology == "sentinel",
         redis_cluster=scenario.topology == "cluster",
         database="faults_" + scenario.name.replace("-", "_"),
-        env_overrides=dict(scenario.env),
+        env_overrides=env,
         idle_tags=args.idle_tags,
+        strict=args.strict,
         step=scenario.step or STEP,
     )
+    order = OrderLog() if args.strict else None
     try:
         if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.start()
@@ -109,6 +123,7 @@ def run_scenario(
             rate=args.rate,
             seed=rng.randrange(2**31),
             origin=cluster.started_at,
+            order=order,
         )
         clients.start()
         try:
@@ -132,6 +147,7 @@ def run_scenario(
         problems = cluster.problems + cluster.stop()
         start_id, max_id = cluster.ledger_row()
         pool, clean = read_pool(cluster)
+        pool += read_strict_state(cluster)
         result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
@@ -144,8 +160,9 @@ def run_scenario(
         clients.tally,
         result,
         problems,
+        order=None if order is None else order.check(),
     )
-    outcome.failures = judge(outcome)
+    outcome.failures = judge(outcome, strict=args.strict)
     return outcome
 
 
@@ -162,9 +179,44 @@ def read_pool(cluster: Cluster) -> tuple[list[tuple[int, int]], bool]:
     return ranges, clean
 
 
-def judge(outcome: Outcome) -> list[str]:
+def read_strict_state(cluster: Cluster) -> list[tuple[int, int]]:
+    """A strict tag's ready IDs ``[next, limit)``, when its state is of the Redis
+    incarnation running now (a state of an older one is never served)."""
+    client = cluster.redis_client()
+    run_id = client.info("server")["run_id"]
+    replid = client.info("replication")["master_replid"]
+    raw: dict[bytes, bytes] = client.hgetall(f"idpool:{{{cluster.tag}}}:strict")  # type: ignore[assignment]
+    state = {k.decode(): v.decode() for k, v in raw.items()}
+    if state.get("inc") != f"{run_id}:{replid}" or "next" not in state:
+        return []
+    start, end = int(state["next"]), int(state["limit"])
+    return [(start, end)] if start < end else []
+
+
+def strict_allowances(scenario: Scenario) -> Scenario:
+    """A strict tag needs Redis for every request: while Redis is away its
+    requests get 503 naming Redis (a node cannot be strict from memory), so the
+    scenarios that take Redis away may fail requests for the fault's length.
+    They fail the moment Redis goes, before another store does: the first 503
+    names Redis (and the other stores the node's probe already found down)."""
+    if not any(f.__name__.startswith(("redis", "both")) for f in scenario.faults):
+        return scenario
+    return replace(
+        scenario,
+        tolerated=scenario.tolerated | {"503 unavailable"},
+        failure_budget=max(scenario.failure_budget, STRICT_FAILURE_BUDGET),
+        names_down=tuple(store for store in scenario.names_down if store == "redis"),
+    )
+
+
+def judge(outcome: Outcome, strict: bool = False) -> list[str]:
     acc, tally, scenario = outcome.accounting, outcome.tally, outcome.scenario
+    if strict:
+        scenario = strict_allowances(scenario)
     failures = []
+    if outcome.order is not None and not outcome.order.ok:
+        failures.append(outcome.order.summary())
+        failures += [f"  {example}" for example in outcome.order.examples[:5]]
     if acc.duplicates:
         failures.append(
             f"{acc.duplicates} duplicate IDs handed out, e.g. {acc.duplicate_examples[:5]}"
@@ -185,6 +237,9 @@ def judge(outcome: Outcome) -> list[str]:
         missing = [store for store in scenario.names_down if store not in message]
         if status.startswith("503 unavailable") and missing:
             failures.append(f"503 message does not name {missing}: {message!r}")
+        named = "redis" in message or "mysql" in message
+        if strict and status.startswith("503 unavailable") and not named:
+            failures.append(f"503 message names no store: {message!r}")
     if tally.failed_attempts and tally.requests_since_failure < 100:
         failures.append(
             f"only {tally.requests_since_failure} requests served after the last failure: "
@@ -214,7 +269,8 @@ def render(outcome: Outcome, hold_note: str) -> str:
         + (f" (step {sc.step})" if sc.step else ""),
         f"   handed out: {acc.issued:,} IDs in {tally.requests:,} requests; "
         f"duplicates: {acc.total_duplicates}",
-        f"   in the Redis list at the end: {acc.in_pool:,} IDs"
+        *([f"   strict tag: {outcome.order.summary()}"] if outcome.order is not None else []),
+        f"   in the Redis list (or strict state) at the end: {acc.in_pool:,} IDs"
         + ("" if acc.pool_clean else " (incarnation not cleaned yet: counted as waste)"),
     ]
     wasted = sum(acc.wasted.values()) + sum(b - a for a, b in acc.unattributed)
@@ -291,6 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="also configure this many tags nobody asks for (default 0; issue 11: 1000)",
     )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="make each scenario's tag strict (issue 21) and check the real-time order "
+        "of every answer (ops/faultsuite/order.py)",
+    )
     parser.add_argument("--workdir", type=Path, help="keep logs and data here (default: temp)")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
     return parser
@@ -319,7 +381,9 @@ def run(
             f"{args.nodes} nodes + 1 standalone preloader each, {args.clients} client threads "
             f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), "
             f"step {STEP} (unless a scenario says), "
-            f"seed {args.seed}; {args.idle_tags} idle tags beside; logs in {workdir}"
+            f"seed {args.seed}; {args.idle_tags} idle tags beside; "
+            + ("strict tags, real-time order checked; " if args.strict else "")
+            + f"logs in {workdir}"
             + ("" if args.workdir else " (removed at the end if every scenario passed)"),
         ]
     )
@@ -355,14 +419,16 @@ def run(
 def summarize(outcomes: list[Outcome]) -> str:
     lines = [
         "== summary",
-        f"   {'scenario':<21} {'handed out':>12} {'dup':>4} {'wasted':>10} "
+        f"   {'scenario':<23} {'handed out':>12} {'dup':>4} {'order':>5} {'wasted':>10} "
         f"{'failed att.':>11} {'failed req.':>11} {'max stall':>9}  verdict",
     ]
     for o in outcomes:
         a, t = o.accounting, o.tally
         wasted = sum(a.wasted.values()) + sum(b - x for x, b in a.unattributed)
+        order = "-" if o.order is None else str(o.order.violations + o.order.unordered_batches)
         lines.append(
-            f"   {o.scenario.name:<21} {a.issued:>12,} {a.total_duplicates:>4} {wasted:>10,} "
+            f"   {o.scenario.name:<23} {a.issued:>12,} {a.total_duplicates:>4} {order:>5} "
+            f"{wasted:>10,} "
             f"{sum(t.failed_attempts.values()):>11} {t.failed_requests:>11} "
             f"{t.max_latency:>8.3f}s  {'FAIL' if o.failures else 'ok'}"
         )

@@ -57,6 +57,12 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         "--kind", default=SEGMENT, help=f"how its IDs are made: {', '.join(KINDS)} (default)"
     )
     add.add_argument(
+        "--strict",
+        action="store_true",
+        help="kind strict: IDs strictly increasing in real time across every node "
+        "(each request needs Redis; no client leases); chosen now, never changed",
+    )
+    add.add_argument(
         "--format",
         default=None,
         help="render IDs with a template: one {id} ({id:06d}, {id:b36}, {id:b62}) and any "
@@ -147,6 +153,10 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields = {"tag": args.tag, "start": args.start, "description": args.description}
     fields.update(max=args.max, kind=args.kind)
     fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
+    if args.strict:
+        fields["strict"] = True
+        if args.kind == SEGMENT:
+            del fields["kind"]  # the default: --strict alone decides
     if args.step is not None:
         fields["step"] = args.step
     try:

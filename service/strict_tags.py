@@ -1,0 +1,253 @@
+"""Strict tags on a node: the ``strict`` kind of ID, and group commit.
+
+A strict tag's IDs increase in real time across every node (docs/design.md,
+"Strict tags"): every request needs the shared sequence in Redis
+(``pool/strict.py``), since a node cannot be strict from memory. Concurrent
+requests for one tag share one call: while a call is in flight, new requests
+queue for the next; the next call takes the sum of the queue, and its IDs are
+handed out in queue order. So a busy node makes one Redis round trip per batch
+of requests, not per request, and ``/ids`` is one call however large.
+
+Why this keeps real-time order: a request is queued when it arrives and its
+call is sent only after that, so if request A was answered before request B was
+sent (to any node), A's call ran on the server before B's call was sent, and
+the server hands out larger IDs to later calls. Two requests in one call were
+both waiting at once: no order is owed between them, and the earlier in the
+queue gets the smaller IDs anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from idpool.pool.claims import Claim, RedisSkip
+from idpool.pool.errors import Draining, StoreBusy, StoreSkipped, StoreUnavailable
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.sqlite_ledger import SqliteLedger
+from idpool.pool.strict import (
+    RedisStrict,
+    SqliteStrict,
+    StrictEvents,
+    StrictSequence,
+    StrictSupply,
+)
+
+from .stats import NodeStats
+
+if TYPE_CHECKING:
+    from .node import Node
+
+STRICT = "strict"
+logger = logging.getLogger("idpool.strict")
+
+Take = Callable[[str, int], Awaitable[int]]  # (tag, n) -> first of n consecutive IDs
+
+
+class GroupCommit:
+    """One tag's queue: at most one call in flight; the requests that arrive
+    meanwhile go together in the next."""
+
+    def __init__(self, tag: str, take: Take) -> None:
+        self.tag = tag
+        self._take = take
+        self._queue: list[tuple[int, asyncio.Future[int]]] = []
+        self._running: asyncio.Task[None] | None = None
+        self.calls = 0  # calls made (for tests and /status)
+        self.issued = 0  # IDs handed out through this queue
+
+    async def take(self, n: int) -> int:
+        """The first of ``n`` consecutive IDs, all above every ID this tag handed
+        out before the call was made."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.append((n, future))
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                # Everything queued so far goes in this call; whatever arrives
+                # while it is in flight waits for the next one.
+                batch, self._queue = self._queue, []
+                total = sum(n for n, _ in batch)
+                self.calls += 1
+                try:
+                    first = await self._take(self.tag, total)
+                except BaseException as e:
+                    failed = e if isinstance(e, Exception) else _stopping()
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(failed)
+                    if failed is not e:
+                        raise  # cancelled: the node is stopping
+                    continue
+                self.issued += total
+                for n, future in batch:
+                    if not future.done():  # a request cancelled meanwhile: its IDs are waste
+                        future.set_result(first)
+                    first += n
+        finally:
+            self._running = None
+            for _, future in self._queue:  # only if cancelled: never leave a request hanging
+                if not future.done():
+                    future.set_exception(_stopping())
+            self._queue = []
+
+
+def _stopping() -> Draining:
+    return Draining("node is shutting down")
+
+
+class StrictTags:
+    """A node's strict tags: one group commit per tag, over one supply; fails
+    fast for a second after the sequence's store failed, like the segment path
+    (on Redis, the process's one RedisSkip: a failed pop or claim skips strict
+    takes too, and a failed strict take skips pops and claims)."""
+
+    def __init__(
+        self,
+        take: Take,
+        store: str,
+        clock: Callable[[], float] = time.monotonic,
+        on_error: Callable[[StoreUnavailable], None] = lambda e: None,
+        also_down: Callable[[str], Awaitable[str]] | None = None,
+        skip: RedisSkip | None = None,
+    ) -> None:
+        self._take = take
+        self.store = store  # the sequence's store: "redis", or "sqlite" embedded
+        self._on_error = on_error  # the node's store health and error counts
+        self._also_down = also_down  # the other stores the health probe finds down
+        self.queues: dict[str, GroupCommit] = {}
+        self._skip = skip or RedisSkip(clock)  # after the sequence's store failed
+
+    async def take(self, tag: str, n: int) -> int:
+        queue = self.queues.get(tag)
+        if queue is None:
+            queue = self.queues[tag] = GroupCommit(tag, self._guarded)
+        return await queue.take(n)
+
+    async def _guarded(self, tag: str, n: int) -> int:
+        skipped = self._skip.skipping()
+        if skipped is not None:
+            raise StoreSkipped(
+                skipped.store,
+                f"strict tags need {skipped.store}, which failed under a second ago: "
+                f"{skipped.detail}",
+            )
+        try:
+            return await self._take(tag, n)
+        except StoreBusy:
+            raise  # never sent: says nothing of the store's health
+        except StoreUnavailable as e:
+            self._on_error(e)
+            others = "" if self._also_down is None else await self._also_down(e.store)
+            detail = f"strict tags need {e.store}: {e.detail}{others}"
+            named = StoreUnavailable(e.store, detail)
+            if e.store == self.store and not isinstance(e, StoreSkipped):
+                self._skip.failed(named)  # the sequence's own store: fail fast for a moment
+            raise named from e
+
+
+class StrictKind:
+    """The ``strict`` kind: every request goes to the shared sequence (Redis, or
+    the embedded ledger's file), group-committed per tag."""
+
+    name = STRICT
+    from_memory = False
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.supply = strict_supply(node)
+        claims = node.source.claims
+        self.tags = StrictTags(
+            self.supply.take,
+            self.supply.name,
+            on_error=node.health.failed,
+            also_down=self._also_down,
+            skip=claims.redis_skip if self.supply.name == "redis" else None,
+        )
+
+
+    async def _also_down(self, failed: str) -> str:
+        """The other stores the node's health probe finds down, for the 503: one
+        message names every store to fix, as the segment path's does (a fresh
+        probe first, at most twice a second, bounded by half a second)."""
+        health = self.node.health
+        await health.probe_soon()
+        down = [
+            f"; {store} down too: {detail}"
+            for store, (_, detail) in health.last_error.items()
+            if store != failed and not health.is_up(store)
+        ]
+        return "".join(down)
+
+    async def next_id(self, tag: str) -> int:
+        return await self.tags.take(tag, 1)
+
+    async def next_ids(self, tag: str, count: int) -> list[int]:
+        first = await self.tags.take(tag, count)
+        return list(range(first, first + count))
+
+    def describe(self, tag: str) -> dict[str, Any] | None:
+        queue = self.tags.queues.get(tag)
+        if queue is None:
+            return None
+        return {"mode": STRICT, "issued": queue.issued, "calls": queue.calls}
+
+    def served(self) -> set[str]:
+        """The strict tags this node was asked for."""
+        return set(self.tags.queues)
+
+    async def close(self) -> None:
+        await self.supply.close()
+
+
+def strict_supply(node: Node) -> StrictSupply:
+    """Where a node's strict takes go: the Redis sequence, refilled from the
+    node's fenced ledger claims; or, embedded, the SQLite ledger itself."""
+    source = node.source
+    pool, ledger = source.pool, source.claims.ledger
+    if isinstance(pool, RedisPool):
+        return StrictSequence(
+            RedisStrict(pool),
+            source.claims,
+            step_of=node.tags.step,
+            hold_seconds=node.reserve_seconds,
+            events=NodeStrictEvents(node.stats),
+            waste=node.waste,
+        )
+    if isinstance(ledger, SqliteLedger):
+        return SqliteStrict(ledger.file)
+    return _NoSupply()
+
+
+class _NoSupply:
+    """Stores that can hold no strict sequence (test doubles): every take is a 503."""
+
+    name = "redis"
+
+    async def take(self, tag: str, n: int) -> int:
+        raise StoreUnavailable("redis", f"tag {tag!r} is strict: it needs Redis, and there is none")
+
+    async def close(self) -> None:
+        pass
+
+
+class NodeStrictEvents(StrictEvents):
+    """Logs a strict sequence's refills as the segment path logs its claims, and
+    counts them in the node's stats (its waste goes to the node's WasteRecorder)."""
+
+    def __init__(self, stats: NodeStats) -> None:
+        self.stats = stats
+
+    def claimed(self, tag: str, claim: Claim, how: str) -> None:
+        self.stats.tags[tag].ranges_from_ledger += 1
+        # ops/faults accounts for a strict tag's IDs by these lines
+        logger.info(
+            "event=strict_refilled tag=%s range=%s how=%s", tag, claim.range.to_text(), how
+        )
