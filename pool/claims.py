@@ -86,8 +86,12 @@ class LedgerClaims:
 
     def observe(self, tag: str, seen: IdRange) -> None:
         """Record a range seen from anywhere (pool or ledger): the ledger is past its end."""
-        if seen.end > self._high_water.get(tag, 0):
-            self._high_water[tag] = seen.end
+        self.observe_end(tag, seen.end)
+
+    def observe_end(self, tag: str, end: int) -> None:
+        """Record that the ledger was claimed up to ``end`` (e.g. a strict state's limit)."""
+        if end > self._high_water.get(tag, 0):
+            self._high_water[tag] = end
 
     def high_water(self, tag: str) -> int:
         return self._high_water.get(tag, 0)

@@ -379,6 +379,7 @@ class StrictSequence:
             if not isinstance(e, StoreNotSent):
                 self.waste.lost(tag, n, Reason.STRICT_TAKE_OUTCOME_UNKNOWN)
             raise
+        self._remember_limit(tag, answer)
         if answer.granted and answer.rate is not None:
             # up at once with the rate, down by halves (a window just begun reads low)
             want = max(answer.rate * self.hold_seconds, self._target.get(tag, step) / 2)
@@ -409,6 +410,7 @@ class StrictSequence:
             if n and sent:
                 self.waste.lost(tag, n, Reason.STRICT_TAKE_OUTCOME_UNKNOWN)
             raise
+        self._remember_limit(tag, ext.answer)
         self.events.claimed(tag, claim, ext.how)
         if ext.how == "refused":  # another node extended first: ours is below its limit
             self.waste.record(tag, [claim.range], Reason.STRICT_REFILL_RACED)
@@ -422,6 +424,15 @@ class StrictSequence:
             self.waste.record(tag, [ext.lost], reason)
         # granted again if the refill did not cover the batch (a race): the caller decides
         return ext.answer._replace(granted=ext.answer.first is None)
+
+    def _remember_limit(self, tag: str, answer: StrictAnswer) -> None:
+        """Keep the state's limit as this node's in-memory mark: every ID the state
+        handed out is below it, and so must be every later claim. When Redis loses
+        the state and its mark while MySQL goes back (two faults), the marks in the
+        nodes' memory are the only fence left, and a node that only ever took (the
+        refills were other nodes') would otherwise refill from the rewound ledger."""
+        if answer.limit is not None:  # only a state of the current incarnation says one
+            self.claims.observe_end(tag, answer.limit)
 
     def _prefetch(self, tag: str, answer: StrictAnswer) -> None:
         async def refill() -> None:

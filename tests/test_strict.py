@@ -279,6 +279,23 @@ async def test_mysql_gone_back_is_refused_by_the_mark(
     assert first > max(handed) + 9
 
 
+async def test_a_node_that_only_took_remembers_the_state_limit_as_its_mark(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    """Two faults at once (Redis lost the state and the mark, MySQL went back): the
+    only fence left is the mark in the nodes' memory. A node that never refilled
+    but took from the state has seen its limit, and must refuse what it covers."""
+    await ledger.add_tag(tag, step=10, start=1)
+    a, b = sequence(redis_pool, ledger), sequence(redis_pool, ledger)
+    handed = [await a.take(tag, 1), await b.take(tag, 1)]  # a claimed [1, 11); b only took
+    assert handed == [1, 2]
+    await redis_pool.client.delete(redis_pool.keys.strict(tag), redis_pool.keys.hwm(tag))
+    rewind_ledger(tag, 1)
+    assert await b.take(tag, 1) > max(handed)  # b refills: [1, 11) must be refused
+    await a.close()
+    await b.close()
+
+
 async def test_refills_are_prefetched_before_the_state_runs_out(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
