@@ -391,6 +391,16 @@ class StrictSequence:
         state with it, and take ``n`` IDs (0: none) in the same script."""
         step = max(1, self.step_of(tag))
         want = max(self._target.get(tag, step), n - seen.left, 1)
+        if not await self.store.from_master(seen.incarnation):
+            # A promoted replica the Sentinels do not name yet (the leader already
+            # does): the old master may still claim above a claim made now and
+            # answer its IDs, which this state would then answer below. Claim only
+            # once most Sentinels name it: after every claim the old master served.
+            raise StoreUnavailable(
+                "redis",
+                f"the Redis that answered for tag {tag!r} is not the master most Sentinels "
+                "name (a failover is under way); nothing claimed, retry in a moment",
+            )
         try:
             claim = await self.claims.claim(tag, min(math.ceil(want / step), MAX_REFILL_RANGES))
         except MarkNotRaised as e:  # claimed, but the mark could not be raised past it

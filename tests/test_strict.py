@@ -388,3 +388,43 @@ async def test_ids_from_a_server_the_sentinels_left_are_never_answered(
     monkeypatch.undo()
     assert await seq.take(tag, 1) == 5  # 2-4 were taken there: given up, never served
     await seq.close()
+
+
+async def test_a_promoted_replica_serves_only_claims_made_after_the_sentinels_named_it(
+    tmp_path: Path, ledger: Ledger, redis_pool: RedisPool, settings: Settings, tag: str
+) -> None:
+    """During a failover two masters take writes: the old one (most Sentinels still
+    name it) and the promoted replica (the leader Sentinel already names it, so a
+    node can reach it). A refill on the replica then must not claim: the old master
+    may still claim above that claim and answer its IDs, and once the Sentinels
+    switch, the replica's state would answer IDs below them."""
+    await ledger.add_tag(tag, step=10, start=1)
+    server = RedisServer(tmp_path / "promoted", "--save", "", "--appendonly", "no").start()
+    promoted = RedisPool.from_settings(settings.with_changes(redis_url=server.url))
+    try:
+        named = {"master": "old"}
+        on_old, on_promoted = sequence(redis_pool, ledger), sequence(promoted, ledger)
+
+        def majority(which: str) -> object:
+            async def from_master(incarnation: str) -> bool:
+                return named["master"] == which
+
+            return from_master
+
+        monkeypatch = pytest.MonkeyPatch()
+        monkeypatch.setattr(on_old.store, "from_master", majority("old"))
+        monkeypatch.setattr(on_promoted.store, "from_master", majority("promoted"))
+        assert await on_old.take(tag, 1) == 1  # the old master's state: [1, 11)
+        with pytest.raises(StoreUnavailable):  # not named yet: refused (maybe after a claim)
+            await on_promoted.take(tag, 1)
+        answered = await on_old.take(tag, 10)  # the old master refills, still named
+        answered_last = answered + 9
+        named["master"] = "promoted"  # the Sentinels switch; the old master is left
+        after = await on_promoted.take(tag, 1)  # a request sent after `answered` arrived
+        assert after > answered_last
+        monkeypatch.undo()
+        await on_old.close()
+        await on_promoted.close()
+    finally:
+        await promoted.close()
+        server.kill9()
