@@ -390,7 +390,9 @@ class StrictSequence:
         """Claim from the ledger after having seen ``seen.incarnation``, extend the
         state with it, and take ``n`` IDs (0: none) in the same script."""
         step = max(1, self.step_of(tag))
-        want = max(self._target.get(tag, step), n - seen.left, 1)
+        # the whole batch, not what `seen` lacked: other nodes may take the rest
+        # before the extension lands, and the extension takes the batch with it
+        want = max(self._target.get(tag, step), n, 1)
         if not await self.store.from_master(seen.incarnation):
             # A promoted replica the Sentinels do not name yet (the leader already
             # does): the old master may still claim above a claim made now and

@@ -428,3 +428,27 @@ async def test_a_promoted_replica_serves_only_claims_made_after_the_sentinels_na
     finally:
         await promoted.close()
         server.kill9()
+
+
+async def test_a_refill_covers_the_batch_whatever_others_took_meanwhile(
+    ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refill sized its claim by what the state held when it looked; other
+    nodes taking before the extension landed left it short of the batch, again
+    and again under load, until the take gave up (503) with IDs in plenty."""
+    await ledger.add_tag(tag, step=10, start=1)
+    a, b = sequence(redis_pool, ledger), sequence(redis_pool, ledger)
+    assert await a.take(tag, 1) == 1  # the state: [2, 11)
+    extend = a.store.extend
+
+    async def others_take_first(tag_: str, seen: str, claimed: IdRange, n: int) -> object:
+        state = await a.store.state(tag)
+        if int(state["limit"]) > int(state["next"]):  # another node empties the state
+            await b.take(tag, int(state["limit"]) - int(state["next"]))
+        return await extend(tag_, seen, claimed, n)
+
+    monkeypatch.setattr(a.store, "extend", others_take_first)
+    first = await a.take(tag, 99)  # a batch larger than a refill claims unasked
+    assert first >= 11
+    await a.close()
+    await b.close()
