@@ -159,6 +159,7 @@ async def create_tag(
     description: str = "",
     end_id: int = MAX_ID,
     kind: str = "segment",
+    layout: str = "",
 ) -> TagRow:
     """Add a tag, starting above any ID ever issued under that name, and never
     handing out ``end_id`` or above (ValueError unless ``start < end_id``).
@@ -181,6 +182,7 @@ async def create_tag(
         floor=floor,
         end_id=end_id,
         kind=kind,
+        layout=layout,
     )
 
 

@@ -49,6 +49,14 @@ With the default prefix ``idpool``:
     read by the return script only. The incarnation in the name means a Redis
     restored from an old snapshot cannot take a lease's return twice.
 
+``idpool:workers:{tag}``  HASH of a snowflake tag's worker IDs
+    (``pool/worker_store.py``): ``inc`` (the Redis incarnation its holders
+    belong to), ``q`` and ``f`` (no grant before server ms ``q`` after a new
+    incarnation; the time floor of a worker ID never held since), and
+    ``w:{n}`` = ``"generation expires_ms last_ms holder"`` per worker ID.
+    Written and read only by the worker script (grant, renew, release), on
+    nodes; ``idpool tag list`` reads how many are held.
+
 ``idpool:nodes``  ZSET of node ids scored by the unix time of their last
     heartbeat (ZADD by each node every ``IDPOOL_REPORT_SECONDS``; entries older
     than the heartbeat TTL are dropped by the next heartbeat). Read by
@@ -108,6 +116,9 @@ class Keys:
 
     def leased(self, incarnation: str, lease_id: str) -> str:
         return f"{self.leased_prefix}{incarnation}:{lease_id}"
+
+    def workers(self, tag: str) -> str:
+        return f"{self.prefix}:workers:{tag}"
 
     @property
     def nodes(self) -> str:

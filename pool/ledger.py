@@ -26,7 +26,7 @@ T = TypeVar("T")
 TABLE = "idpool_tags"
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind"
+    "kind, layout"
 )
 
 SCHEMA = f"""
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
                              COMMENT 'first ID never handed out: the tag bound (--max) + 1',
     disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
     kind        VARCHAR(16)  NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made',
+    layout      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag',
     description VARCHAR(255) NOT NULL DEFAULT '',
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
@@ -69,6 +70,7 @@ _MIGRATIONS = [
     ),
     ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
     ("kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
+    ("layout", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag'"),
 ]
 _DUPLICATE_COLUMN = 1060
 
@@ -84,9 +86,33 @@ _UNKNOWN_DATABASE = 1049
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
-    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off, kind = values
+    (
+        tag,
+        max_id,
+        step,
+        start_id,
+        description,
+        updated,
+        min_step,
+        max_step,
+        end,
+        off,
+        kind,
+        layout,
+    ) = values
     return TagRow(
-        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off), kind
+        tag,
+        max_id,
+        step,
+        start_id,
+        description,
+        updated,
+        min_step,
+        max_step,
+        end,
+        bool(off),
+        kind,
+        layout,
     )
 
 
@@ -208,6 +234,7 @@ class Ledger:
         max_step: int | None = None,
         end_id: int = MAX_ID,
         kind: str = "segment",
+        layout: str = "",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)``.
 
@@ -223,9 +250,20 @@ class Ledger:
             try:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
-                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (tag, max(start, floor), step, start, description, lo, hi, end_id, kind),
+                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind, "
+                    "layout) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        tag,
+                        max(start, floor),
+                        step,
+                        start,
+                        description,
+                        lo,
+                        hi,
+                        end_id,
+                        kind,
+                        layout,
+                    ),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None

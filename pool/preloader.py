@@ -234,9 +234,12 @@ class Preloader:
         not given)."""
         tag = row.tag
         report = RefillReport(tag)
-        if row.disabled or not row.left:
+        if row.disabled or not row.left or row.kind != "segment":
             # Nothing to claim (the ledger refuses it anyway): no warning every tick.
+            # A snowflake tag's max_id counts worker-ID grants: it has no pool list.
             report.skipped = "disabled" if row.disabled else "exhausted"
+            if row.kind != "segment":
+                report.skipped = f"kind {row.kind}"
             return report
         if tag in self._refilling:
             report.skipped = "being refilled"

@@ -24,17 +24,28 @@ from .values import TagRow, check_bound, cut, step_bounds
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind"
+    "kind, layout"
 )
 
 
 def _row(values: Any) -> TagRow:
     tag, max_id, step, start_id, description, updated_at, min_step, max_step, end, off, kind = (
-        values
+        values[:11]
     )
     updated = datetime.fromtimestamp(updated_at, UTC)
     return TagRow(
-        tag, max_id, step, start_id, description, updated, min_step, max_step, end, bool(off), kind
+        tag,
+        max_id,
+        step,
+        start_id,
+        description,
+        updated,
+        min_step,
+        max_step,
+        end,
+        bool(off),
+        kind,
+        values[11],
     )
 
 
@@ -104,6 +115,7 @@ class SqliteLedger:
         max_step: int | None = None,
         end_id: int = MAX_ID,
         kind: str = "segment",
+        layout: str = "",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
         lo, hi = step_bounds(step, min_step, max_step)
@@ -114,8 +126,8 @@ class SqliteLedger:
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, end_id, kind, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "min_step, max_step, end_id, kind, layout, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         tag,
                         max(start, floor),
@@ -126,6 +138,7 @@ class SqliteLedger:
                         hi,
                         end_id,
                         kind,
+                        layout,
                         now,
                         now,
                     ),

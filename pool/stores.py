@@ -41,6 +41,7 @@ class LedgerStore(Protocol):
         max_step: int | None = None,
         end_id: int = ...,
         kind: str = ...,
+        layout: str = ...,
     ) -> TagRow: ...
 
     async def set_disabled(self, tag: str, disabled: bool) -> TagRow: ...

@@ -43,6 +43,7 @@ class TagRow:
     end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
     disabled: bool = False
     kind: str = "segment"  # how its IDs are made (service/kinds.py)
+    layout: str = ""  # a snowflake tag's layout (pool/snowflake.py, Layout.to_text)
 
     @property
     def max(self) -> int | None:

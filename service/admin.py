@@ -25,6 +25,7 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
+from .decode import snowflake_fields
 from .errors import HttpRefusal, error, json_response
 from .runtime import Runtime
 from .tag_fields import check_int, check_tag, new_tag
@@ -47,6 +48,7 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
         "ids_left": row.left,
         "disabled": row.disabled,
         "description": row.description,
+        **snowflake_fields(row),
     }
 
 
@@ -100,6 +102,7 @@ async def add_tag(request: Request) -> Response:
         description=spec.description,
         end_id=spec.end_id,
         kind=spec.kind,
+        layout=spec.layout,
     )
     return json_response(tag_fields(row), 201)
 

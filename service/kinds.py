@@ -4,9 +4,10 @@ and served.
 Every tag has a kind (the ledger's ``kind`` column, ``segment`` by default).
 A node keeps one object per kind (``Node.kinds``) and hands each request for a
 tag to the object of the tag's kind. A kind implements ``IdKind``; the only
-kind today is ``segment``: ranges from the pool or the ledger, served from the
-node's double buffers (``buffer.py``), answered from memory by NodeApp's fast
-path. A new kind is a module beside this one with a class implementing
+kinds are ``segment``: ranges from the pool or the ledger, served from the
+node's double buffers (``buffer.py``), and ``snowflake`` (``snowflake.py``):
+time-ordered IDs from a leased worker ID; both answered from memory by
+NodeApp's fast path. A new kind is a module beside this one with a class implementing
 ``IdKind``, added to ``KINDS`` below (docs/design.md, "Kinds of ID").
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
+
+from .snowflake import SNOWFLAKE, SnowflakeKind
 
 if TYPE_CHECKING:
     from .node import Node
@@ -40,6 +43,14 @@ class IdKind(Protocol):
     def describe(self, tag: str) -> dict[str, Any] | None:
         """What this node holds for the tag, shown as ``buffer`` in /status.json
         (None: nothing held here)."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """Why this node must not get requests because of this kind, or None."""
+        ...
+
+    async def close(self) -> None:
+        """Give back what the kind holds (a graceful stop); safe twice."""
         ...
 
 
@@ -73,6 +84,12 @@ class SegmentKind:
             "fetching": buf.fetching,
         }
 
+    def not_ready(self) -> str | None:
+        return None  # Node.not_ready decides from the stores and buffers
+
+    async def close(self) -> None:
+        return None  # Node.shutdown drains the buffers
+
 
 # Every kind a tag may have: its name -> how a node makes its object.
-KINDS: dict[str, Callable[[Node], IdKind]] = {SEGMENT: SegmentKind}
+KINDS: dict[str, Callable[[Node], IdKind]] = {SEGMENT: SegmentKind, SNOWFLAKE: SnowflakeKind}

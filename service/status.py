@@ -216,6 +216,8 @@ def _tag(
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
     wasted = Counter[str]() if node is None else node.waste.of(tag)  # and its preloader's
+    held = None if node is None else node.describe(tag)
+    issued = buf.issued if buf is not None else (held or {}).get("issued", 0)
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,
@@ -225,12 +227,12 @@ def _tag(
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
         "runway_s": None,
-        "buffer": None if node is None else node.describe(tag),
+        "buffer": held,
         "pool": None,
         "rate": {"node_ids_per_s": points[-1]["ids_per_s"] if points else 0.0},
         "history": points,
         "counters": {
-            "ids_issued": 0 if buf is None else buf.issued,
+            "ids_issued": issued,
             "ranges_from_pool": 0 if counters is None else counters.ranges_from_pool,
             "ranges_from_ledger": 0 if counters is None else counters.ranges_from_ledger,
             "ids_returned": 0 if counters is None else counters.ids_returned,

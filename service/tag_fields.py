@@ -13,11 +13,17 @@ from dataclasses import dataclass
 
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from idpool.pool.snowflake import LAYOUT_FIELDS, check_layout, wall_ms
 
 from .kinds import KINDS, SEGMENT
+from .snowflake import SNOWFLAKE
 
 Spell = Callable[[str], str]
-NEW_TAG_FIELDS = frozenset({"tag", "step", "start", "description", "max", "kind"})
+# A snowflake tag's layout: a preset (``layout``) and overrides of its fields
+SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})
+NEW_TAG_FIELDS = (
+    frozenset({"tag", "step", "start", "description", "max", "kind"}) | SNOWFLAKE_FIELDS
+)
 
 
 def _as_is(field: str) -> str:
@@ -55,6 +61,7 @@ class NewTag:
     end_id: int  # first ID never handed out (max + 1; MAX_ID: no bound)
     description: str = ""
     kind: str = SEGMENT
+    layout: str = ""  # a snowflake tag's Layout.to_text()
 
 
 def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_is) -> NewTag:
@@ -81,4 +88,15 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
         )
     kind = check_kind(fields.get("kind", SEGMENT), name)
     end_id = MAX_ID if top is None else top + 1
-    return NewTag(tag, step, start, end_id, description, kind)
+    given = sorted(f for f in SNOWFLAKE_FIELDS if fields.get(f) is not None)
+    if kind != SNOWFLAKE:
+        if given:
+            raise InvalidInput("bad_layout", f"{name(given[0])} is for snowflake tags only")
+        return NewTag(tag, step, start, end_id, description, kind)
+    if "step" in fields or top is not None:
+        raise InvalidInput(
+            "bad_body", f"a snowflake tag takes no {name('step')} or {name('max')}: give a layout"
+        )
+    layout = check_layout({f: fields.get(f) for f in given}, wall_ms(), name)
+    # The ledger row counts worker-ID grants (max_id: one generation per grant).
+    return NewTag(tag, 1, start, MAX_ID, description, kind, layout.to_text())

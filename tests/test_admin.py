@@ -221,6 +221,6 @@ def test_a_tag_has_a_kind_and_only_known_kinds_are_taken(admin: TestClient, tag:
     assert made.status_code == 201 and made.json()["kind"] == "segment"
     listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
     assert [t["kind"] for t in listed if t["tag"] == tag] == ["segment"]
-    bad = admin.post("/admin/tags", json={"tag": tag + "x", "kind": "snowflake"}, headers=AUTH)
+    bad = admin.post("/admin/tags", json={"tag": tag + "x", "kind": "uuid7"}, headers=AUTH)
     assert bad.status_code == 400 and bad.json()["error"] == "bad_kind"
-    assert "'snowflake'" in bad.json()["message"] and "segment" in bad.json()["message"]
+    assert "'uuid7'" in bad.json()["message"] and "segment" in bad.json()["message"]

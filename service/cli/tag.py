@@ -20,11 +20,15 @@ from idpool.pool.errors import (
 )
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.settings import Settings
+from idpool.pool.snowflake import LAYOUT_FIELDS
 from idpool.pool.stores import LedgerStore, open_ledger, open_pool
 from idpool.pool.tokens import hash_token, new_token
+from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
+from ..decode import decode, snowflake_fields
 from ..kinds import KINDS, SEGMENT
+from ..snowflake import SNOWFLAKE
 from ..status import runway_seconds
 from ..tag_fields import check_int, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, duration, flag, integer, show, tag_arg
@@ -49,6 +53,30 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     add.add_argument(
         "--kind", default=SEGMENT, help=f"how its IDs are made: {', '.join(KINDS)} (default)"
     )
+    add.add_argument(
+        "--snowflake",
+        action="store_true",
+        help="time-ordered IDs made in memory from leased worker IDs (same as --kind snowflake)",
+    )
+    add.add_argument(
+        "--layout",
+        default=None,
+        help="snowflake layout: default (41 bits of ms, 10 worker, 12 sequence bits) or js53 "
+        "(37 bits of 10 ms, 8 worker, 8 sequence: every ID below 2^53)",
+    )
+    for field, what in (
+        ("time_bits", "bits of time since the epoch"),
+        ("worker_bits", "bits of worker ID (how many holders at once)"),
+        ("sequence_bits", "bits of sequence within a time unit"),
+        ("unit_ms", "time unit in ms (1 to 1000)"),
+        ("epoch_ms", "unix ms of time 0 (default: now); not in the future"),
+    ):
+        add.add_argument(flag(field), dest=field, type=integer, default=None, help=what)
+    decode = tag.add_parser(
+        "decode", parents=[embedded], help="what an ID says (a snowflake: time, worker, sequence)"
+    )
+    decode.add_argument("tag", type=tag_arg)
+    decode.add_argument("id")
     tag.add_parser(
         "list", parents=[embedded], help="list tags: ledger position, bound, runway, state"
     )
@@ -93,6 +121,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             return await _toggle(settings, ledger, args)
         if args.tag_command == "token":
             return await _token(ledger, args)
+        if args.tag_command == "decode":
+            return await _decode(ledger, args)
         return await _list(settings, ledger)
     except UnknownTag:
         print(f"idpool: tag {args.tag!r} does not exist", file=sys.stderr)
@@ -103,9 +133,12 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields = {"tag": args.tag, "start": args.start, "description": args.description}
-    fields.update(max=args.max, kind=args.kind)
+    fields.update(max=args.max, kind="snowflake" if args.snowflake else args.kind)
     if args.step is not None:
         fields["step"] = args.step
+    for field in ("layout", *LAYOUT_FIELDS):
+        if getattr(args, field) is not None:
+            fields[field] = getattr(args, field)
     try:
         spec = new_tag(fields, settings.default_step, flag)
     except InvalidInput as e:
@@ -124,6 +157,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
             description=spec.description,
             end_id=spec.end_id,
             kind=spec.kind,
+            layout=spec.layout,
         )
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
@@ -136,7 +170,32 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
     bound = "" if row.max is None else f", max {row.max}"
     kind = "" if row.kind == SEGMENT else f", kind {row.kind}"
+    if row.kind == SNOWFLAKE:
+        print(f"added {row.tag}: kind snowflake, {_layout_text(row)}")
+        return 0
     print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{note}")
+    return 0
+
+
+def _layout_text(row: TagRow) -> str:
+    shown = snowflake_fields(row)
+    layout = shown["layout"]
+    return (
+        f"{layout['time_bits']} bits of {layout['unit_ms']} ms since {layout['epoch_ms']}, "
+        f"{layout['worker_bits']} worker bits, {layout['sequence_bits']} sequence bits "
+        f"({shown['bits']}-bit IDs)"
+    )
+
+
+async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    row = await ledger.get_tag(args.tag)
+    try:
+        found = decode(row, args.id)
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for key, value in found.items():
+        print(f"{key:<10} {value}")
     return 0
 
 
@@ -159,6 +218,13 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
         group = [row for row in rows if row.kind == kind]
         print(f"-- kind {kind}: {len(group)} tags")
         for row in group:
+            if row.kind == SNOWFLAKE:
+                print(
+                    f"{row.tag:<24} {'grants ' + str(row.max_id - row.start_id):>20} "
+                    f"{_layout_text(row)}  "
+                    f"{'disabled' if row.disabled else 'enabled'}  {row.description}"
+                )
+                continue
             found = pooled.get(row.tag)
             rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
             runway = runway_seconds(row, found.ids if found else 0, rate)
