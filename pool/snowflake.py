@@ -220,10 +220,11 @@ class Generator:
         self.stop_at = stop_at  # monotonic: the lease's own end, less its margin
         self.lost: str | None = None  # why no ID may be made (lease lost), or None
         # No ID at the floor's unit or below: above the previous holder's last time.
-        self.last = self._units(floor_ms)
+        self.last = max(0, self._units(floor_ms))  # unit 0 unused: no ID is 0
         self.sequence = layout.max_sequence
         self.issued = 0
         self.behind_ms = 0  # how far the clock was behind at the last refusal (0: not)
+        self.behind_events = 0  # large steps back seen (each stopped the tag a while)
 
     def _units(self, unix_ms: int) -> int:
         return (unix_ms - self.layout.epoch_ms) // self.layout.unit_ms
@@ -257,6 +258,8 @@ class Generator:
         return self.layout.encode(self.last, self.worker, self.sequence)
 
     def _behind(self, now: int) -> ClockBehind:
+        if not self.behind_ms:
+            self.behind_events += 1  # a new episode (logged and counted by the node)
         self.behind_ms = (self.last - now) * self.layout.unit_ms
         return ClockBehind(self.tag, self.behind_ms)
 

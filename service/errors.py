@@ -69,6 +69,7 @@ ERRORS: tuple[ErrorRow, ...] = (
         "in the future, or it lasts less than a year",
     ),
     ErrorRow("bad_id", 400, "the ID is not an integer of the tag's layout"),
+    ErrorRow("not_decodable", 400, "the tag's kind has nothing to decode in its IDs"),
     ErrorRow(
         "wrong_kind", 400, "the call is for another kind of tag (e.g. a lease of a snowflake tag)"
     ),

@@ -67,6 +67,7 @@ class SnowflakeKind:
         self._store: WorkerStore | None = None
         self._refused: dict[str, str] = {}  # tag -> why the last grant failed
         self.clock_behind: Counter[str] = Counter()  # tag -> episodes of a large step back
+        self._logged: dict[int, int] = {}  # id(generator) -> episodes logged
         self.closed = False
         self.ttl = node.worker_lease_seconds
         self.margin = node.worker_margin_seconds
@@ -103,11 +104,12 @@ class SnowflakeKind:
         return found
 
     def _take(self, gen: Generator) -> int | None:
-        was_behind = gen.behind_ms
         try:
             return gen.take()
         except ClockBehind as e:
-            if not was_behind:
+            # once per episode, whichever path (fast or routed) met it first
+            if self._logged.get(id(gen), 0) < gen.behind_events:
+                self._logged[id(gen)] = gen.behind_events
                 self.clock_behind[gen.tag] += 1
                 logger.error(
                     "event=clock_behind tag=%s worker=%d behind_ms=%d detail=%r",

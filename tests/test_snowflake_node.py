@@ -1,0 +1,118 @@
+"""Snowflake tags on a node: the admin API and CLI make them, /id, /ids and
+Leaf's path serve them from memory, /decode reads them, clients lease worker IDs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from starlette.testclient import TestClient
+
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
+
+TOKEN = "admin-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def node(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        yield c
+
+
+def add(node: TestClient, tag: str, **fields: object) -> dict[str, object]:
+    made = node.post("/admin/tags", json={"tag": tag, "kind": "snowflake", **fields}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    body: dict[str, object] = made.json()
+    return body
+
+
+def test_a_snowflake_tag_serves_time_ordered_ids_on_every_path(node: TestClient, tag: str) -> None:
+    made = add(node, tag)
+    assert made["kind"] == "snowflake" and made["bits"] == 63
+    first = int(node.get(f"/id/{tag}").text)  # the route: grants the worker ID
+    assert node.app.node.snowflakes[tag] is not None  # type: ignore[attr-defined]
+    leaf = int(node.get(f"/api/segment/get/{tag}").text)  # the fast path from here on
+    batch = node.get(f"/ids/{tag}?count=500").json()["ids"]
+    assert first < leaf < batch[0] and batch == sorted(set(batch))
+    time.sleep(1.0)
+    later = int(node.get(f"/id/{tag}").text)
+    assert later > batch[-1]
+    parts = node.get(f"/decode/{tag}/{later}").json()
+    assert parts["kind"] == "snowflake" and abs(parts["time_ms"] - time.time() * 1000) < 5000
+    assert parts["worker"] == node.get(f"/decode/{tag}/{first}").json()["worker"]
+    status = node.get("/status.json").json()
+    shown = [t for t in status["tags"] if t["tag"] == tag][0]
+    assert shown["kind"] == "snowflake" and shown["buffer"]["worker"] == parts["worker"]
+    assert shown["counters"]["ids_issued"] == 503
+    assert f'idpool_snowflake_worker{{tag="{tag}"}}' in node.get("/metrics").text
+
+
+def test_the_js53_layout_stays_below_2_pow_53(node: TestClient, tag: str) -> None:
+    add(node, tag, layout="js53")
+    answer = node.get(f"/ids/{tag}?count=300")
+    assert answer.status_code == 200, answer.text
+    ids = answer.json()["ids"]
+    assert len(set(ids)) == 300 and max(ids) < 2**53
+
+
+def test_a_bad_layout_is_refused_with_what_to_fix(node: TestClient, tag: str) -> None:
+    bad = node.post(
+        "/admin/tags",
+        json={"tag": tag, "kind": "snowflake", "time_bits": 50, "worker_bits": 10},
+        headers=AUTH,
+    )
+    assert bad.status_code == 400 and bad.json()["error"] == "bad_layout"
+    assert "add up to 72" in bad.json()["message"]
+    future = node.post(
+        "/admin/tags",
+        json={"tag": tag, "kind": "snowflake", "epoch_ms": int(time.time() * 1000) + 10**7},
+        headers=AUTH,
+    )
+    assert future.status_code == 400 and "future" in future.json()["message"]
+    segment = node.post("/admin/tags", json={"tag": tag, "unit_ms": 10}, headers=AUTH)
+    assert segment.status_code == 400 and "snowflake tags only" in segment.json()["message"]
+
+
+def test_a_snowflake_tag_is_never_leased_as_ranges(node: TestClient, tag: str) -> None:
+    add(node, tag)
+    refused = node.post(f"/lease/{tag}?count=10")
+    assert refused.status_code == 400 and refused.json()["error"] == "wrong_kind"
+
+
+def test_a_segment_id_is_not_decodable(node: TestClient, tag: str) -> None:
+    assert node.post("/admin/tags", json={"tag": tag}, headers=AUTH).status_code == 201
+    answer = node.get(f"/decode/{tag}/5")
+    assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
+
+
+def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, tag: str) -> None:
+    add(node, tag)
+    own = int(node.get(f"/id/{tag}").text)
+    got = node.post(f"/worker/{tag}?holder=test").json()
+    node_worker = node.get(f"/decode/{tag}/{own}").json()["worker"]
+    assert got["worker"] != node_worker and got["ttl_ms"] == 10_000
+    body = {"worker": got["worker"], "generation": got["generation"], "last_ms": 1}
+    assert node.post(f"/worker/{tag}/renew", json=body).status_code == 200
+    assert node.post(f"/worker/{tag}/release", json=body).status_code == 200
+    again = node.post(f"/worker/{tag}/renew", json=body)
+    assert again.status_code == 409 and again.json()["error"] == "worker_lost"
+
+
+def test_a_large_step_back_stops_the_tag_and_readiness_says_why(
+    node: TestClient, tag: str
+) -> None:
+    add(node, tag)
+    node.get(f"/id/{tag}")
+    gen = node.app.node.snowflakes[tag]  # type: ignore[attr-defined]
+    gen.last += 60_000  # as if the clock had just stepped back a minute
+    gen.sequence = gen.layout.max_sequence
+    answer = node.get(f"/id/{tag}")
+    assert answer.status_code == 503 and answer.json()["error"] == "clock_behind"
+    ready = node.get("/readyz")
+    assert ready.status_code == 503 and "clock stepped back" in ready.json()["message"]
+    assert f'idpool_snowflake_clock_behind_events_total{{tag="{tag}"}} 1.0' in node.get(
+        "/metrics"
+    ).text
