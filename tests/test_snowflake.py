@@ -30,7 +30,9 @@ class Clocks:
         return self.mono
 
 
-def make(clocks: Clocks, layout: Layout | None = None, floor: int = 0, worker: int = 3) -> Generator:
+def make(
+    clocks: Clocks, layout: Layout | None = None, floor: int = 0, worker: int = 3
+) -> Generator:
     layout = layout or Layout(41, 10, 12, 1, NOW - 1000)
     return Generator(
         "t", layout, worker, floor, clocks.mono + 8, clock_ms=clocks.ms, monotonic=clocks.monotonic
