@@ -140,9 +140,7 @@ def test_a_bounded_tag_is_created_with_max(admin: TestClient, tag: str) -> None:
     ids = [int(admin.get(f"/id/{tag}").text) for _ in range(25)]
     assert ids == list(range(1, 26))
     assert admin.get(f"/id/{tag}").json()["error"] == "tag_exhausted"
-    low = admin.post(
-        "/admin/tags", json={"tag": tag + "x", "start": 10, "max": 9}, headers=AUTH
-    )
+    low = admin.post("/admin/tags", json={"tag": tag + "x", "start": 10, "max": 9}, headers=AUTH)
     assert low.status_code == 400 and low.json()["error"] == "bad_max"
 
 

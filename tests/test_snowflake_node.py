@@ -101,9 +101,7 @@ def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, ta
     assert again.status_code == 409 and again.json()["error"] == "worker_lost"
 
 
-def test_a_large_step_back_stops_the_tag_and_readiness_says_why(
-    node: TestClient, tag: str
-) -> None:
+def test_a_large_step_back_stops_the_tag_and_readiness_says_why(node: TestClient, tag: str) -> None:
     add(node, tag)
     node.get(f"/id/{tag}")
     gen = node.app.node.snowflakes[tag]  # type: ignore[attr-defined]
@@ -113,6 +111,7 @@ def test_a_large_step_back_stops_the_tag_and_readiness_says_why(
     assert answer.status_code == 503 and answer.json()["error"] == "clock_behind"
     ready = node.get("/readyz")
     assert ready.status_code == 503 and "clock stepped back" in ready.json()["message"]
-    assert f'idpool_snowflake_clock_behind_events_total{{tag="{tag}"}} 1.0' in node.get(
-        "/metrics"
-    ).text
+    assert (
+        f'idpool_snowflake_clock_behind_events_total{{tag="{tag}"}} 1.0'
+        in node.get("/metrics").text
+    )
