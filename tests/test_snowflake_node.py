@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
+from ops.servers import TcpProxy
 
 TOKEN = "admin-secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -115,3 +116,38 @@ def test_a_large_step_back_stops_the_tag_and_readiness_says_why(node: TestClient
         f'idpool_snowflake_clock_behind_events_total{{tag="{tag}"}} 1.0'
         in node.get("/metrics").text
     )
+
+
+def test_a_node_that_cannot_renew_stops_before_the_lease_could_expire_then_recovers(
+    settings: Settings, tag: str
+) -> None:
+    redis = TcpProxy(6379)
+    s = settings.with_changes(
+        redis_url=f"redis://127.0.0.1:{redis.port}/0",
+        store_timeout=0.3,
+        worker_lease_seconds=2.0,
+        worker_margin_seconds=0.5,
+        admin_token=TOKEN,
+    )
+    try:
+        with TestClient(create_app(s)) as c:
+            add(c, tag)
+            granted = time.monotonic()
+            before = int(c.get(f"/id/{tag}").text)
+            redis.cut()
+            cut = time.monotonic()
+            while time.monotonic() < granted + 1.4:  # lease 2 s less the 0.5 s margin
+                assert c.get(f"/id/{tag}").status_code == 200
+                time.sleep(0.02)
+            time.sleep(max(0.0, cut + 1.6 - time.monotonic()))
+            stopped = c.get(f"/id/{tag}")
+            assert stopped.status_code == 503 and stopped.json()["error"] == "worker_unavailable"
+            assert "renewed in time" in stopped.json()["message"]
+            redis.restore()
+            deadline = time.monotonic() + 8
+            while (answer := c.get(f"/id/{tag}")).status_code != 200:
+                assert time.monotonic() < deadline, answer.text
+                time.sleep(0.1)
+            assert int(answer.text) > before
+    finally:
+        redis.cut()
