@@ -191,6 +191,16 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _boot_seconds() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# The lease deadline's clock: monotonic, and on Linux counting while the machine
+# is suspended too (CLOCK_MONOTONIC stops then, and a VM resumed after its lease
+# expired must not think it still holds its worker ID).
+lease_clock = _boot_seconds if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+
+
 class Generator:
     """IDs of one worker ID of one tag, made from the wall clock.
 
@@ -210,7 +220,7 @@ class Generator:
         stop_at: float,
         *,
         clock_ms: Callable[[], int] = wall_ms,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = lease_clock,
     ) -> None:
         self.tag = tag
         self.layout = layout

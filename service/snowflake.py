@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from idpool.pool.errors import IdPoolError, InvalidInput, StoreUnavailable
 from idpool.pool.redis_pool import RedisPool
-from idpool.pool.snowflake import ClockBehind, Generator, Layout, WorkerLeaseLost, wall_ms
+from idpool.pool.snowflake import (
+    ClockBehind,
+    Generator,
+    Layout,
+    WorkerLeaseLost,
+    lease_clock,
+    wall_ms,
+)
 from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
 
 if TYPE_CHECKING:
@@ -56,7 +62,7 @@ class SnowflakeKind:
         node: Node,
         *,
         clock_ms: Callable[[], int] = wall_ms,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = lease_clock,
     ) -> None:
         self.node = node
         self.generators = node.snowflakes  # tag -> Generator: the fast path's view

@@ -55,6 +55,15 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _boot_seconds() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# The lease deadline's clock: monotonic, and on Linux counting while the machine
+# is suspended too (as the server's pool/snowflake.py lease_clock).
+lease_clock = _boot_seconds if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+
+
 class Generator:
     """The IDs of one worker ID (see the server's ``pool/snowflake.py``)."""
 
@@ -65,7 +74,7 @@ class Generator:
         floor_ms: int,
         stop_at: float,
         clock_ms: Callable[[], int] = _wall_ms,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = lease_clock,
     ) -> None:
         self.layout = layout
         self.worker = worker
@@ -173,7 +182,7 @@ class SnowflakeClient:
             held = self._held.get(tag)
             if held is not None:
                 return held
-            sent = time.monotonic()
+            sent = lease_clock()
             path = f"/worker/{quote(tag, safe='')}?holder={quote(self.holder, safe='')}"
             grant = self.transport._post("worker", path, None, f"worker ID for tag {tag!r}")
             lay = grant["layout"]
@@ -196,7 +205,7 @@ class SnowflakeClient:
     def _renew(self, held: _Held) -> None:
         path = f"/worker/{quote(held.tag, safe='')}/renew"
         while not held.done.wait(held.ttl / 4):
-            sent = time.monotonic()
+            sent = lease_clock()
             try:
                 self.transport._post("worker", path, self._body(held), "renewal")
             except IdPoolRequestError as e:
