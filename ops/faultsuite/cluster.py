@@ -79,6 +79,7 @@ class Cluster:
     database: str = "idpool_faults"
     env_overrides: dict[str, str] = field(default_factory=dict)
     idle_tags: int = 0  # tags nobody asks for, beside the scenario's
+    kind: str = "segment"  # the scenario tag's kind
     redis: RedisServer | RedisSentinelGroup = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
@@ -113,7 +114,7 @@ class Cluster:
         self.redis.start()
         subprocess.run(
             [sys.executable, "-m", "idpool.service.cli", "tag", "add", self.tag]
-            + ["--step", str(STEP)],
+            + (["--step", str(STEP)] if self.kind == "segment" else ["--kind", self.kind]),
             env=self.env,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -133,9 +134,7 @@ class Cluster:
     def add_idle_tags(self, count: int) -> None:
         """Tags nobody asks for, in the ledger beside the scenario's tag (issue 11:
         the suite must pass with a thousand of them configured)."""
-        rows = ", ".join(
-            f"('idle-{i:05d}', 1, {STEP}, {STEP}, 1000000, 1)" for i in range(count)
-        )
+        rows = ", ".join(f"('idle-{i:05d}', 1, {STEP}, {STEP}, 1000000, 1)" for i in range(count))
         insert = (
             "INSERT INTO idpool_tags (tag, max_id, step, min_step, max_step, start_id) "
             f"VALUES {rows}"

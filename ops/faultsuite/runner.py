@@ -27,6 +27,7 @@ from .accounting import Accounting, account, parse_ranges
 from .cluster import STEP, Cluster
 from .faults import SCENARIOS, Scenario
 from .recorder import Clients, IdBitmap, Tally
+from .snowflake import SnowflakeIds, account_snowflake
 
 # Short form: each scenario warms up, takes one fault (three in "mixed"), recovers.
 CI_WARMUP = 1.5
@@ -91,17 +92,19 @@ def run_scenario(
         database="faults_" + scenario.name.replace("-", "_"),
         env_overrides=dict(scenario.env),
         idle_tags=args.idle_tags,
+        kind=scenario.kind,
     )
     try:
         if isinstance(ledger, MariaPair):
             ledger.start()
         cluster.start()
         start_id, _ = cluster.ledger_row()
+        snowflakes = SnowflakeIds() if scenario.kind == "snowflake" else None
         bitmap = IdBitmap(start_id)
         clients = Clients(
             cluster.ports,
             tag,
-            bitmap,
+            bitmap if snowflakes is None else snowflakes,
             threads=args.clients,
             rate=args.rate,
             seed=rng.randrange(2**31),
@@ -127,9 +130,15 @@ def run_scenario(
             clients.stop()
             cluster.note("clients stopped")
         problems = cluster.problems + cluster.stop()
-        start_id, max_id = cluster.ledger_row()
-        pool, clean = read_pool(cluster)
-        result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
+        if snowflakes is not None:
+            result = account_snowflake(snowflakes, cluster.runs(), tag)
+            bad, examples = snowflakes.order_violations(clients.tally.max_request_latency)
+            if bad:
+                problems.append(f"{bad} batches not above IDs received a second before: {examples}")
+        else:
+            start_id, max_id = cluster.ledger_row()
+            pool, clean = read_pool(cluster)
+            result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
         if isinstance(ledger, MariaPair):
