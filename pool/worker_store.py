@@ -28,7 +28,7 @@ from typing import Any
 from .errors import StoreUnavailable
 from .keys import Keys
 
-# KEYS[1] = workers hash. ARGV[1] = op (grant, renew, release), ARGV[2] = lease
+# KEYS[1] = workers hash. ARGV[1] = op (init, grant, renew, release), ARGV[2] = lease
 # TTL ms, ARGV[3] = quarantine ms, ARGV[4] = generation; grant: ARGV[5] = worker
 # IDs, ARGV[6] = holder, ARGV[7] = '1' for the tag's first generation ever;
 # renew, release: ARGV[5] = worker ID, ARGV[6] = last unix ms used.
@@ -52,15 +52,17 @@ if seen ~= inc then
       redis.call('HSET', KEYS[1], fields[i], '0 0 ' .. floor .. ' -')
     end
   end
-  -- Only the tag's very first grant, on a hash that never existed, may skip it:
-  -- no generation was ever claimed before, so no holder can exist anywhere.
-  if not (seen == false and #fields == 0 and ARGV[1] == 'grant' and ARGV[7] == '1') then
+  -- Only a tag just made (init) or its very first grant, on a hash that never
+  -- existed, may skip it: no generation was claimed before, so no holder exists.
+  local first = ARGV[1] == 'init' or (ARGV[1] == 'grant' and ARGV[7] == '1')
+  if not (seen == false and #fields == 0 and first) then
     local q = now + tonumber(ARGV[3])
     local f = math.max(q, tonumber(redis.call('HGET', KEYS[1], 'f') or '0'))
     redis.call('HSET', KEYS[1], 'q', q, 'f', f)
   end
   redis.call('HSET', KEYS[1], 'inc', inc)
 end
+if ARGV[1] == 'init' then return {'ok'} end
 local ttl = tonumber(ARGV[2])
 if ARGV[1] == 'grant' then
   local q = tonumber(redis.call('HGET', KEYS[1], 'q') or '0')
@@ -138,6 +140,11 @@ class WorkerStore:
     async def _run(self, tag: str, args: list[str]) -> list[str]:
         reply = await self._send(self._script(keys=[self._keys.workers(tag)], args=args))
         return [str(x) for x in reply]
+
+    async def init(self, tag: str) -> None:
+        """Make the hash of a tag just created (no generation claimed yet), so its
+        first grants need no quarantine even when several nodes race for them."""
+        await self._run(tag, ["init", "0", "0", "0"])
 
     async def grant(
         self,

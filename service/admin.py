@@ -28,6 +28,7 @@ from idpool.pool.waste import Reason
 from .decode import snowflake_fields
 from .errors import HttpRefusal, error, json_response
 from .runtime import Runtime
+from .snowflake import prepare_tag
 from .tag_fields import check_int, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
@@ -104,6 +105,7 @@ async def add_tag(request: Request) -> Response:
         kind=spec.kind,
         layout=spec.layout,
     )
+    await prepare_tag(run.pool, row)
     return json_response(tag_fields(row), 201)
 
 

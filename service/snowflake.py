@@ -23,7 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from idpool.pool.errors import IdPoolError, InvalidInput, StoreUnavailable
+from idpool.pool.errors import (
+    IdPoolError,
+    InvalidInput,
+    StoreUnavailable,
+    TagDisabled,
+    UnknownTag,
+)
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.snowflake import (
     ClockBehind,
@@ -33,12 +39,14 @@ from idpool.pool.snowflake import (
     lease_clock,
     wall_ms,
 )
+from idpool.pool.values import TagRow
 from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
 
 if TYPE_CHECKING:
     from .node import Node
 
 SNOWFLAKE = "snowflake"
+RETRY_SECONDS = 0.5  # after a failed grant, requests fail at once for this long
 logger = logging.getLogger("idpool.snowflake")
 
 
@@ -71,6 +79,7 @@ class SnowflakeKind:
         self._monotonic = monotonic
         self._granting: dict[str, asyncio.Future[Generator]] = {}
         self._store: WorkerStore | None = None
+        self._retry: dict[str, tuple[float, str]] = {}  # tag -> (no grant before, why)
         self._refused: dict[str, str] = {}  # tag -> why the last grant failed
         self.clock_behind: Counter[str] = Counter()  # tag -> episodes of a large step back
         self._logged: dict[int, int] = {}  # id(generator) -> episodes logged
@@ -149,9 +158,19 @@ class SnowflakeKind:
             raise InvalidInput("wrong_kind", f"tag {tag!r} is a {row.kind} tag, not snowflake")
         layout = Layout.from_text(row.layout)
         store = self.store()
-        # A generation from the ledger (fenced by the high-water mark): names the
-        # lease, and tells the tag's first grant ever (no holder can exist before it).
-        claim = await self.node.source.claims.claim(tag, 1)
+        # After a refusal, ask again only once it may be answered otherwise: a
+        # quarantine's end, or a moment after a store failed (no claim per request).
+        retry_at, why = self._retry.get(tag, (0.0, ""))
+        if self._monotonic() < retry_at:
+            raise WorkerLeaseLost(tag, why)
+        try:
+            # A generation from the ledger (fenced by the high-water mark): names the
+            # lease, and tells the tag's first grant ever (no holder can exist before it).
+            claim = await self.node.source.claims.claim(tag, 1)
+        except (UnknownTag, TagDisabled):
+            raise
+        except IdPoolError as e:
+            raise self._refuse(tag, f"no worker ID: {e}", RETRY_SECONDS) from e
         generation = claim.range.start
         sent = self._monotonic()
         try:
@@ -165,11 +184,11 @@ class SnowflakeKind:
                 quarantine_ms=int(self.ttl * 1000),
             )
         except WorkerRefused as e:
-            self._refused[tag] = str(e)
-            raise WorkerLeaseLost(tag, str(e)) from None
+            raise self._refuse(tag, str(e), max(RETRY_SECONDS, e.retry_ms / 1000)) from None
         except StoreUnavailable as e:
-            raise WorkerLeaseLost(tag, f"no worker ID: Redis: {e.detail}") from e
+            raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
         self._refused.pop(tag, None)
+        self._retry.pop(tag, None)
         logger.info(
             "event=worker_granted tag=%s worker=%d generation=%d floor_ms=%d holder=%s",
             tag,
@@ -179,6 +198,11 @@ class SnowflakeKind:
             holder,
         )
         return grant, layout, sent
+
+    def _refuse(self, tag: str, why: str, wait: float) -> WorkerLeaseLost:
+        self._refused[tag] = why
+        self._retry[tag] = (self._monotonic() + wait, why)
+        return WorkerLeaseLost(tag, why)
 
     async def _grant(self, tag: str) -> Generator:
         grant, layout, sent = await self.lease_worker(tag, self.node.node_id or "node")
@@ -277,3 +301,14 @@ class SnowflakeKind:
             "clock_behind_events": self.clock_behind[tag],
             "layout": gen.layout.describe(),
         }
+
+
+async def prepare_tag(pool: object, row: TagRow) -> None:
+    """Make the worker hash of a snowflake tag just created, so that its first
+    grants need no quarantine even when several nodes race for them. Only while
+    no generation was claimed (``max_id == start_id``); with Redis down the first
+    grant waits out one quarantine instead (safe, only slower)."""
+    if row.kind != SNOWFLAKE or row.max_id != row.start_id or not isinstance(pool, RedisPool):
+        return
+    with contextlib.suppress(StoreUnavailable):
+        await WorkerStore(pool.client, pool.keys, pool.send).init(row.tag)

@@ -7,8 +7,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 from starlette.testclient import TestClient
 
+from idpool.pool.keys import Keys
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from ops.servers import TcpProxy
@@ -151,3 +153,28 @@ def test_a_node_that_cannot_renew_stops_before_the_lease_could_expire_then_recov
             assert int(answer.text) > before
     finally:
         redis.cut()
+
+
+def test_a_new_redis_incarnation_stops_the_holder_and_grants_wait_without_claiming(
+    settings: Settings, tag: str
+) -> None:
+    s = settings.with_changes(worker_lease_seconds=2.0, worker_margin_seconds=0.5)
+    with TestClient(create_app(s.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag)
+        before = int(c.get(f"/id/{tag}").text)
+        plain = redis.Redis.from_url(s.redis_url)
+        plain.hset(Keys(s.redis_prefix).workers(tag), "inc", "0:0")  # as after a failover
+        time.sleep(0.8)  # a renewal (every 0.5 s) finds the lease gone
+        refused = c.get(f"/id/{tag}")
+        assert refused.status_code == 503 and refused.json()["error"] == "worker_unavailable"
+        grants = c.get("/admin/tags", headers=AUTH).json()["tags"]
+        claimed = next(t["max_id"] for t in grants if t["tag"] == tag)
+        for _ in range(30):
+            assert c.get(f"/id/{tag}").status_code == 503
+        grants = c.get("/admin/tags", headers=AUTH).json()["tags"]
+        assert next(t["max_id"] for t in grants if t["tag"] == tag) <= claimed + 1
+        deadline = time.monotonic() + 6
+        while (answer := c.get(f"/id/{tag}")).status_code != 200:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.1)
+        assert int(answer.text) > before

@@ -147,3 +147,13 @@ async def test_a_redis_restarted_empty_fences_live_holders(
         await pool.close()
     finally:
         server.kill9()
+
+
+async def test_a_tag_just_made_needs_no_quarantine_whichever_grant_comes_first(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    await store.init(tag)  # idpool tag add: no generation claimed yet
+    second = await grant(store, tag, 2)  # generation 2's script ran before generation 1's
+    first = await grant(store, tag, 1, first=True)
+    assert {second.worker, first.worker} == {0, 1}

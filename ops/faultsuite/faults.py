@@ -74,10 +74,13 @@ def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 
 def redis_restart_empty(cluster: Cluster, rng: random.Random, hold: float) -> None:
-    """kill -9 of a Redis that saves nothing: it comes back empty (a new incarnation)."""
+    """kill -9 of a Redis that saves nothing: it comes back empty (a new incarnation).
+    Then waits out the quarantine of snowflake tags (one lease) and a renewal."""
     cluster.store("redis", "kill9")
     time.sleep(min(hold, 1.0))
     cluster.store("redis", "start")
+    lease = float(cluster.env_overrides.get("IDPOOL_WORKER_LEASE_SECONDS", "10"))
+    time.sleep(lease * 1.5)
 
 
 def redis_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
@@ -450,7 +453,7 @@ SCENARIOS = (
         (redis_restart_empty,),
         redis_mode="rdb",
         tolerated=frozenset({"503 worker_unavailable"}),
-        failure_budget=6.0,
+        failure_budget=8.0,
         kind="snowflake",
         env=SNOWFLAKE_ENV,
         expect_events=("worker_lease_lost",),
@@ -461,7 +464,13 @@ SCENARIOS = (
         "then SIGCONT: renewals fail, holders serve on",
         (redis_hang,),
         kind="snowflake",
-        env=(("IDPOOL_WORKER_LEASE_SECONDS", "10"), ("IDPOOL_WORKER_MARGIN_SECONDS", "2")),
+        # renewals every 2 s that give up after 1 s: one fails within any 3 s hang,
+        # while the lease (8 s less 1 s) outlasts it
+        env=(
+            ("IDPOOL_WORKER_LEASE_SECONDS", "8"),
+            ("IDPOOL_WORKER_MARGIN_SECONDS", "1"),
+            ("IDPOOL_STORE_TIMEOUT", "1"),
+        ),
         expect_events=("worker_renew_failed",),
     ),
     Scenario(

@@ -28,7 +28,7 @@ from idpool.pool.waste import Reason, WasteRecorder
 
 from ..decode import decode, snowflake_fields
 from ..kinds import KINDS, SEGMENT
-from ..snowflake import SNOWFLAKE
+from ..snowflake import SNOWFLAKE, prepare_tag
 from ..status import runway_seconds
 from ..tag_fields import check_int, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, duration, flag, integer, show, tag_arg
@@ -159,6 +159,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
             kind=spec.kind,
             layout=spec.layout,
         )
+        await prepare_tag(pool, row)
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
