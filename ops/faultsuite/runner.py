@@ -214,7 +214,10 @@ def render(outcome: Outcome, hold_note: str) -> str:
         + "".join(f"\n     - {f}" for f in outcome.failures),
         "   timeline (s from cluster start):",
         *(f"     {t:7.2f}  {what}" for t, what in outcome.events),
-        f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed",
+        f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed"
+        if sc.kind == "segment"
+        else "   snowflake tag: no ranges; every ID checked for duplicates and time order "
+        "(one received over a second after another is larger)",
         f"   handed out: {acc.issued:,} IDs in {tally.requests:,} requests; "
         f"duplicates: {acc.total_duplicates}",
         f"   in the Redis list at the end: {acc.in_pool:,} IDs"
@@ -247,22 +250,33 @@ def render(outcome: Outcome, hold_note: str) -> str:
         f"{tally.max_request_latency:.3f} s",
         f"   attempt latency: p50 <= {tally.quantile(0.5) * 1000:g} ms, "
         f"p99 <= {tally.quantile(0.99) * 1000:g} ms, p99.9 <= {tally.quantile(0.999) * 1000:g} ms",
-        "   log events: "
-        + ", ".join(
-            f"{e}={acc.log_events[e]}"
-            for e in (
-                "range_abandoned",
-                "stale_ledger",
-                "pool_pop_failed",
-                "request_failed",
-                "preload_failed",
-                "preload_skipped",
-                "store_down",
-            )
-        ),
+        "   log events: " + ", ".join(f"{e}={acc.log_events[e]}" for e in _EVENTS[sc.kind]),
         f"   took {outcome.seconds:.1f} s",
     ]
     return "\n".join(lines)
+
+
+# The log events a scenario's report counts, by the kind of its tag.
+_EVENTS = {
+    "segment": (
+        "range_abandoned",
+        "stale_ledger",
+        "pool_pop_failed",
+        "request_failed",
+        "preload_failed",
+        "preload_skipped",
+        "store_down",
+    ),
+    "snowflake": (
+        "worker_granted",
+        "worker_renew_failed",
+        "worker_lease_lost",
+        "worker_released",
+        "clock_behind",
+        "request_failed",
+        "store_down",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
