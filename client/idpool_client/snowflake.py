@@ -22,6 +22,7 @@ checks that both make the same IDs from the same clocks.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -35,6 +36,7 @@ from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
 from .transport import Transport
 
 MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
+_monotonic = time.monotonic  # the hot path's clock: ends a unit's run (see _Run)
 
 
 class SnowflakeStopped(IdPoolError):
@@ -120,6 +122,36 @@ class Generator:
         next_ms = self._epoch + (self.last + 1) * self._unit
         return max(0.0005, (next_ms - self._clock_ms()) / 1000)
 
+    def take_unit(self) -> tuple[int, int, float] | None:
+        """An ID and the rest of its unit's sequence: (ID, end of the unit's IDs,
+        seconds until the unit or the lease ends). None: wait for the next unit.
+        The rest is the caller's to hand out: this generator moves past it."""
+        value = self.take()
+        if value is None:
+            return None
+        limit = value - self.sequence + self._max_seq + 1
+        self.sequence = self._max_seq
+        unit_end = self._epoch + (self.last + 1) * self._unit
+        left = min((unit_end - self._clock_ms()) / 1000, self.stop_at - self._monotonic())
+        return value, limit, left
+
+
+class _Run:
+    """The rest of one time unit's sequence: what ``next_id`` reads without a lock.
+
+    ``ids`` counts through the unit's IDs (one C call under the GIL: two threads
+    never draw the same); ``limit`` ends the unit's sequence; ``until`` is the
+    monotonic time the unit ends (or the lease's deadline, if sooner): past it
+    the slow path picks the current unit, so IDs stay time-ordered.
+    """
+
+    __slots__ = ("ids", "limit", "until")
+
+    def __init__(self, first: int, limit: int, until: float) -> None:
+        self.ids = itertools.count(first)
+        self.limit = limit
+        self.until = until
+
 
 class _Held:
     def __init__(self, tag: str, grant: dict[str, Any], gen: Generator) -> None:
@@ -148,18 +180,44 @@ class SnowflakeClient:
         self.transport.calls.setdefault("worker", 0)
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}"
         self._held: dict[str, _Held] = {}
+        self._runs: dict[str, _Run] = {}  # tag -> the current unit's run (the hot path)
         self._lock = threading.Lock()
         self._closed = False
 
     def next_id(self, tag: str) -> int:
         """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
-        or the clock far behind), IdPoolUnavailable (no worker ID to be had)."""
+        or the clock far behind), IdPoolUnavailable (no worker ID to be had).
+
+        No lock and one clock read while the current time unit lasts."""
+        try:
+            run = self._runs[tag]
+        except KeyError:
+            return self._slow_id(tag)
+        i = next(run.ids)
+        if i < run.limit and _monotonic() < run.until:
+            return i
+        return self._slow_id(tag)  # i is skipped, never handed out
+
+    def next_ids(self, tag: str, n: int) -> list[int]:
+        return [self.next_id(tag) for _ in range(n)]
+
+    def _slow_id(self, tag: str) -> int:
+        """A new run for the current unit, under the tag's lock: the lease's
+        deadline and the clock's steps are checked here (Generator.take), once
+        per unit. A unit chosen while the lease held is safe to finish later: a
+        new holder of the worker ID starts above the lease's expiry."""
         while True:
             held = self._held.get(tag) or self._grant(tag)
             try:
                 with held.lock:
-                    value = held.gen.take()
+                    got = held.gen.take_unit()
+                    if got is not None:
+                        value, limit, left = got
+                        # The rest of this unit's sequence goes to the lock-free path.
+                        self._runs[tag] = _Run(value + 1, limit, _monotonic() + left)
+                        return value
             except SnowflakeStopped:
+                self._runs.pop(tag, None)
                 if held.gen.lost is None or self._closed:
                     raise
                 # Lost (a renewal refused): forget it; the next round asks for a
@@ -168,12 +226,7 @@ class SnowflakeClient:
                     if self._held.get(tag) is held:
                         del self._held[tag]
                 continue
-            if value is not None:
-                return value
             time.sleep(held.gen.wait_seconds())  # the next time unit
-
-    def next_ids(self, tag: str, n: int) -> list[int]:
-        return [self.next_id(tag) for _ in range(n)]
 
     def _grant(self, tag: str) -> _Held:
         with self._lock:
@@ -223,6 +276,7 @@ class SnowflakeClient:
             self._closed = True
             held_now = list(self._held.values())
             self._held.clear()
+            self._runs.clear()
         for held in held_now:
             held.done.set()
             with held.lock:

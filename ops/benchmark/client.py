@@ -7,7 +7,9 @@ MariaDB and one ``idpool serve`` node, then times in this process, best of
 - ``next_id()`` in one thread, and ``next(itertools.count())`` beside it;
 - ``next_id()`` from 4 threads at once, and 4 threads on one shared count;
 - ``next_ids(1000)``, in IDs/s;
-- HTTP lease calls per million IDs (the client fetches in the background).
+- HTTP lease calls per million IDs (the client fetches in the background);
+- ``SnowflakeClient.next_id()`` on a snowflake tag, in 1 and 4 threads, against
+  ``next_id()`` on the segment tag (target: within 2x).
 
 Prints what it measured and the command that reproduces it. Not run by the tests.
 """
@@ -29,12 +31,14 @@ from typing import Any
 
 import pymysql
 from idpool_client import IdPoolClient
+from idpool_client.snowflake import SnowflakeClient
 
 from ops.processes import NodeProcess, env_with
 from ops.servers import RedisServer
 
 DATABASE = "idpool_bench_client"  # created and dropped here; nothing else uses it
 TAG = "bench"
+SNOWFLAKE_TAG = "sf"
 
 
 def _best_ns(statement: str, names: dict[str, Any], calls: int, repeat: int) -> float:
@@ -87,6 +91,18 @@ def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
     return results
 
 
+def measure_snowflake(client: SnowflakeClient, calls: int, repeat: int) -> dict[str, float]:
+    for _ in range(calls):
+        client.next_id(SNOWFLAKE_TAG)  # warm: the worker ID is granted on the first
+    names = {"f": client.next_id, "t": SNOWFLAKE_TAG, "r": range(calls)}
+    return {
+        "snowflake_next_id_ns": _best_ns("for _ in r: f(t)", names, calls, repeat),
+        "snowflake_next_id_4t_ns": _threads_ns(
+            lambda: client.next_id(SNOWFLAKE_TAG), 4, calls // 4, repeat
+        ),
+    }
+
+
 def report(results: dict[str, float], command: str) -> str:
     c, n = results["count_ns"], results["next_id_ns"]
     c4, n4 = results["count_4t_ns"], results["next_id_4t_ns"]
@@ -98,6 +114,12 @@ def report(results: dict[str, float], command: str) -> str:
         ("client.next_id(), 4 threads (wall per ID)", n4, f"{n4 / c4:.2f}x count"),
         ("client.next_ids(1000), per ID", batch, "target >= 50M IDs/s"),
     ]
+    if "snowflake_next_id_ns" in results:
+        f, f4 = results["snowflake_next_id_ns"], results["snowflake_next_id_4t_ns"]
+        rows += [
+            ("snowflake next_id(), 1 thread", f, f"{f / n:.2f}x client.next_id (target <= 2x)"),
+            ("snowflake next_id(), 4 threads (wall per ID)", f4, f"{f4 / n4:.2f}x client.next_id"),
+        ]
     lines = [
         f"{label:<44} {ns:8.1f} ns  {1e3 / ns:7.1f}M IDs/s  {note}" for label, ns, note in rows
     ]
@@ -126,9 +148,13 @@ def main(argv: Sequence[str]) -> int:
     try:
         cli = [sys.executable, "-m", "idpool.service.cli", "tag", "add", TAG, "--step", "1000"]
         subprocess.run(cli, env=env, check=True, stdout=subprocess.DEVNULL)
+        flake = [*cli[:-3], SNOWFLAKE_TAG, "--snowflake"]
+        subprocess.run(flake, env=env, check=True, stdout=subprocess.DEVNULL)
         node.start()
         with IdPoolClient([node.base_url], return_at_exit=False) as client:
             results = measure(client, args.calls, args.repeat)
+        with SnowflakeClient([node.base_url]) as snowflakes:
+            results.update(measure_snowflake(snowflakes, args.calls, args.repeat))
         print(f"{command}\nnode log: {node.logs[-1]}")
         print(report(results, command))
     finally:

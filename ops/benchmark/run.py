@@ -50,6 +50,7 @@ DATABASE = "idpool_bench"  # created and dropped by the benchmark; nothing else 
 MYSQL_SERVER = "mysql://root@127.0.0.1:3306"
 REDIS_PREFIX = "idpool_bench"
 BATCH = 1000
+SNOWFLAKE_TAG = "sf"  # a snowflake tag (issue 25): its /id against the segment tag's
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # units of /proc/<pid>/stat CPU times
 MAX_REDO = 2  # runs done again when one uvicorn worker got nearly all connections
 
@@ -110,6 +111,7 @@ MAIN = [
     Contender("bare ASGI (info)", "bare_asgi", "/id/bench"),
     Contender("idpool /id", "idpool", "/id/bench"),
     Contender("idpool /ids x1000", "idpool", f"/ids/bench?count={BATCH}", BATCH),
+    Contender("idpool /id snowflake", "idpool", f"/id/{SNOWFLAKE_TAG}"),
     Contender("idpool /id, access log", "idpool_log", "/id/bench"),
     Contender("redis INCR", "redis_incr", "/id/bench"),
     Contender("mysql ticket", "mysql_ticket", "/id/bench"),
@@ -160,12 +162,14 @@ class Bench:
         }
         self.add_tag("bench", self.plan.step)
         self.add_tag("leaf", self.plan.step)
+        self.add_tag(SNOWFLAKE_TAG, 0)
 
     def add_tag(self, tag: str, step: int) -> None:
+        """A segment tag of ``step``, or (step 0) a snowflake tag."""
         command = [sys.executable, "-m", "idpool.service.cli", "--log-level", "warning"]
         command += ["tag", "add"]
         subprocess.run(
-            [*command, tag, "--step", str(step)],
+            [*command, tag, *(["--step", str(step)] if step else ["--snowflake"])],
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
             cwd=ROOT,
             check=True,
@@ -438,7 +442,10 @@ def check_targets(
         for peer, factor in (("redis INCR", 3), ("mysql ticket", 30)):
             x = one["req_per_s"] / rows[peer]["req_per_s"]
             target(f"{w}w: /id >= {factor}x {peer}", f"{x:.1f}x", x >= factor)
-        errors = one["errors"] + batch["errors"]
+        flake = rows["idpool /id snowflake"]
+        x = flake["req_per_s"] / one["req_per_s"]
+        target(f"{w}w: /id snowflake >= 0.9x /id segment", f"{x:.3f}x", x >= 0.9)
+        errors = one["errors"] + batch["errors"] + flake["errors"]
         target(f"{w}w: idpool errors == 0", str(errors), errors == 0)
         ids = batch["ids_per_s"]
         target(f"{w}w: batch of {BATCH} >= 10M IDs/s", f"{ids / 1e6:.1f}M", ids >= 10e6)
