@@ -291,6 +291,8 @@ class SnowflakeKind:
         gen = held.generator
         return {
             "kind": SNOWFLAKE,
+            "current": f"worker {gen.worker}",  # the status page's buffer column
+            "used": gen.issued,
             "worker": gen.worker,
             "generation": held.grant.generation,
             "issued": gen.issued,
