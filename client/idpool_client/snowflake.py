@@ -22,6 +22,7 @@ checks that both make the same IDs from the same clocks.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import socket
@@ -57,13 +58,13 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _boot_seconds() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 # The lease deadline's clock: monotonic, and on Linux counting while the machine
 # is suspended too (as the server's pool/snowflake.py lease_clock).
-lease_clock = _boot_seconds if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+lease_clock: Callable[[], float] = (
+    functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+    if hasattr(time, "CLOCK_BOOTTIME")
+    else time.monotonic
+)
 
 
 class Generator:
