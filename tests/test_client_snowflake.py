@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from idpool_client.snowflake import TICK_SECONDS, SnowflakeClient, SnowflakeStopped
 from idpool_client.snowflake import Generator as ClientGenerator
 from idpool_client.snowflake import Layout as ClientLayout
-from idpool_client.snowflake import SnowflakeClient, SnowflakeStopped
 
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import ClockBehind, Generator, Layout
@@ -100,6 +100,38 @@ def test_a_client_that_cannot_renew_stops_before_its_lease_could_expire(
         while time.monotonic() < granted + 1.5 - 0.1:  # lease 2 s less the 0.5 s margin
             ids.next_id(tag)  # still within its lease
             time.sleep(0.01)
-        time.sleep(max(0.0, killed + 1.5 + 0.1 - time.monotonic()))
+        # the deadline, and at most one TICK_SECONDS run past it (a unit chosen in time)
+        time.sleep(max(0.0, killed + 1.5 + TICK_SECONDS + 0.1 - time.monotonic()))
         with pytest.raises(SnowflakeStopped):
             ids.next_id(tag)  # stopped before Redis could let the lease go
+
+
+def fake_node(client: SnowflakeClient, epoch_ms: int) -> None:
+    """Answers the client's grant and renewals in-process (no node)."""
+
+    def post(kind: str, path: str, payload: object, what: str, sent: object = None) -> object:
+        if "/renew" in path or "/release" in path:
+            return {}
+        layout = {"time_bits": 41, "worker_bits": 10, "sequence_bits": 12}
+        return {
+            "worker": 7,
+            "generation": 1,
+            "floor_ms": 0,
+            "ttl_ms": 60_000,
+            "margin_ms": 2_000,
+            "layout": {**layout, "unit_ms": 1, "epoch_ms": epoch_ms},
+        }
+
+    client.transport._post = post  # type: ignore[method-assign,assignment]
+
+
+def test_a_client_called_now_and_then_hands_out_the_current_time() -> None:
+    epoch = int(time.time() * 1000) - 1000
+    with SnowflakeClient("http://127.0.0.1:1") as ids:
+        fake_node(ids, epoch)
+        first = ids.next_id("t")
+        time.sleep(3 * TICK_SECONDS)
+        second = ids.next_id("t")  # not the rest of the first one's millisecond
+    layout = Layout(41, 10, 12, 1, epoch)
+    apart = layout.decode(second)["time_ms"] - layout.decode(first)["time_ms"]
+    assert apart >= 2 * TICK_SECONDS * 1000

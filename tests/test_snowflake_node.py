@@ -178,3 +178,13 @@ def test_a_new_redis_incarnation_stops_the_holder_and_grants_wait_without_claimi
             assert time.monotonic() < deadline, answer.text
             time.sleep(0.1)
         assert int(answer.text) > before
+
+
+def test_the_embedded_mode_makes_snowflake_tags_but_says_they_need_redis(
+    sqlite_settings: Settings, tag: str
+) -> None:
+    with TestClient(create_app(sqlite_settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag, layout="js53")
+        answer = c.get(f"/id/{tag}")
+        assert answer.status_code == 503 and answer.json()["error"] == "worker_unavailable"
+        assert "need Redis" in answer.json()["message"]

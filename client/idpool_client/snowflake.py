@@ -37,7 +37,7 @@ from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
 from .transport import Transport
 
 MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
-_monotonic = time.monotonic  # the hot path's clock: ends a unit's run (see _Run)
+TICK_SECONDS = 0.1  # a run ends this long after it started, at most (see _Run)
 
 
 class SnowflakeStopped(IdPoolError):
@@ -123,35 +123,33 @@ class Generator:
         next_ms = self._epoch + (self.last + 1) * self._unit
         return max(0.0005, (next_ms - self._clock_ms()) / 1000)
 
-    def take_unit(self) -> tuple[int, int, float] | None:
-        """An ID and the rest of its unit's sequence: (ID, end of the unit's IDs,
-        seconds until the unit or the lease ends). None: wait for the next unit.
-        The rest is the caller's to hand out: this generator moves past it."""
+    def take_unit(self) -> tuple[int, int] | None:
+        """An ID and the end of its unit's IDs: the rest of the unit's sequence
+        is the caller's to hand out (this generator moves past it). None: wait
+        for the next unit."""
         value = self.take()
         if value is None:
             return None
         limit = value - self.sequence + self._max_seq + 1
         self.sequence = self._max_seq
-        unit_end = self._epoch + (self.last + 1) * self._unit
-        left = min((unit_end - self._clock_ms()) / 1000, self.stop_at - self._monotonic())
-        return value, limit, left
+        return value, limit
 
 
 class _Run:
     """The rest of one time unit's sequence: what ``next_id`` reads without a lock.
 
     ``ids`` counts through the unit's IDs (one C call under the GIL: two threads
-    never draw the same); ``limit`` ends the unit's sequence; ``until`` is the
-    monotonic time the unit ends (or the lease's deadline, if sooner): past it
-    the slow path picks the current unit, so IDs stay time-ordered.
+    never draw the same); below ``limit`` no check is needed. The ticker sets
+    ``limit`` to 0 every TICK_SECONDS, so a run never hands out a time more
+    than about that old: the next ID goes through the slow path, which reads
+    the clock and the lease's deadline.
     """
 
-    __slots__ = ("ids", "limit", "until")
+    __slots__ = ("ids", "limit")
 
-    def __init__(self, first: int, limit: int, until: float) -> None:
+    def __init__(self, first: int, limit: int) -> None:
         self.ids = itertools.count(first)
         self.limit = limit
-        self.until = until
 
 
 class _Held:
@@ -184,18 +182,20 @@ class SnowflakeClient:
         self._runs: dict[str, _Run] = {}  # tag -> the current unit's run (the hot path)
         self._lock = threading.Lock()
         self._closed = False
+        self._stopped = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def next_id(self, tag: str) -> int:
         """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
         or the clock far behind), IdPoolUnavailable (no worker ID to be had).
 
-        No lock and one clock read while the current time unit lasts."""
+        No lock and no clock while the current run lasts (see _Run)."""
         try:
-            run = self._runs[tag]
+            run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
         except KeyError:
             return self._slow_id(tag)
         i = next(run.ids)
-        if i < run.limit and _monotonic() < run.until:
+        if i < run.limit:
             return i
         return self._slow_id(tag)  # i is skipped, never handed out
 
@@ -205,7 +205,7 @@ class SnowflakeClient:
     def _slow_id(self, tag: str) -> int:
         """A new run for the current unit, under the tag's lock: the lease's
         deadline and the clock's steps are checked here (Generator.take), once
-        per unit. A unit chosen while the lease held is safe to finish later: a
+        per run. A unit chosen while the lease held is safe to finish later: a
         new holder of the worker ID starts above the lease's expiry."""
         while True:
             held = self._held.get(tag) or self._grant(tag)
@@ -213,9 +213,10 @@ class SnowflakeClient:
                 with held.lock:
                     got = held.gen.take_unit()
                     if got is not None:
-                        value, limit, left = got
+                        value, limit = got
                         # The rest of this unit's sequence goes to the lock-free path.
-                        self._runs[tag] = _Run(value + 1, limit, _monotonic() + left)
+                        self._runs[tag] = _Run(value + 1, limit)
+                        self._start_ticker()
                         return value
             except SnowflakeStopped:
                 self._runs.pop(tag, None)
@@ -228,6 +229,18 @@ class SnowflakeClient:
                         del self._held[tag]
                 continue
             time.sleep(held.gen.wait_seconds())  # the next time unit
+
+    def _start_ticker(self) -> None:
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        """Ends every run TICK_SECONDS after it may have started: IDs stay
+        time-ordered at the scale of a second with no clock read per ID."""
+        while not self._stopped.wait(TICK_SECONDS):
+            for run in list(self._runs.values()):
+                run.limit = 0
 
     def _grant(self, tag: str) -> _Held:
         with self._lock:
@@ -277,7 +290,10 @@ class SnowflakeClient:
             self._closed = True
             held_now = list(self._held.values())
             self._held.clear()
+            for run in self._runs.values():
+                run.limit = 0
             self._runs.clear()
+            self._stopped.set()
         for held in held_now:
             held.done.set()
             with held.lock:
