@@ -3,12 +3,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install browser promtool clean
+.PHONY: serve test check install browser promtool galera constraints clean
 
-$(VENV)/.installed: pyproject.toml client/pyproject.toml
+# -c constraints.txt: the runtime dependencies at the versions the image pins, so
+# the tests run against what the image ships (`make constraints` after an upgrade).
+$(VENV)/.installed: pyproject.toml client/pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(PY) -m pip install --quiet -e ./client
 	touch $@
 
@@ -31,11 +33,30 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
+# tests/test_galera.py starts a 3-member MariaDB Galera cluster: the provider
+# (Debian's galera-4), rsync for its SST, and ss (iproute2), which the SST script
+# uses to see its rsync daemon listen.
+galera:
+	@{ test -e /usr/lib/galera/libgalera_smm.so && command -v rsync >/dev/null 2>&1 && \
+		command -v ss >/dev/null 2>&1; } || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync iproute2 >/dev/null; }
+
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
-test: install browser promtool
+test: install browser promtool galera
 	$(VENV)/bin/ruff check idpool pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# constraints.txt (used by the Dockerfile and `make install`): the .venv's tested
+# versions of idpool's runtime dependencies, found by installing idpool alone in a
+# scratch venv. To upgrade: `.venv/bin/pip install -U -e .`, `make constraints`, `make test`.
+constraints: install
+	rm -rf $(VENV)-constraints && python3 -m venv $(VENV)-constraints
+	$(PY) -m pip freeze --exclude-editable > $(VENV)-constraints/tested.txt
+	$(VENV)-constraints/bin/pip install --quiet -c $(VENV)-constraints/tested.txt .
+	{ grep '^#' constraints.txt; $(VENV)-constraints/bin/pip freeze | grep -v '^idpool'; } \
+		> constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf $(VENV)-constraints
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

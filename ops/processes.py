@@ -117,7 +117,11 @@ class NodeProcess:
                 self.command(), env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT
             )
         if wait:
-            self.wait_ready(ready_timeout)
+            try:
+                self.wait_ready(ready_timeout)
+            except BaseException:
+                self.kill9()  # a node that never got ready is not left running
+                raise
         return self
 
     def exited(self) -> str | None:

@@ -81,6 +81,9 @@ class RedisSentinelGroup:
 
     def __init__(self, directory: Path, *redis_args: str, sentinels: int = 3) -> None:
         self.dir = directory
+        # A full resync starts at once, not after Redis's default 5 s wait for more
+        # replicas (a returning old primary always needs one: its replication ID is gone).
+        redis_args = ("--repl-diskless-sync-delay", "0", *redis_args)
         self.servers = [
             RedisServer(directory / "redis-a", *redis_args),
             RedisServer(directory / "redis-b", *redis_args),
@@ -149,18 +152,23 @@ class RedisSentinelGroup:
             time.sleep(0.1)
         raise TimeoutError(f"Sentinels did not settle on master {port}: {self.sentinel_view()}")
 
-    def wait_replicated(self, replica: RedisServer, timeout: float) -> None:
-        """Wait until ``replica``'s link to its master is up and in sync."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_replicated(self, replica: RedisServer, timeout: float) -> float:
+        """Wait until ``replica``'s link to its master is up and in sync; returns the
+        seconds waited."""
+        started = time.monotonic()
+        role = None
+        while time.monotonic() - started < timeout:
             try:
                 info = Redis(port=replica.port, socket_timeout=1).info("replication")
+                role = info.get("role")
                 if info.get("master_link_status") == "up":
-                    return
+                    return time.monotonic() - started
             except (RedisError, OSError):
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"redis {replica.port} did not sync with its master")
+        raise TimeoutError(
+            f"redis {replica.port} did not sync with its master in {timeout:.0f}s (role: {role})"
+        )
 
     def wait_failover_started(self, timeout: float) -> float:
         """Wait until a Sentinel sees the master objectively down or is failing it

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import os
 import signal
@@ -42,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from idpool.pool.claims import create_tag
+from idpool.pool.claims import create_tag, remove_tag
 from idpool.pool.errors import ConfigError, StoreUnavailable, TagExists
 from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import IdRange
@@ -50,7 +49,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
-from .processes import NodeProcess, node_stopped, wait_port_closed, wait_ready
+from .toolkit import NodeConnections, NodeProcess, node_stopped, wait_port_closed, wait_ready
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -225,7 +224,7 @@ class Client:
             return len(self.tally.ids)
 
     def _run(self, n: int) -> None:
-        conns: dict[str, http.client.HTTPConnection] = {}
+        conns = NodeConnections(timeout=10)
         resting: dict[str, float] = {}  # node -> until when this thread leaves it alone
         interval = len(self.threads) / self.rate if self.rate > 0 else 0.0
         next_at = time.monotonic()
@@ -237,12 +236,11 @@ class Client:
             next_at += interval
             if (pause := next_at - time.monotonic()) > 0:
                 time.sleep(pause)
-        for conn in conns.values():
-            conn.close()
+        conns.close()
 
     def _request(
         self,
-        conns: dict[str, http.client.HTTPConnection],
+        conns: NodeConnections,
         resting: dict[str, float],
         i: int,
         path: str,
@@ -255,10 +253,11 @@ class Client:
             now = time.monotonic()
             order = [self.urls[(i + k) % len(self.urls)] for k in range(len(self.urls))]
             url = next((u for u in order if resting.get(u, 0.0) <= now), order[0])
-            outcome = self._attempt(conns, url, path)
-            if isinstance(outcome, list):
+            answer = conns.get_ids(url, path)
+            outcome = answer.status
+            if answer.ids is not None:
                 with self.lock:
-                    self.tally.ids.extend(outcome)
+                    self.tally.ids.extend(answer.ids)
                     self.tally.requests += 1
                 return
             resting[url] = now + REST_SECONDS
@@ -270,31 +269,6 @@ class Client:
                 self.tally.retried[outcome] += 1
             if all(resting.get(u, 0.0) > now for u in order):
                 time.sleep(0.05)  # every node failed just now: give them a moment
-
-    @staticmethod
-    def _attempt(
-        conns: dict[str, http.client.HTTPConnection], url: str, path: str
-    ) -> list[int] | str:
-        """The IDs, or why the attempt failed."""
-        conn = conns.get(url)
-        if conn is None:
-            host, _, port = url.removeprefix("http://").rpartition(":")
-            conn = conns[url] = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            body = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            del conns[url]
-            return type(e).__name__
-        if resp.status != 200:
-            try:
-                code = json.loads(body)["error"]
-            except (ValueError, KeyError, TypeError):
-                code = ""
-            return f"{resp.status} {code}".strip()
-        return [int(body)] if path.startswith("/id/") else list(json.loads(body)["ids"])
 
 
 # --- the accounting ----------------------------------------------------------
@@ -423,6 +397,18 @@ async def new_tag(settings: Settings, tag: str, step: int) -> None:
         await ledger.close()
 
 
+async def drop_tag(settings: Settings, tag: str) -> int:
+    """Remove the run's tag (`idpool tag remove`): the IDs still pooled for it are
+    wasted, and its tombstone keeps the name from ever issuing them again."""
+    ledger, pool = await open_stores(settings)
+    try:
+        _, drained = await remove_tag(ledger, pool, tag)
+    finally:
+        await pool.close()
+        await ledger.close()
+    return sum(map(len, drained))
+
+
 # --- the run -----------------------------------------------------------------
 
 
@@ -484,6 +470,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         for node in local:
             if node.proc is not None:
                 node.stop()
+        if args.local:  # a demo's tag: removed once its nodes (and preloaders) stopped
+            try:
+                drained = asyncio.run(drop_tag(settings, tag))
+                print(f"removed tag={tag} pooled_ids_wasted={drained}", flush=True)
+            except StoreUnavailable as e:
+                print(f"rolling-restart: tag {tag!r} not removed: {e}", file=sys.stderr)
 
 
 def _drive(args: argparse.Namespace, settings: Settings, tag: str, targets: list[Target]) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from .errors import (
     MarkNotRaised,
     StaleLedger,
+    StartAboveMax,
     StartBelowIssued,
     StoreBusy,
     StoreSkipped,
@@ -193,10 +194,13 @@ async def move_start(
 
     The start only ever moves forward: a start below what the ledger (or the
     high-water mark) already passed would hand those IDs out again, so it raises
-    StartBelowIssued. Ranges claimed before (in the pool, in nodes' buffers) are
-    still served. Raises UnknownTag, StoreUnavailable.
+    StartBelowIssued. A start past the tag's max would exhaust it: StartAboveMax.
+    Ranges claimed before (in the pool, in nodes' buffers) are still served.
+    Raises UnknownTag, StoreUnavailable.
     """
     row = await ledger.get_tag(tag)
+    if start >= row.end_id:  # end_id never changes after the tag is made
+        raise StartAboveMax(tag, start, row.end_id - 1)
     floor = row.max_id
     if pool is not None:
         try:
@@ -207,7 +211,7 @@ async def move_start(
         raise StartBelowIssued(tag, floor)
     # GREATEST in the ledger: a claim that lands between the read above and this
     # write only moves max_id up, and the start can never pull it back down.
-    await ledger.raise_floor(tag, start)
+    await ledger.raise_floor(tag, start, start=True)
     return await ledger.get_tag(tag)
 
 
@@ -225,6 +229,24 @@ async def disable_tag(
     disabled but not drained; calling again drains it).
     """
     row = await ledger.set_disabled(tag, True)
+    drained = [] if pool is None else await pool.take_all(tag)
+    return row, drained
+
+
+async def remove_tag(
+    ledger: LedgerStore, pool: RangeLists | None, tag: str
+) -> tuple[TagRow, list[IdRange]]:
+    """Remove ``tag``: its row and tokens go (requests get 404 ``unknown_tag``),
+    its ready ranges are taken out of the pool (returned, for the caller to count
+    as waste), and its tombstone and high-water mark stay, so the name added
+    again starts above every ID it ever issued.
+
+    The ledger first: a claim after it finds no row, so no new range can reach
+    the list once it is drained (one claimed just before and pushed just after
+    stays there unissued). Raises UnknownTag, StoreUnavailable (the ledger:
+    nothing changed; the pool: removed but its list not emptied: `pool.take_all(tag)`).
+    """
+    row = await ledger.remove_tag(tag)
     drained = [] if pool is None else await pool.take_all(tag)
     return row, drained
 

@@ -44,6 +44,17 @@ class StartBelowIssued(IdPoolError):
         self.max_id = max_id
 
 
+class StartAboveMax(IdPoolError):
+    """A start past a tag's max would leave it nothing to hand out (its max never changes)."""
+
+    def __init__(self, tag: str, start: int, top: int) -> None:
+        super().__init__(
+            f"tag {tag!r}: start {start} is above the tag's max {top}; a start there would "
+            f"leave it no ID to hand out: choose one from its current start up to {top}"
+        )
+        self.top = top
+
+
 class StoreUnavailable(IdPoolError):
     """A store (MySQL or Redis) could not be reached or did not answer in time.
 
@@ -124,8 +135,8 @@ class NoRangeAvailable(IdPoolError):
 class LeaseRefused(IdPoolError):
     """A return that is not the unused tail of a live lease; nothing was changed.
 
-    ``code`` is ``unknown_lease``, ``already_returned``, ``wrong_tag`` or
-    ``outside_lease``.
+    ``code`` is ``unknown_lease``, ``wrong_secret``, ``already_returned``,
+    ``wrong_tag`` or ``outside_lease``.
     """
 
     def __init__(self, code: str, message: str) -> None:

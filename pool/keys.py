@@ -30,8 +30,10 @@ With the default prefix ``idpool``:
     minute, checks every list's depth).
 
 ``idpool:preloader``  STRING with a TTL, the id of the one active preloader.
-    Taken with SET NX PX and renewed each tick by its holder; the other
-    preloaders stand by, one SET NX a tick each, and take over when it expires.
+    Taken with SET NX PX and renewed each tick (and before each claim) by its
+    holder; the other preloaders stand by, one SET NX a tick each, and take over
+    when it expires. Read by the push script: a preloader's push lands only
+    while it holds the lease.
 
 ``idpool:clean:{run_id}:{replid}``  STRING, present once the Redis incarnation
     with that ``run_id`` (changes on every restart) and ``master_replid`` (changes
@@ -43,8 +45,10 @@ With the default prefix ``idpool``:
 
 ``idpool:leased:{run_id}:{replid}:{lease_id}``  STRING with a TTL
     (``IDPOOL_CLIENT_LEASE_SECONDS``), one range leased to a client library:
-    ``"L tag first last end"`` while out, then the tombstone
-    ``"R tag first last end from"`` once its tail was returned. Written by a
+    ``"L tag first last end hash"`` while out, then the tombstone
+    ``"R tag first last end hash from"`` once its tail was returned; ``hash`` is
+    the SHA-256 of the lease's secret, which a return must show (the key's name
+    alone returns nothing). Written by a
     node's lease script (SET) and its return script (which also LPUSHes the tail);
     read by the return script only. The incarnation in the name means a Redis
     restored from an old snapshot cannot take a lease's return twice.

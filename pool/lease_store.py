@@ -5,10 +5,16 @@ is recorded under ``idpool:leased:{run_id}:{replid}:{lease_id}`` (see
 ``pool/keys.py``) with a TTL, so that a return (``POST /lease/return``) is taken
 only for a range idpool really leased, and only once:
 
-- a record is ``"L tag first last end"`` while the lease is out, and becomes the
-  tombstone ``"R tag first last end from"`` in the same script that pushes the
-  returned tail ``from-last`` to the head of the tag's pool list; a second return
-  finds the tombstone and is refused (``already_returned``), changing nothing;
+- a record is ``"L tag first last end hash"`` while the lease is out, and becomes
+  the tombstone ``"R tag first last end hash from"`` in the same script that
+  pushes the returned tail ``from-last`` to the head of the tag's pool list; a
+  second return finds the tombstone and is refused (``already_returned``),
+  changing nothing;
+- ``hash`` is the SHA-256 of the lease's *secret*, which only the lease answer
+  carries (never a log, a record or a page): a return must show it, so knowing a
+  lease id (the key's name, say) is not enough to return someone's lease. The
+  script compares the hashes in constant time. Logs name a lease by its
+  ``fingerprint`` (a hash of its id), never by its id or secret;
 - the key names the Redis *incarnation*, computed in the script exactly as the
   pool scripts' ``PRELUDE`` does. A Redis restored from an old snapshot (or a
   promoted replica) is a new incarnation: it cannot see the records of the old
@@ -21,6 +27,8 @@ Numbers stay decimal strings inside Lua (doubles lose 64-bit precision): ``end``
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -37,20 +45,30 @@ from .redis_pool import PRELUDE
 # KEYS[1] = pools set, KEYS[2] = incarnation key (the prelude's);
 # ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix (the prelude's),
 # ARGV[3] = leased-record prefix, ARGV[4] = TTL seconds, ARGV[5] = tag,
-# ARGV[6..] = lease_id, first, last, end, lease_id, first, ... Returns {dropped, n recorded}.
+# ARGV[6] = k, ARGV[7..6+k] = the rest ('first-last', in serving order),
+# ARGV[7+k..] = lease_id, first, last, end, secret hash, lease_id, ...
+# Returns {dropped, n recorded}.
 _RECORD = (
     PRELUDE
     + """
 local dropped = ensure_clean()
 local base = ARGV[3] .. incarnation() .. ':'
+local k = tonumber(ARGV[6])
+local leases = 7 + k
 -- SET NX: a record is written once; a (vanishingly unlikely) id clash fails the
 -- whole lease instead of overwriting another client's record.
-for i = 6, #ARGV, 4 do
+for i = leases, #ARGV, 5 do
   if redis.call('EXISTS', base .. ARGV[i]) == 1 then return {dropped, -1} end
 end
+-- The rest of the ranges cut for this lease goes back to the head of the list in
+-- the script that records the lease: it is in the list (once) exactly when the
+-- lease is recorded, and after ensure_clean, so a new incarnation cannot hold it twice.
+if k > 0 then redis.call('SADD', KEYS[1], ARGV[5]) end
+for i = 6 + k, 7, -1 do redis.call('LPUSH', ARGV[2] .. ARGV[5], ARGV[i]) end
 local n = 0
-for i = 6, #ARGV, 4 do
+for i = leases, #ARGV, 5 do
   local value = 'L ' .. ARGV[5] .. ' ' .. ARGV[i + 1] .. ' ' .. ARGV[i + 2] .. ' ' .. ARGV[i + 3]
+    .. ' ' .. ARGV[i + 4]
   redis.call('SET', base .. ARGV[i], value, 'EX', ARGV[4])
   n = n + 1
 end
@@ -59,19 +77,29 @@ return {dropped, n}
 )
 
 # Same KEYS and ARGV[1..4]; ARGV[5] = tag the caller names ('' for any),
-# ARGV[6] = lease_id, ARGV[7] = from (first unused ID, decimal).
-# Returns {dropped, verdict, tag, pushed 'from-last' or ''}.
+# ARGV[6] = lease_id, ARGV[7] = from (first unused ID, decimal), ARGV[8] = the
+# secret's hash. Returns {dropped, verdict, tag, pushed 'from-last' or ''}.
 _RETURN = (
     PRELUDE
     + """
 local function le(a, b)  -- a <= b for decimal strings without leading zeros
   return #a < #b or (#a == #b and a <= b)
 end
+local function same(a, b)  -- constant time: how long it takes says nothing of where they differ
+  if #a ~= #b then return false end
+  local diff = 0
+  for i = 1, #a do diff = bit.bor(diff, bit.bxor(string.byte(a, i), string.byte(b, i))) end
+  return diff == 0
+end
 local dropped = ensure_clean()
 local key = ARGV[3] .. incarnation() .. ':' .. ARGV[6]
 local record = redis.call('GET', key)
 if not record then return {dropped, 'unknown_lease', '', ''} end
-local state, tag, first, last, stop = string.match(record, '^(%a) (%S+) (%d+) (%d+) (%d+)')
+local state, tag, first, last, stop, hash =
+  string.match(record, '^(%a) (%S+) (%d+) (%d+) (%d+) (%x+)')
+-- The secret first: a caller without it learns nothing more (not even the tag).
+-- A record without a hash (made before secrets) cannot be returned: waste, never a hole.
+if not hash or not same(hash, ARGV[8]) then return {dropped, 'wrong_secret', '', ''} end
 if ARGV[5] ~= '' and ARGV[5] ~= tag then return {dropped, 'wrong_tag', tag, ''} end
 if state == 'R' then return {dropped, 'already_returned', tag, ''} end
 local from = ARGV[7]
@@ -79,7 +107,8 @@ if not (le(first, from) and le(from, stop)) then return {dropped, 'outside_lease
 -- Tombstone, not DEL: a retried return (its first answer lost) must read
 -- "already returned", not "unknown". Same script as the push, so a tail can
 -- reach the list at most once.
-redis.call('SET', key, 'R ' .. tag .. ' ' .. first .. ' ' .. last .. ' ' .. stop .. ' ' .. from,
+redis.call('SET', key,
+  'R ' .. tag .. ' ' .. first .. ' ' .. last .. ' ' .. stop .. ' ' .. hash .. ' ' .. from,
   'EX', ARGV[4])
 if from == stop then return {dropped, 'ok', tag, ''} end
 local tail = from .. '-' .. last
@@ -88,6 +117,21 @@ redis.call('LPUSH', ARGV[2] .. tag, tail)
 return {dropped, 'ok', tag, tail}
 """
 )
+
+
+def new_lease() -> tuple[str, str]:
+    """(lease id, secret), 128 random bits each. Only the secret's hash is stored."""
+    return secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def fingerprint(lease_id: str) -> str:
+    """What logs and messages name a lease by: 48 bits of its id's hash, enough
+    to match a client's report with a node's log, useless for a return."""
+    return hashlib.sha256(lease_id.encode()).hexdigest()[:12]
 
 
 class Returned(NamedTuple):
@@ -120,32 +164,44 @@ class LeaseStore:
         args = [self.keys.clean_prefix, self.keys.pool(""), self.keys.leased_prefix]
         return keys, [*args, str(self.ttl_seconds), tag]
 
-    async def record(self, tag: str, leases: Sequence[tuple[str, IdRange]]) -> Recorded:
-        """Record every (lease_id, range) of one answer, in one script call.
+    async def record(
+        self,
+        tag: str,
+        leases: Sequence[tuple[str, str, IdRange]],
+        rest: Sequence[IdRange] = (),
+    ) -> Recorded:
+        """Record every (lease_id, secret, range) of one answer, in one script call
+        (the secret only as its hash), and push ``rest`` (what was taken for the
+        lease beyond what it hands out) back to the head of the tag's list, in
+        serving order, in the same call.
 
         Raises StoreUnavailable (outcome unknown: the caller must not hand the
-        ranges out) or LeaseClash.
+        ranges out, nor count on ``rest`` being in the list) or LeaseClash
+        (nothing written).
         """
         keys, args = self._args(tag)
-        for lease_id, r in leases:
-            args += [lease_id, str(r.start), str(r.end - 1), str(r.end)]
+        args += [str(len(rest)), *(r.to_text() for r in rest)]
+        for lease_id, secret, r in leases:
+            args += [lease_id, str(r.start), str(r.end - 1), str(r.end), hash_secret(secret)]
         dropped, n = await self._call(self._record, keys, args)
         if int(n) < 0:
             raise LeaseClash("a lease id is already recorded")
         return Recorded(tagged_ranges(dropped))
 
-    async def give_back(self, lease_id: str, start: int, tag: str = "") -> Returned:
-        """Close the lease and push [start, end of lease) to the head of its tag's list.
+    async def give_back(self, lease_id: str, secret: str, start: int, tag: str = "") -> Returned:
+        """Close the lease and push [start, end of lease) to the head of its tag's list,
+        if ``secret`` is the lease's.
 
         Raises LeaseRefused (nothing changed) or StoreUnavailable (outcome
         unknown: the client may retry, and a retry after a success is refused
         as ``already_returned``).
         """
         keys, args = self._args(tag)
-        args += [lease_id, str(start)]
+        args += [lease_id, str(start), hash_secret(secret)]
         dropped, verdict, found_tag, tail = await self._call(self._return, keys, args)
         if verdict != "ok":
-            raise LeaseRefused(verdict, _MESSAGES[verdict].format(lease=lease_id, tag=found_tag))
+            message = _MESSAGES[verdict].format(lease=fingerprint(lease_id), tag=found_tag)
+            raise LeaseRefused(verdict, message)
         pushed = IdRange.from_text(tail) if tail else None
         return Returned(found_tag, pushed, tagged_ranges(dropped))
 
@@ -161,13 +217,17 @@ class LeaseStore:
             raise StoreUnavailable("redis", detail) from e
 
 
-_MESSAGES = {
+_MESSAGES = {  # {lease}: the fingerprint, never the id
     "unknown_lease": (
-        "lease {lease!r} is not known: it was never issued, it expired, or Redis restarted "
+        "lease {lease} is not known: it was never issued, it expired, or Redis restarted "
         "since it was issued; keep nothing, there is nothing to return"
     ),
-    "already_returned": "lease {lease!r} was already returned; nothing more to do",
-    "wrong_tag": "lease {lease!r} belongs to tag {tag!r}, not the tag given",
+    "wrong_secret": (
+        "secret does not match lease {lease}: send the secret its lease answer gave "
+        "(a lease made by a node older than secrets cannot be returned)"
+    ),
+    "already_returned": "lease {lease} was already returned; nothing more to do",
+    "wrong_tag": "lease {lease} belongs to tag {tag!r}, not the tag given",
     "outside_lease": (
         "from must lie in the lease, between its first ID and its last ID + 1 (nothing left)"
     ),

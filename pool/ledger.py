@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import warnings
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -60,6 +62,16 @@ CREATE TABLE IF NOT EXISTS {TOKENS} (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 """
 
+REMOVED = "idpool_removed_tags"
+REMOVED_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {REMOVED} (
+    tag        VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    max_id     BIGINT       NOT NULL COMMENT 'the removed row max_id: nothing above was claimed',
+    removed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+                            ON UPDATE CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT 'tombstones of removed tags, never deleted'
+"""
+
 # Tables made before a column existed get it here, in place (ensure_schema).
 # ADD COLUMN IF NOT EXISTS: two nodes starting at once both run it harmlessly.
 _MIGRATIONS = [
@@ -83,6 +95,17 @@ _CONNECTION_ERRORS = (
     TimeoutError,
 )
 _UNKNOWN_DATABASE = 1049
+_NO_SUCH_TABLE = 1146
+# ER_LOCK_DEADLOCK: Galera's certification failure (at COMMIT, or a brute-force abort
+# by a replicated write set), or an InnoDB deadlock. The server rolled the whole
+# transaction back: nothing of it was applied on any member, so it may run again.
+_DEADLOCK = 1213
+CONFLICT_ATTEMPTS = 8  # tries of a claim that keeps losing certification
+CONFLICT_BACKOFF = 0.005  # s; the n-th retry waits up to this * 2**n, at random
+# Galera: every read first waits until this member has applied every write set
+# the cluster committed before it (1: SELECT, SHOW, BEGIN), so a tag created,
+# disabled or bounded on another member is seen at once.
+GALERA_SESSION = "SET SESSION wsrep_sync_wait = 1"
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
@@ -119,9 +142,12 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
 class Ledger:
     name = "mysql"  # in /status, /metrics and 503 messages
 
-    def __init__(self, connections: Any, timeout: float) -> None:
-        self._connections = connections  # aiomysql's connection pool
+    def __init__(self, pool: Any, timeout: float, *, galera: bool = False) -> None:
+        self._pool = pool
         self._timeout = timeout
+        self.galera = galera  # a Galera member: its sessions set wsrep_sync_wait
+        # (operation, reason) -> transactions run again after a conflict (/metrics)
+        self.retries: Counter[tuple[str, str]] = Counter()
 
     @classmethod
     async def connect(cls, settings: Settings, *, create: bool | None = None) -> Ledger:
@@ -133,35 +159,42 @@ class Ledger:
         create = settings.create_database if create is None else create
         try:
             try:
-                connections = await _connect(params, settings.store_timeout, params.database)
+                pool = await _open_pool(params, settings.store_timeout, params.database)
             except pymysql.err.OperationalError as e:
                 if e.args[0] != _UNKNOWN_DATABASE or not create:
                     raise
                 await _create_database(params, settings.store_timeout)
-                connections = await _connect(params, settings.store_timeout, params.database)
+                pool = await _open_pool(params, settings.store_timeout, params.database)
+            galera = await _is_galera(pool)
+            if galera:  # again, each new connection setting wsrep_sync_wait first
+                pool.close()
+                await pool.wait_closed()
+                pool = await _open_pool(
+                    params, settings.store_timeout, params.database, GALERA_SESSION
+                )
         except _CONNECTION_ERRORS as e:
             raise StoreUnavailable(
                 "mysql",
                 f"cannot open database {params.database!r} at {params.host}:{params.port} "
                 f"as {params.user!r} (check IDPOOL_MYSQL_URL): {_describe(e)}",
             ) from e
-        ledger = cls(connections, settings.store_timeout)
+        ledger = cls(pool, settings.store_timeout, galera=galera)
         if create:
             await ledger.ensure_schema()
         return ledger
 
     async def close(self) -> None:
-        if self._connections is None:
+        if self._pool is None:
             return
-        connections, self._connections = self._connections, None
-        connections.close()
+        pool, self._pool = self._pool, None
+        pool.close()
         try:
             # A connection still held (a query stuck on the server) must not hold
             # up the stop: past the store timeout, close every connection at once.
-            await asyncio.wait_for(connections.wait_closed(), self._timeout)
+            await asyncio.wait_for(pool.wait_closed(), self._timeout)
         except TimeoutError:
-            connections.terminate()
-            await connections.wait_closed()
+            pool.terminate()
+            await pool.wait_closed()
 
     async def ensure_schema(self) -> None:
         async def op(cur: Any) -> None:
@@ -172,6 +205,7 @@ class Ledger:
                 await cur.execute("SET SESSION lock_wait_timeout = 10")
                 await cur.execute(SCHEMA)
                 await cur.execute(TOKENS_SCHEMA)
+                await cur.execute(REMOVED_SCHEMA)
                 for column, definition in _MIGRATIONS:
                     await _add_column(cur, column, definition)
                 for table in (TABLE, TOKENS):
@@ -204,14 +238,18 @@ class Ledger:
             await cur.connection.commit()
             return fresh
 
-        return await self._run(op, transaction=True)
+        return await self._run(op, transaction=True, retry="claim")
 
-    async def raise_floor(self, tag: str, floor: int) -> int:
-        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id."""
+    async def raise_floor(self, tag: str, floor: int, *, start: bool = False) -> int:
+        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id.
+        With ``start``, ``floor`` is also the tag's start from now on (an operator's)."""
 
         async def op(cur: Any) -> int:
             await cur.execute(
-                f"UPDATE {TABLE} SET max_id = GREATEST(max_id, %s) WHERE tag = %s", (floor, tag)
+                f"UPDATE {TABLE} SET max_id = GREATEST(max_id, %s)"
+                + (", start_id = %s" if start else "")
+                + " WHERE tag = %s",
+                (floor, floor, tag) if start else (floor, tag),
             )
             await cur.execute(f"SELECT max_id FROM {TABLE} WHERE tag = %s", (tag,))
             row = await cur.fetchone()
@@ -220,7 +258,7 @@ class Ledger:
                 raise UnknownTag(tag)
             return int(row[0])
 
-        return await self._run(op, transaction=True)
+        return await self._run(op, transaction=True, retry="raise_floor")
 
     async def add_tag(
         self,
@@ -247,6 +285,19 @@ class Ledger:
         check_bound(start, end_id)
 
         async def op(cur: Any) -> None:
+            # The tombstone of a removed tag of this name, read with a lock (a gap
+            # lock when there is none): a removal cannot write one between this
+            # read and our INSERT, so the tag starts above every ID it ever issued.
+            try:
+                await cur.execute(
+                    f"SELECT max_id FROM {REMOVED} WHERE tag = %s FOR UPDATE", (tag,)
+                )
+                removed = await cur.fetchone()
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                removed = None  # made before removals existed (IDPOOL_CREATE_DATABASE=0): none
+            first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
@@ -254,7 +305,7 @@ class Ledger:
                     "layout) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (
                         tag,
-                        max(start, floor),
+                        first,
                         step,
                         start,
                         description,
@@ -267,9 +318,50 @@ class Ledger:
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None
+            await cur.connection.commit()
 
-        await self._run(op)
+        await self._run(op, transaction=True)
         return await self.get_tag(tag)
+
+    async def remove_tag(self, tag: str) -> TagRow:
+        """Delete a tag's row and tokens, keeping its tombstone (``max_id``) so
+        that the name added again starts above every ID it ever issued. Returns
+        the row as it was removed. Raises UnknownTag."""
+
+        async def op(cur: Any) -> TagRow:
+            # The tombstone's row lock first, as add_tag takes it: an add and a
+            # removal of one name run one after the other, never interleaved.
+            try:
+                await cur.execute(
+                    f"INSERT INTO {REMOVED} (tag, max_id) VALUES (%s, 0) "
+                    "ON DUPLICATE KEY UPDATE max_id = max_id",
+                    (tag,),
+                )
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                raise StoreUnavailable(
+                    "mysql",
+                    f"no table {REMOVED} to keep the tag's tombstone in: run idpool once "
+                    "with IDPOOL_CREATE_DATABASE=1 (the default) to add it; nothing was removed",
+                ) from None
+            # FOR UPDATE: a claim under way finishes first, and its range is below
+            # the max_id we keep; a claim after our COMMIT finds no row.
+            await cur.execute(f"SELECT {_COLUMNS} FROM {TABLE} WHERE tag = %s FOR UPDATE", (tag,))
+            found = await cur.fetchone()
+            if found is None:
+                raise UnknownTag(tag)  # rolled back by _run, the tombstone's insert too
+            row = _tag_row(found)
+            await cur.execute(
+                f"UPDATE {REMOVED} SET max_id = GREATEST(max_id, %s) WHERE tag = %s",
+                (row.max_id, tag),
+            )
+            await cur.execute(f"DELETE FROM {TOKENS} WHERE tag = %s", (tag,))
+            await cur.execute(f"DELETE FROM {TABLE} WHERE tag = %s", (tag,))
+            await cur.connection.commit()
+            return row
+
+        return await self._run(op, transaction=True)
 
     async def set_step(self, tag: str, step: int) -> TagRow:
         """An operator's step: the new size, and the floor of the dynamic step."""
@@ -311,7 +403,7 @@ class Ledger:
             await cur.connection.commit()
             return None if row is None else int(row[0])
 
-        new = await self._run(op, transaction=True)
+        new = await self._run(op, transaction=True, retry="adapt_step")
         if new is None:
             raise UnknownTag(tag)
         return new
@@ -394,42 +486,73 @@ class Ledger:
 
         return await self._run(op)
 
-    async def _run(self, op: Callable[[Any], Awaitable[T]], *, transaction: bool = False) -> T:
-        if self._connections is None:
+    async def _run(
+        self, op: Callable[[Any], Awaitable[T]], *, transaction: bool = False, retry: str = ""
+    ) -> T:
+        """Run ``op`` on a pooled connection. With ``retry`` (the operation's name) a
+        transaction the server rolled back on a conflict runs again, at most
+        CONFLICT_ATTEMPTS times in all: it was not applied, so running it again
+        cannot claim a range twice. A lost answer is never retried (StoreUnavailable)."""
+        if self._pool is None:
             raise StoreUnavailable("mysql", "ledger is closed")
-        connections = self._connections
+        pool = self._pool
         try:
             async with asyncio.timeout(self._timeout):
-                conn = await connections.acquire()
-                try:
-                    if transaction:
-                        await conn.begin()
-                    async with conn.cursor() as cur:
-                        return await op(cur)
-                except BaseException as e:
-                    # A timeout or broken socket leaves the connection in an
-                    # unknown state (maybe mid-transaction): never reuse it.
-                    if not isinstance(e, pymysql.err.IntegrityError | _DomainErrors):
-                        conn.close()
-                    elif transaction:
-                        await conn.rollback()
-                    raise
-                finally:
-                    connections.release(conn)
+                attempt = 0
+                while True:
+                    attempt += 1
+                    try:
+                        return await self._run_once(pool, op, transaction)
+                    except pymysql.err.OperationalError as e:
+                        if not (retry and _is_conflict(e)):
+                            raise
+                        if attempt == CONFLICT_ATTEMPTS:
+                            raise StoreUnavailable(
+                                "mysql",
+                                f"{retry} rolled back by {CONFLICT_ATTEMPTS} conflicts in a row "
+                                f"(nothing applied): {_describe(e)}",
+                            ) from e
+                        self.retries[retry, "certification" if self.galera else "deadlock"] += 1
+                        # claims on several members collided: spread the next tries out
+                        await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF * 2**attempt))
         except _CONNECTION_ERRORS as e:
-            await self._drop_idle(connections)
+            await self._drop_idle(pool)
             raise StoreUnavailable("mysql", _describe(e)) from e
 
-    async def _drop_idle(self, connections: Any) -> None:
+    async def _run_once(self, pool: Any, op: Callable[[Any], Awaitable[T]], transaction: bool) -> T:
+        conn = await pool.acquire()
+        try:
+            if transaction:
+                await conn.begin()
+            async with conn.cursor() as cur:
+                return await op(cur)
+        except BaseException as e:
+            # A timeout or broken socket leaves the connection in an unknown
+            # state (maybe mid-transaction): never reuse it. After a conflict
+            # the server rolled back; the connection is sound.
+            if not isinstance(e, pymysql.err.IntegrityError | _DomainErrors) and not (
+                _is_conflict(e)
+            ):
+                conn.close()
+            elif transaction:
+                await conn.rollback()
+            raise
+        finally:
+            pool.release(conn)
+
+    async def _drop_idle(self, pool: Any) -> None:
         """After a connection error, close the idle connections too: behind a virtual
         IP or proxy that moved to a promoted replica they lead to the old server, and
         one that hangs (no RST from a vanished host) would cost a call a timeout each."""
         with contextlib.suppress(*_CONNECTION_ERRORS):
             async with asyncio.timeout(self._timeout):
-                await connections.clear()
+                await pool.clear()
 
 
 _DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable
+
+
+
 
 
 async def _exact_tag_names(cur: Any, table: str) -> None:
@@ -472,13 +595,27 @@ async def _add_column(cur: Any, column: str, definition: str) -> None:
             raise
 
 
+def _is_conflict(e: BaseException) -> bool:
+    return isinstance(e, pymysql.err.OperationalError) and bool(e.args) and e.args[0] == _DEADLOCK
+
+
+async def _is_galera(pool: Any) -> bool:
+    """Whether the server is a Galera member (``wsrep_on``); MySQL has no such variable."""
+    async with pool.acquire() as conn, conn.cursor() as cur:
+        await cur.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+        row = await cur.fetchone()
+    return row is not None and str(row[1]).upper() == "ON"
+
+
 def _describe(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "no answer in time"
     return f"{type(e).__name__}: {e}"
 
 
-async def _connect(params: MysqlParams, timeout: float, db: str) -> Any:
+async def _open_pool(
+    params: MysqlParams, timeout: float, db: str, init_command: str | None = None
+) -> Any:
     return await aiomysql.create_pool(
         host=params.host,
         port=params.port,
@@ -490,6 +627,7 @@ async def _connect(params: MysqlParams, timeout: float, db: str) -> Any:
         minsize=1,
         maxsize=4,
         pool_recycle=300,
+        init_command=init_command,
     )
 
 

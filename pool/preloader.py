@@ -298,6 +298,12 @@ class Preloader:
         return step, target, {"rate": f"{rate:.3f}", "target_depth": str(target), "step": str(step)}
 
     async def _claim_and_push(self, report: RefillReport, tag: str, need: int) -> None:
+        # Ask again before each claim: a preloader frozen past its lease (SIGSTOP,
+        # swap) wakes mid-tick while another holds it and fills the same lists.
+        if not await self.pool.lead(self.owner, self.settings.leader_seconds):
+            self.leading = False
+            report.skipped = "lease lost"
+            return
         try:
             claim = await self.claims.claim(tag, need)
         except MarkNotRaised as e:
@@ -319,6 +325,12 @@ class Preloader:
             self._abandon(report, tag, claim.range, ranges, Reason.PUSH_OUTCOME_UNKNOWN, e.detail)
             return
         self.waste.dropped(result.dropped)
+        if result.lease_lost:  # lost between the check above and the push: not pushed
+            self.leading = False
+            self._abandon(
+                report, tag, claim.range, ranges, Reason.LEADERSHIP_LOST, "another is the leader"
+            )
+            return
         report.pushed = ranges
         logger.info(
             "event=ranges_pushed tag=%s range=%s ranges=%d depth=%d",
@@ -345,10 +357,10 @@ class Preloader:
         """Push, sending again only what was never sent (no connection, or all busy)."""
         for _ in range(_BUSY_RETRIES - 1):
             try:
-                return await self.pool.push(tag, ranges, head=False)
+                return await self.pool.push(tag, ranges, head=False, leader=self.owner)
             except StoreNotSent:
                 continue
-        return await self.pool.push(tag, ranges, head=False)
+        return await self.pool.push(tag, ranges, head=False, leader=self.owner)
 
 
 def _chunks(items: list[T], size: int) -> list[list[T]]:

@@ -94,18 +94,22 @@ return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4],
 # never sent must not be taken for a Redis fault or an ambiguous write.
 MAX_CONNECTIONS = 32
 
-# KEYS[3] = pool list; ARGV[3] = tag, ARGV[4] = 'head' or 'tail', ARGV[5..] = ranges
-# in the order they should be served. Returns {dropped, new length}.
+# KEYS[3] = pool list, KEYS[4] = preloader lease; ARGV[3] = tag, ARGV[4] = 'head' or
+# 'tail', ARGV[5] = the pushing preloader's id ('' for a node), ARGV[6..] = ranges in
+# the order they should be served. Returns {dropped, new length, or -1: lease not held}.
 _PUSH = (
     PRELUDE
     + """
 local dropped = ensure_clean()
+-- A preloader frozen past its lease (SIGSTOP, swap) must not push what it claimed
+-- while the new holder fills the same list: its push counts only while it holds it.
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return {dropped, -1} end
 redis.call('SADD', KEYS[1], ARGV[3])
 local n = 0
 if ARGV[4] == 'head' then
-  for i = #ARGV, 5, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
+  for i = #ARGV, 6, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
 else
-  for i = 5, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
+  for i = 6, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
 end
 return {dropped, n}
 """
@@ -236,14 +240,21 @@ class RedisPool:
         taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, tagged_ranges(dropped), int(depth), int(target or 0))
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
+        With ``leader`` (a preloader's id), only while it holds the preloader lease:
+        otherwise nothing is pushed and the result says ``lease_lost``.
 
         Called once per batch; never retried (an error means "maybe pushed").
         """
         keys, args = self._pool_args(tag)
-        args += [tag, "head" if head else "tail", *(r.to_text() for r in ranges)]
+        keys.append(self.keys.preloader)
+        args += [tag, "head" if head else "tail", leader, *(r.to_text() for r in ranges)]
         dropped, depth = await self._call(self._push, keys, args)
+        if int(depth) < 0:
+            return PushResult(0, tagged_ranges(dropped), lease_lost=True)
         return PushResult(int(depth), tagged_ranges(dropped))
 
     async def depth(self, tag: str) -> int:
@@ -292,21 +303,40 @@ class RedisPool:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for, it counts only once that many replicas have it: a failover to a replica
         without it would leave ranges already served above the shared mark."""
-        mark, online = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
-        # Only replicas that are online count: with none (the replica was just
-        # promoted, or is down) there is nothing a failover could promote, and
-        # waiting for one would stop every claim until a new replica has synced.
-        wanted = min(self._mark_replicas, int(online))
-        if wanted:
-            ms = max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
-            acked = int(await self._plain(self.client.wait(wanted, ms)))
-            if acked < wanted:
-                raise StoreUnavailable(
-                    "redis",
-                    f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-                    "(IDPOOL_REDIS_MARK_REPLICAS)",
-                )
-        return int(mark)
+        if not self._mark_replicas:
+            mark, _ = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
+            return int(mark)
+        return int(await self._plain(self._raise_and_wait(tag, value)))
+
+    async def _raise_and_wait(self, tag: str, value: int) -> str:
+        # WAIT counts only the writes of its own connection: a WAIT sent on another
+        # pooled connection would answer for that one's writes, not the raise. So
+        # both run on one connection, held from the pool (one slot, see _plain).
+        # A plain Redis: its aclose gives the connection back and closes nothing else.
+        one = aioredis.Redis(
+            connection_pool=self.client.connection_pool, single_connection_client=True
+        )
+        try:
+            mark, online = await self._raise_hwm(
+                keys=[self.keys.hwm(tag)], args=[str(value)], client=one
+            )
+            # Only replicas that are online count: with none (the replica was just
+            # promoted, or is down) there is nothing a failover could promote, and
+            # waiting for one would stop every claim until a new replica has synced.
+            wanted = min(self._mark_replicas, int(online))
+            if wanted:
+                # half the store timeout: WAIT answers first
+                ms = max(1, int(self._slot_wait * 500))
+                acked = int(await one.wait(wanted, ms))
+                if acked < wanted:
+                    raise StoreUnavailable(
+                        "redis",
+                        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
+                        "(IDPOOL_REDIS_MARK_REPLICAS)",
+                    )
+        finally:
+            await one.aclose()
+        return str(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
         """Add IDs a node handed out to each tag's ``issued`` count (the consumption

@@ -143,6 +143,13 @@ class Settings:
     # between machines; docs/design.md, "Snowflake tags")
     worker_lease_seconds: float = 10.0
     worker_margin_seconds: float = 2.0
+    # IDPOOL_MAX_BODY_BYTES: largest request body a node reads (admin calls, lease
+    # returns: a few hundred bytes); a larger one is refused with 413 unread
+    max_body_bytes: int = 65_536
+    # IDPOOL_BODY_SECONDS: how long a request body may take to arrive, whole; a
+    # slower one is refused with 408 (a client trickling bodies over many
+    # connections would otherwise hold memory for as long as it likes)
+    body_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -190,6 +197,8 @@ class Settings:
                 "IDPOOL_WORKER_MARGIN_SECONDS must be positive and under half of "
                 "IDPOOL_WORKER_LEASE_SECONDS",
             ),
+            (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
+            (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -203,6 +212,8 @@ class Settings:
             raise ConfigError(
                 "IDPOOL_REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://"
             )
+        else:
+            _port("IDPOOL_REDIS_URL", _split_redis_url(self.redis_url))  # redis-py reads it too
         return self
 
     def with_changes(self, **changes: Any) -> Settings:
@@ -240,7 +251,7 @@ class Settings:
             raise ConfigError("IDPOOL_MYSQL_URL: database name must be letters, digits and _")
         return MysqlParams(
             host=url.hostname,
-            port=url.port or 3306,
+            port=_port("IDPOOL_MYSQL_URL", url) or 3306,
             user=unquote(url.username or "root"),
             password=unquote(url.password or ""),
             database=database,
@@ -267,20 +278,22 @@ def parse_sentinel_url(text: str) -> SentinelParams:
     if userinfo:
         user, _, secret = userinfo.partition(":")
         username, password = unquote(user) or None, unquote(secret) or None
-    sentinels = tuple(_host_port(part) for part in hostlist.split(","))
+    sentinels = tuple(_host_port(part, _shown(part, text)) for part in hostlist.split(","))
     parts = url.path.strip("/").split("/") if url.path.strip("/") else []
     if not sentinels or not 1 <= len(parts) <= 2 or not parts[0]:
         raise ConfigError(_SENTINEL_FORM + ": name the master after the hosts (/mymaster)")
     service = unquote(parts[0])
     db_text = parts[1] if len(parts) == 2 else "0"
     if not db_text.isdigit():
-        raise ConfigError(f"IDPOOL_REDIS_URL: database number {db_text!r} is not a number")
+        raise ConfigError(
+            f"IDPOOL_REDIS_URL: database number {_shown(db_text, text)} is not a number"
+        )
     sentinel_password = None
     for item in url.query.split("&") if url.query else []:
         key, eq, value = item.partition("=")
         if key != "sentinel_password" or not eq:
             raise ConfigError(
-                f"IDPOOL_REDIS_URL: unknown query parameter {key!r} "
+                f"IDPOOL_REDIS_URL: unknown query parameter {_shown(key, text)} "
                 "(a Sentinel URL takes only ?sentinel_password=...)"
             )
         sentinel_password = unquote(value) or None
@@ -294,20 +307,42 @@ def _split_redis_url(text: str) -> SplitResult:
         raise ConfigError(f"IDPOOL_REDIS_URL is not a URL: {e}") from None
 
 
-def _host_port(text: str) -> tuple[str, int]:
+# A password holding an unencoded / ? # or & ends the URL's host part (or a query
+# value) early: every piece of such a URL may then be a piece of the password.
+_ENCODE_HINT = "percent-encode / ? # @ & in a password (%2F %3F %23 %40 %26)"
+
+
+def _shown(part: str, url: str) -> str:
+    """``part`` of a store URL, quoted for an error message; hidden when the URL
+    holds a password (an error must never show a piece of one)."""
+    if "@" in url or "password" in url.lower():
+        return f"(not shown: the URL holds a password; {_ENCODE_HINT})"
+    return repr(part)
+
+
+def _port(name: str, url: SplitResult) -> int | None:
+    """The URL's port; urllib's own error would quote what it read as one, which
+    is a piece of the password when the password holds an unencoded / ? or #."""
+    try:
+        return url.port
+    except ValueError:
+        raise ConfigError(f"{name}: the port is not a number 1-65535; {_ENCODE_HINT}") from None
+
+
+def _host_port(text: str, shown: str) -> tuple[str, int]:
     host, port_text = text, ""
     if text.startswith("["):  # [::1]:26379
         host, _, rest = text[1:].partition("]")
         if rest and not rest.startswith(":"):
-            raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {text!r}")
+            raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {shown}")
         port_text = rest[1:]
     elif ":" in text:
         host, _, port_text = text.rpartition(":")
     if not host or (port_text and not port_text.isdigit()):
-        raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {text!r}")
+        raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {shown}")
     port = int(port_text) if port_text else SENTINEL_PORT
     if not 0 < port < 65536:
-        raise ConfigError(_SENTINEL_FORM + f": bad port in {text!r}")
+        raise ConfigError(_SENTINEL_FORM + f": bad port in {shown}")
     return host, port
 
 

@@ -76,6 +76,12 @@ CREATE TABLE IF NOT EXISTS idpool_nodes (
     fields  TEXT NOT NULL,  -- JSON object
     seen_at REAL NOT NULL
 );
+-- Tombstones of removed tags, never deleted: a tag added again starts above max_id.
+CREATE TABLE IF NOT EXISTS idpool_removed_tags (
+    tag        TEXT    NOT NULL PRIMARY KEY,
+    max_id     INTEGER NOT NULL,  -- the removed row's max_id: no ID at or above was claimed
+    removed_at REAL    NOT NULL
+);
 -- Per-tag tokens, hashed (pool/tokens.py).
 CREATE TABLE IF NOT EXISTS idpool_tokens (
     tag        TEXT NOT NULL,

@@ -90,14 +90,17 @@ class SqliteLedger:
 
         return await self.file.write(op)
 
-    async def raise_floor(self, tag: str, floor: int) -> int:
-        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id."""
+    async def raise_floor(self, tag: str, floor: int, *, start: bool = False) -> int:
+        """Move ``max_id`` up to at least ``floor``; never down. Returns the new max_id.
+        With ``start``, ``floor`` is also the tag's start from now on (an operator's)."""
 
         def op(conn: sqlite3.Connection) -> int:
             # MAX() of two arguments is SQLite's GREATEST: never moves max_id down.
             conn.execute(
-                "UPDATE idpool_tags SET max_id = MAX(max_id, ?), updated_at = ? WHERE tag = ?",
-                (floor, time.time(), tag),
+                "UPDATE idpool_tags SET max_id = MAX(max_id, ?), updated_at = ?"
+                + (", start_id = ?" if start else "")
+                + " WHERE tag = ?",
+                (floor, time.time(), floor, tag) if start else (floor, time.time(), tag),
             )
             return _select(conn, tag).max_id
 
@@ -123,6 +126,12 @@ class SqliteLedger:
 
         def op(conn: sqlite3.Connection) -> TagRow:
             now = time.time()
+            # Under the file's write lock (BEGIN IMMEDIATE): no removal between the
+            # tombstone's read and the INSERT; the tag starts above all it issued.
+            removed = conn.execute(
+                "SELECT max_id FROM idpool_removed_tags WHERE tag = ?", (tag,)
+            ).fetchone()
+            first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
@@ -130,7 +139,7 @@ class SqliteLedger:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         tag,
-                        max(start, floor),
+                        first,
                         step,
                         start,
                         description,
@@ -146,6 +155,24 @@ class SqliteLedger:
             except sqlite3.IntegrityError:
                 raise TagExists(tag) from None
             return _select(conn, tag)
+
+        return await self.file.write(op)
+
+    async def remove_tag(self, tag: str) -> TagRow:
+        """Delete a tag's row and tokens, keeping its tombstone (see Ledger.remove_tag)."""
+
+        def op(conn: sqlite3.Connection) -> TagRow:
+            # One write transaction: no claim between the read and the delete.
+            row = _select(conn, tag)
+            conn.execute(
+                "INSERT INTO idpool_removed_tags (tag, max_id, removed_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (tag) DO UPDATE SET max_id = MAX(max_id, excluded.max_id), "
+                "removed_at = excluded.removed_at",
+                (tag, row.max_id, time.time()),
+            )
+            conn.execute("DELETE FROM idpool_tokens WHERE tag = ?", (tag,))
+            conn.execute("DELETE FROM idpool_tags WHERE tag = ?", (tag,))
+            return row
 
         return await self.file.write(op)
 

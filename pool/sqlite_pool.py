@@ -89,10 +89,16 @@ class SqlitePool:
 
         return await self.file.write(op)
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
-        """Append fresh ranges (tail) or return remainders (head), in serving order."""
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult:
+        """Append fresh ranges (tail) or return remainders (head), in serving order;
+        with ``leader``, only while that preloader holds the lease (as in Redis)."""
 
         def op(conn: sqlite3.Connection) -> PushResult:
+            # In the push's transaction: a preloader frozen past its lease pushes nothing.
+            if leader and not _holds_lease(conn, leader):
+                return PushResult(0, [], lease_lost=True)
             # seq is read and written in one write transaction: no push interleaves.
             low, high = conn.execute(
                 "SELECT MIN(seq), MAX(seq) FROM idpool_pool WHERE tag = ?", (tag,)
@@ -278,11 +284,8 @@ class SqlitePool:
 
         def op(conn: sqlite3.Connection) -> bool:
             now = time.time()
-            # "" is no tag's name: the preloader's own row in the leases table.
-            held = conn.execute(
-                "SELECT owner FROM idpool_leases WHERE tag = '' AND expires_at > ?", (now,)
-            ).fetchone()
-            if held is not None and held[0] != owner:
+            held = _lease_holder(conn)
+            if held is not None and held != owner:
                 return False
             conn.execute(
                 "INSERT OR REPLACE INTO idpool_leases (tag, owner, expires_at) VALUES ('', ?, ?)",
@@ -297,3 +300,15 @@ class SqlitePool:
             conn.execute("DELETE FROM idpool_leases WHERE tag = '' AND owner = ?", (owner,))
 
         await self.file.write(op)
+
+
+def _lease_holder(conn: sqlite3.Connection) -> str | None:
+    # "" is no tag's name: the preloader's own row in the leases table.
+    held = conn.execute(
+        "SELECT owner FROM idpool_leases WHERE tag = '' AND expires_at > ?", (time.time(),)
+    ).fetchone()
+    return None if held is None else str(held[0])
+
+
+def _holds_lease(conn: sqlite3.Connection, owner: str) -> bool:
+    return _lease_holder(conn) == owner

@@ -97,6 +97,7 @@ class PoolSummary(NamedTuple):
 class PushResult(NamedTuple):
     depth: int
     dropped: list[TaggedRange]  # abandoned because Redis is a new incarnation
+    lease_lost: bool = False  # a preloader's push refused: another preloader leads
 
 
 def summary(depth: int, head_text: str | None, stats: dict[str, str]) -> PoolSummary:

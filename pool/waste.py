@@ -9,8 +9,9 @@ cluster totals read those counts.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 
 from .ranges import IdRange, TaggedRange
@@ -26,6 +27,9 @@ class Reason(StrEnum):
     REDIS_NEW_INCARNATION = "redis_new_incarnation"  # a restarted Redis's list held it
     TAG_DISABLED = "tag_disabled"  # ready or buffered when its tag was disabled
     LEASE_NOT_RECORDED = "lease_not_recorded"  # a lease Redis may not have recorded
+    TAG_REMOVED = "tag_removed"  # ready or buffered when its tag was removed
+    ANSWER_UNDELIVERED = "answer_undelivered"  # taken for a client that hung up first
+    LEADERSHIP_LOST = "lease_lost"  # claimed by a preloader that found another leading
     NO_POOL = "no_pool"  # a remainder at shutdown with no pool to return it to
     PUSH_NOT_SENT = "push_not_sent"  # a push never sent, retries used up
     PUSH_OUTCOME_UNKNOWN = "push_outcome_unknown"  # a push that may or may not have landed
@@ -38,14 +42,19 @@ _ERRORS = {
     Reason.LEASE_NOT_RECORDED,
     Reason.PUSH_NOT_SENT,
     Reason.PUSH_OUTCOME_UNKNOWN,
+    Reason.LEADERSHIP_LOST,
 }
 
 
 class WasteRecorder:
     """One per process: logs each range given up and counts its IDs."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._by_tag: dict[str, Counter[str]] = {}  # tag -> reason -> IDs
+        self._clock = clock
+        # answer_undelivered: logged at most once a second, with what the line stands for
+        self._undelivered_next = 0.0
+        self._undelivered_answers = self._undelivered_ids = 0
 
     def record(
         self,
@@ -83,6 +92,33 @@ class WasteRecorder:
                 reason,
                 detail,
             )
+
+    def undelivered(self, tag: str, ids: Sequence[int]) -> None:
+        """IDs taken for an answer the client never got (it hung up first): counted
+        always, logged at most once a second: a client that hangs up in a loop
+        must not flood the log."""
+        self._by_tag.setdefault(tag, Counter())[Reason.ANSWER_UNDELIVERED.value] += len(ids)
+        self._undelivered_answers += 1
+        self._undelivered_ids += len(ids)
+        now = self._clock()
+        if now < self._undelivered_next or not ids:
+            return
+        runs = [IdRange(ids[0], ids[0] + 1)]
+        for value in ids[1:]:
+            if value == runs[-1].end:
+                runs[-1] = IdRange(runs[-1].start, value + 1)
+            else:
+                runs.append(IdRange(value, value + 1))
+        logger.warning(
+            "event=range_abandoned tag=%s range=%s reason=answer_undelivered "
+            "answers_since_last=%d ids_since_last=%d",
+            tag,
+            ",".join(r.to_text() for r in runs),
+            self._undelivered_answers,
+            self._undelivered_ids,
+        )
+        self._undelivered_next = now + 1.0
+        self._undelivered_answers = self._undelivered_ids = 0
 
     def dropped(self, dropped: Iterable[TaggedRange]) -> None:
         """Ranges a new Redis incarnation held when it was cleaned (any tag)."""

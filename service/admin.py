@@ -1,5 +1,5 @@
-"""The admin API: create tags, change a step, move a start forward, disable or
-enable a tag, add, list and revoke a tag's tokens, drain the node.
+"""The admin API: create tags, change a step, move a start forward, disable,
+enable or remove a tag, add, list and revoke a tag's tokens, drain the node.
 
 Every route needs ``Authorization: Bearer <IDPOOL_ADMIN_TOKEN>``, compared in
 constant time. With no token configured the admin API is off (404). The token
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.claims import disable_tag, enable_tag, move_start, remove_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.tokens import hash_token, new_token
@@ -28,7 +28,7 @@ from idpool.pool.waste import Reason
 from .decode import snowflake_fields
 from .errors import HttpRefusal, error, json_response
 from .runtime import Runtime
-from .snowflake import prepare_tag
+from .snowflake import check_removable
 from .tag_fields import check_int, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
@@ -94,18 +94,7 @@ async def list_tags(request: Request) -> Response:
 async def add_tag(request: Request) -> Response:
     run = _admitted(request)
     spec = new_tag(await _body(request), run.settings.default_step)
-    row = await create_tag(
-        run.ledger,
-        run.pool,
-        spec.tag,
-        step=spec.step,
-        start=spec.start,
-        description=spec.description,
-        end_id=spec.end_id,
-        kind=spec.kind,
-        layout=spec.layout,
-    )
-    await prepare_tag(run.pool, row)
+    row = await spec.create(run.ledger, run.pool)
     return json_response(tag_fields(row), 201)
 
 
@@ -137,6 +126,16 @@ async def change_tag(request: Request) -> Response:
         row = await enable_tag(run.ledger, tag)
         await run.node.refresh_tags(tag)
     return json_response(tag_fields(row))
+
+
+async def remove(request: Request) -> Response:
+    run = _admitted(request)
+    tag = check_tag(request.path_params["tag"])
+    check_removable(await run.ledger.get_tag(tag))  # a tag's kind never changes
+    row, drained = await remove_tag(run.ledger, run.pool, tag)
+    run.node.waste.record(tag, drained, Reason.TAG_REMOVED)
+    await run.node.refresh_tags(tag)  # this node stops at once; others within a reload
+    return json_response({"tag": tag, "removed": tag_fields(row), "wasted": sum(map(len, drained))})
 
 
 async def add_token(request: Request) -> Response:
@@ -188,6 +187,7 @@ ROUTES = [
     Route("/admin/tags", list_tags, methods=["GET"]),
     Route("/admin/tags", add_tag, methods=["POST"]),
     Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
+    Route("/admin/tags/{tag}", remove, methods=["DELETE"]),
     Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
     Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),

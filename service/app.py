@@ -13,6 +13,7 @@ before Starlette's routing (the fast path); the routes answer everything else.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,7 +32,14 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
 from . import admin, auth, decode, leases, metrics, status_page, workers
-from .errors import HttpRefusal, answer_error, answer_http_error, error, json_response
+from .errors import (
+    ERROR_HEADER_RAW,
+    HttpRefusal,
+    answer_error,
+    answer_http_error,
+    error,
+    json_response,
+)
 from .node import Node
 from .runtime import Runtime, StoreOpener, open_runtime
 from .stats import route_of
@@ -64,6 +72,53 @@ async def check_token(node: Node, tag: str, request: Request) -> None:
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
 
 
+def _too_large(limit: int) -> str:
+    return (
+        f"the request body is over {limit} bytes (IDPOOL_MAX_BODY_BYTES); "
+        "idpool's calls take a JSON object of a few hundred bytes"
+    )
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0  # the server refuses a bad one
+    return 0
+
+
+def _limited(receive: Receive, limit: int, seconds: float) -> Receive:
+    """``receive``, refusing a body once it passes ``limit`` bytes (a chunked body
+    has no Content-Length to check up front): nothing past it is kept; and one
+    that has not arrived whole ``seconds`` after the request began (408)."""
+    seen = 0
+    deadline = time.monotonic() + seconds
+
+    async def limited() -> Message:
+        nonlocal seen
+        try:
+            async with asyncio.timeout(_left(deadline)):
+                message = await receive()
+        except TimeoutError:
+            raise HTTPException(408, _too_slow(seconds)) from None
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise HTTPException(413, _too_large(limit))
+        return message
+
+    return limited
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def _too_slow(seconds: float) -> str:
+    return (
+        f"the request body did not arrive whole within {seconds:g} s "
+        "(IDPOOL_BODY_SECONDS); send it at once"
+    )
+
+
 def _parse_count(request: Request, limit: int) -> int:
     values = request.query_params.getlist("count")
     if len(values) != 1:
@@ -82,6 +137,7 @@ _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextRes
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
+CLIENT_GONE = 499  # the request count's code for an answer not delivered (nginx's)
 
 
 class NodeApp(Starlette):
@@ -118,6 +174,8 @@ class NodeApp(Starlette):
         self.stores = stores
         self.node: Node | None = None  # the runtime's node, set by the lifespan while it serves
         self.max_count = settings.max_count  # the largest /ids count the fast path answers
+        self.max_body = settings.max_body_bytes  # the largest request body read
+        self.body_seconds = settings.body_seconds  # how long a body may take to arrive
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
@@ -132,22 +190,46 @@ class NodeApp(Starlette):
             answer = self._from_memory(node, scope["path"], scope["query_string"])
             if answer is not None:
                 route, body, content_type = answer
+                # A client that hung up before its answer: its IDs are waste, counted.
+                if (await receive())["type"] == "http.disconnect":
+                    _undelivered(node, scope["path"], route, body)
+                    return
                 node.stats.latency[route].observe(_clock() - started)  # as the routes do
+                try:
+                    await _send(send, body, content_type)
+                except OSError:  # a server that says so (ASGI 2.4) when the client is gone
+                    _undelivered(node, scope["path"], route, body)
+                    raise
                 node.stats.requests[_OK[route]] += 1
-                await _send(send, body, content_type)
                 return
-        if node is None or scope["type"] != "http":
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        counts = node.stats.requests
-        route = route_of(scope["path"])
+        if node is not None:
+            counts, errors = node.stats.requests, node.stats.errors
+            route = route_of(scope["path"])
+            answer_to = send
 
-        async def counted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                counts[(route, message["status"])] += 1
-            await send(message)
+            async def counted(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    counts[(route, message["status"])] += 1
+                    if message["status"] >= 400:
+                        for name, value in message.get("headers", ()):
+                            if name == ERROR_HEADER_RAW:
+                                errors[(route, value.decode("latin-1"))] += 1
+                await answer_to(message)
 
-        await super().__call__(scope, receive, counted)
+            send = counted
+        # Bodies are refused over the limit before they are read: up front by their
+        # Content-Length, and while read when chunked (GET routes never read one).
+        if _declared_length(scope) > self.max_body:
+            # the body is not read
+            too_large = error("body_too_large", _too_large(self.max_body), {"connection": "close"})
+            await too_large(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            receive = _limited(receive, self.max_body, self.body_seconds)
+        await super().__call__(scope, receive, send)
 
     def _from_memory(self, node: Node, path: str, query: bytes) -> Answer | None:
         """(route, body, content type) for a GET the node can answer from its
@@ -211,6 +293,17 @@ def _snowflakes(node: Node, tag: str, query: bytes, max_count: int) -> Answer | 
     return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
 
 
+def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
+    """Count the IDs of a fast answer that could not be delivered as waste."""
+    if route == "ids":
+        answer = orjson.loads(body)
+        node.undelivered(answer["tag"], answer["ids"])
+    else:
+        tag = path[4:] if path.startswith("/id/") else path[len(_LEAF_PREFIX) :]
+        node.undelivered(tag, [int(body)])
+    node.stats.requests[(route, CLIENT_GONE)] += 1
+
+
 async def _send(send: Send, body: bytes, content_type: tuple[bytes, bytes]) -> None:
     headers = [(b"content-length", str(len(body)).encode()), content_type]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -228,6 +321,9 @@ async def one_id(request: Request) -> Response:
     node: Node = request.state.run.node
     await check_token(node, tag, request)
     value = await node.next_id(tag)
+    if await request.is_disconnected():  # hung up while it waited: the ID is waste
+        node.undelivered(tag, [value])
+        return Response(status_code=CLIENT_GONE)
     node.stats.latency["id"].observe(_clock() - started)
     return PlainTextResponse(str(value))
 
@@ -241,6 +337,9 @@ async def many_ids(request: Request) -> Response:
     count = _parse_count(request, run.settings.max_count)
     await check_token(run.node, tag, request)
     ids = await run.node.next_ids(tag, count)
+    if await request.is_disconnected():
+        run.node.undelivered(tag, ids)
+        return Response(status_code=CLIENT_GONE)
     body = orjson.dumps({"tag": tag, "ids": ids})
     run.node.stats.latency["ids"].observe(_clock() - started)
     return Response(body, media_type="application/json")

@@ -18,12 +18,14 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from idpool.pool.errors import (
     Draining,
     IdPoolError,
     InvalidInput,
     LeaseRefused,
+    StartAboveMax,
     StartBelowIssued,
     TagDisabled,
     TagExhausted,
@@ -76,6 +78,7 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("bad_description", 400, "description is not a string of at most 255"),
     ErrorRow("bad_disabled", 400, "disabled is not true or false"),
     ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
+    ErrorRow("bad_secret", 400, "secret is not a secret POST /lease/{tag} answered"),
     ErrorRow("bad_from", 400, "from is not an integer"),
     ErrorRow("outside_lease", 400, "from is not between the lease's first ID and its last + 1"),
     ErrorRow("wrong_tag", 400, "the lease is another tag's"),
@@ -85,16 +88,34 @@ ERRORS: tuple[ErrorRow, ...] = (
         "missing or wrong token (the admin token; or the tag's own, for a tag with tokens)",
     ),
     ErrorRow("unknown_tag", 404, "no such tag (idpool tag add TAG)", UnknownTag),
+    ErrorRow(
+        "wrong_secret", 403, "the secret is not this lease's (only the lease answer gives it)"
+    ),
     ErrorRow("unknown_token", 404, "the tag has no token with this id"),
     ErrorRow("admin_off", 404, "the admin API is off (no IDPOOL_ADMIN_TOKEN)"),
     ErrorRow("not_found", 404, "no such path"),
-    ErrorRow("method_not_allowed", 405, "wrong method (HEAD on /id and /ids would use up IDs)"),
+    ErrorRow("http_error", 400, "another refusal of the HTTP layer (its status and detail)"),
+    ErrorRow(
+        "method_not_allowed",
+        405,
+        "wrong method; Allow lists every method the path takes "
+        "(not HEAD on /id and /ids: it would use up IDs)",
+    ),
     ErrorRow("tag_exists", 409, "the tag exists", TagExists),
     ErrorRow("start_below_issued", 409, "a start may only move forward", StartBelowIssued),
     ErrorRow("worker_lost", 409, "the worker ID's lease is gone: stop making IDs with it"),
+    ErrorRow(
+        "start_above_max", 409, "a start past the tag's max would leave it no ID", StartAboveMax
+    ),
     ErrorRow("unknown_lease", 409, "no such lease: forged, expired, or Redis restarted since"),
     ErrorRow("already_returned", 409, "returned before; a retried return has succeeded"),
     ErrorRow("tag_disabled", 410, "an operator disabled the tag", TagDisabled),
+    ErrorRow(
+        "body_too_slow", 408, "the body did not arrive whole within IDPOOL_BODY_SECONDS (10 s)"
+    ),
+    ErrorRow(
+        "body_too_large", 413, "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread"
+    ),
     ErrorRow(
         "tag_exhausted",
         503,
@@ -128,14 +149,41 @@ BY_CODE = {row.code: row for row in ERRORS}
 _BY_TYPE = {row.raised_by: row for row in ERRORS if row.raised_by is not None}
 
 
+# An error answer's code, so the metrics can tell a tag at its max (503 tag_exhausted,
+# the client's to handle) from the service failing (503 unavailable).
+ERROR_HEADER = "x-idpool-error"
+ERROR_HEADER_RAW = ERROR_HEADER.encode()
+_HEAD_REFUSED = frozenset({"/id/{tag}", "/api/segment/get/{tag}", "/ids/{tag}"})
+
+
 def json_response(body: object, status_code: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
 
 
-def error(code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    response = json_response({"error": code, "message": message}, BY_CODE[code].status)
+def error(
+    code: str, message: str, headers: dict[str, str] | None = None, status: int | None = None
+) -> Response:
+    response = json_response(
+        {"error": code, "message": message}, BY_CODE[code].status if status is None else status
+    )
+    response.headers[ERROR_HEADER] = code  # counted by error code (idpool_http_errors_total)
     response.headers.update(headers or {})
     return response
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route takes on this path, less a HEAD that is refused.
+
+    Starlette's 405 names only the first route that matched the path: OPTIONS
+    on /admin/tags said GET, HEAD, leaving out POST.
+    """
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+            if route.path in _HEAD_REFUSED:
+                methods.discard("HEAD")
+    return ", ".join(sorted(methods))
 
 
 def row_of(exc: Exception) -> ErrorRow:
@@ -176,12 +224,16 @@ async def answer_http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         response = error("not_found", f"no such path {request.url.path[:80]!r}; use {ROUTES_HINT}")
     elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
-        response = error("method_not_allowed", f"use {allowed} here, not {request.method}")
-    else:
-        response = json_response(
-            {"error": "http_error", "message": str(exc.detail)}, exc.status_code
+        allowed = _allowed(request)
+        return error(
+            "method_not_allowed", f"use {allowed} here, not {request.method}", {"allow": allowed}
         )
+    elif exc.status_code in (408, 413):
+        # the rest of the body is not read
+        code = "body_too_slow" if exc.status_code == 408 else "body_too_large"
+        response = error(code, str(exc.detail), {"connection": "close"})
+    else:
+        response = error("http_error", str(exc.detail), status=exc.status_code)
     response.headers.update(exc.headers or {})
     return response
 

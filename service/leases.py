@@ -1,10 +1,15 @@
 """The lease API: whole ranges for client libraries that hand out IDs in-process.
 
-``POST /lease/{tag}?count=N`` leases one or more ranges covering about N IDs
-(the client's wish, clamped to ``IDPOOL_CLIENT_MAX_COUNT``); every lease is
-recorded in Redis before it is answered (``pool/lease_store.py``).
-``POST /lease/return`` with ``{"lease": id, "from": first unused ID}`` takes the
-unused tail back, once, to the head of the tag's pool list.
+``POST /lease/{tag}?count=N`` leases one or more ranges covering at most N IDs
+(the client's wish, clamped to ``IDPOOL_CLIENT_MAX_COUNT``); a range longer than
+that is cut, and its rest goes back to the head of the pool list in the script
+that records the lease (``pool/lease_store.py``), before it is answered.
+``POST /lease/return`` with ``{"lease": id, "secret": ..., "tag": ..., "from":
+first unused ID}`` takes the unused tail back, once, to the head of the tag's
+pool list. It needs what only the leaseholder has: the lease's secret (given
+only in the lease answer, stored only hashed) and, for a guarded tag, one of its
+tokens, as the lease did. Logs name a lease by its fingerprint, never by its id
+or secret: a line read from a log cannot return someone's lease.
 
 A lease that could not be recorded is never handed out: its range is waste
 (``event=range_abandoned reason=lease_not_recorded``), never a range that a
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 from typing import Any
 
 import orjson
@@ -23,8 +27,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.errors import Draining, InvalidInput, LeaseClash, StoreUnavailable
-from idpool.pool.lease_store import LeaseStore
+from idpool.pool.errors import (
+    Draining,
+    InvalidInput,
+    LeaseClash,
+    LeaseRefused,
+    StoreNotSent,
+    StoreUnavailable,
+    TagDisabled,
+)
+from idpool.pool.lease_store import LeaseStore, fingerprint, new_lease
 from idpool.pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
 from idpool.pool.waste import Reason
 
@@ -34,7 +46,7 @@ from .runtime import Runtime
 
 logger = logging.getLogger("idpool.leases")
 
-LEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+LEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a lease id, and a lease secret
 
 
 async def lease_ranges(run: Runtime, tag: str, count: int) -> list[IdRange]:
@@ -68,18 +80,40 @@ def merge(ranges: list[IdRange]) -> list[IdRange]:
     return merged
 
 
-def _parse_count(request: Request, limit: int) -> int:
+def cut(ranges: list[IdRange], count: int) -> tuple[list[IdRange], list[IdRange]]:
+    """(the first ``count`` IDs of ``ranges``, the rest), both in serving order."""
+    leased: list[IdRange] = []
+    rest: list[IdRange] = []
+    wanted = count
+    for r in ranges:
+        if wanted <= 0:
+            rest.append(r)
+        elif len(r) <= wanted:
+            leased.append(r)
+            wanted -= len(r)
+        else:
+            leased.append(IdRange(r.start, r.start + wanted))
+            rest.append(IdRange(r.start + wanted, r.end))
+            wanted = 0
+    return leased, rest
+
+
+def _parse_count(request: Request, limit: int) -> int | None:
     values = request.query_params.getlist("count")
     if not values:
-        return 1  # one range, whatever its size
+        return None  # one range, whatever its size
     raw = values[0]
-    if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or raw == "0":
+    # int(raw), not raw == "0": "00" is zero too (it was leased as a 200 with no lease)
+    if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or not int(raw):
         raise InvalidInput("bad_count", f"count must be a positive integer, not {raw[:40]!r}")
     return min(int(raw), limit)  # the client's wish, clamped
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    example = '{"lease": "<id from POST /lease/{tag}>", "from": <first unused ID>}'
+    example = (
+        '{"lease": "<id>", "secret": "<secret>", "tag": "<tag>", "from": <first unused ID>}'
+        " (lease, secret: from the answer of POST /lease/{tag})"
+    )
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError:
@@ -110,43 +144,73 @@ async def lease(request: Request) -> Response:
     await run.node.tags.lookup(tag)  # its tokens are read with it
     if not auth.allowed(run.node.tags, tag, request):
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
-    ranges = merge(await lease_ranges(run, tag, count))
-    leases = [(secrets.token_urlsafe(16), r) for r in ranges]
+    taken = merge(await lease_ranges(run, tag, 1 if count is None else count))
+    # A client asks for what it may hold (its max_count bounds its holdings): a
+    # longer range is cut, and its rest goes back to the pool with the record.
+    ranges, rest = (taken, []) if count is None else cut(taken, count)
+    leases = [(*new_lease(), r) for r in ranges]
     try:
-        recorded = await store.record(tag, leases)
+        recorded = await store.record(tag, leases, rest)
     except (StoreUnavailable, LeaseClash) as e:
         # Not recorded, or not known to be: a lease that could not be returned
-        # (or, if half-known, returned twice) is never handed out. Waste instead.
-        for _, r in leases:
+        # (or, if half-known, returned twice) is never handed out, and the rest
+        # may or may not be back in the list. Waste both.
+        unsent = isinstance(e, StoreNotSent | LeaseClash)
+        rest_reason = Reason.PUSH_NOT_SENT if unsent else Reason.PUSH_OUTCOME_UNKNOWN
+        for _, _, r in leases:
             run.node.waste.record(tag, [r], Reason.LEASE_NOT_RECORDED, str(e))
+        for r in rest:
+            run.node.waste.record(tag, [r], rest_reason, str(e))
         raise HttpRefusal("unavailable", f"could not record the lease in Redis: {e}") from e
     run.node.waste.dropped(recorded.dropped)
-    for lease_id, r in leases:
-        logger.info("event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), lease_id)
-    answer = [{"lease": i, "first": r.start, "last": r.end - 1} for i, r in leases]
+    for lease_id, _, r in leases:
+        logger.info(
+            "event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), fingerprint(lease_id)
+        )
+    answer = [
+        {"lease": i, "secret": secret, "first": r.start, "last": r.end - 1}
+        for i, secret, r in leases
+    ]
     return json_response({"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer})
 
 
-def _return_fields(body: dict[str, Any]) -> tuple[str, int, str]:
-    lease_id, start, tag = body.get("lease"), body.get("from"), body.get("tag", "")
+def _return_fields(body: dict[str, Any]) -> tuple[str, str, int, str]:
+    lease_id, secret, start = body.get("lease"), body.get("secret"), body.get("from")
+    tag = body.get("tag")
     if not isinstance(lease_id, str) or not LEASE_ID.fullmatch(lease_id):
         raise InvalidInput("bad_lease", "lease must be the id POST /lease/{tag} answered")
+    if not isinstance(secret, str) or not LEASE_ID.fullmatch(secret):
+        raise InvalidInput(
+            "bad_secret", "secret must be the lease's secret POST /lease/{tag} answered"
+        )
     if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= MAX_ID + 1:
         raise InvalidInput("bad_from", "from must be the first unused ID of the lease (an integer)")
-    if not isinstance(tag, str) or (tag and not is_valid_tag(tag)):
-        raise InvalidInput("bad_tag", f"tag, if given, must be a valid tag: {TAG_RULE}")
-    return lease_id, start, tag
+    if not isinstance(tag, str) or not is_valid_tag(tag):
+        raise InvalidInput("bad_tag", f"tag must be the lease's tag, a valid tag: {TAG_RULE}")
+    return lease_id, secret, start, tag
 
 
 async def give_back(request: Request) -> Response:
-    lease_id, start, tag = _return_fields(await _body(request))
+    lease_id, secret, start, tag = _return_fields(await _body(request))
     run: Runtime = request.state.run
     store = _lease_store(run)
     try:
-        returned = await store.give_back(lease_id, start, tag)
+        await run.node.tags.lookup(tag)  # its tokens are read with it
+    except TagDisabled:
+        pass  # its tail still goes back to its pool (and its tokens are known)
+    if not auth.allowed(run.node.tags, tag, request):  # a return needs what the lease did
+        raise HttpRefusal(
+            "unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"}
+        )
+    try:
+        returned = await store.give_back(lease_id, secret, start, tag)
+    except LeaseRefused:
+        raise  # the error table answers it by its code
     except StoreUnavailable as e:
         # Outcome unknown: the client may retry; the tombstone makes that safe.
-        logger.warning("event=lease_return_failed lease=%s detail=%r", lease_id, e.detail)
+        logger.warning(
+            "event=lease_return_failed lease=%s detail=%r", fingerprint(lease_id), e.detail
+        )
         raise HttpRefusal("unavailable", f"{e}; retry the return, it is safe") from e
     run.node.waste.dropped(returned.dropped)
     tail = returned.tail
@@ -156,7 +220,7 @@ async def give_back(request: Request) -> Response:
             "event=lease_returned tag=%s range=%s lease=%s",
             returned.tag,
             tail.to_text(),
-            lease_id,
+            fingerprint(lease_id),
         )
     given = None if tail is None else {"first": tail.start, "last": tail.end - 1}
     return json_response(

@@ -162,11 +162,26 @@ class _SnapshotCollector:
         )
         for (route, code), n in sorted(self.stats.requests.items()):
             requests.add_metric([route, str(code)], n)
+        answered_errors = CounterMetricFamily(
+            "idpool_http_errors",
+            "Error answers of this node, by route and error code (the body's `error`)",
+            labels=["route", "error"],
+        )
+        for (route, error_code), n in sorted(self.stats.errors.items()):
+            answered_errors.add_metric([route, error_code], n)
+        retries = CounterMetricFamily(
+            "idpool_ledger_retries",
+            "Ledger transactions run again after the server rolled them back on a conflict "
+            "(Galera certification failure): not applied, so safe to repeat",
+            labels=["op", "reason"],
+        )
+        for retry in self.snap["node"].get("ledger_retries", ()):
+            retries.add_metric([retry["op"], retry["reason"]], retry["count"])
         build = GaugeMetricFamily(
             "idpool_build_info", "Always 1: the running version", labels=["version", "python"]
         )
         build.add_metric([VERSION, platform.python_version()], 1)
-        yield from (up, errors, latency, requests, build)
+        yield from (up, errors, retries, latency, requests, answered_errors, build)
 
 
 def _bound(value: float) -> str:

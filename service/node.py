@@ -180,6 +180,12 @@ class Node:
             self._forget(tag, buf)
             raise
 
+    def undelivered(self, tag: str, ids: list[int]) -> None:
+        """IDs taken for an answer the client never got (it hung up first): waste,
+        never served again. One log line a second at most: a client that hangs
+        up in a loop must not flood the log."""
+        self.waste.undelivered(tag, ids)
+
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
         # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
         if buf.current is None and self.buffers.get(tag) is buf:
@@ -224,19 +230,28 @@ class Node:
         through this node) every time; the whole list once a minute."""
         full = self.tags.full_at
         whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
-        names = set(self.buffers) if changed is None else {*self.buffers, changed}
+        served = {*self.buffers, *self.snowflakes}
+        names = served if changed is None else {*served, changed}
         try:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:
             return  # the copy stands; tried again next time
         for tag in self.tags.disabled() & set(self.snowflakes):
             self.snowflakes.pop(tag).lost = "an operator disabled the tag"
+        # A removed tag (idpool tag remove): no generator serves it from memory any more.
+        for tag in set(self.snowflakes) - set(self.tags.rows):
+            self.snowflakes.pop(tag).lost = "an operator removed the tag"
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
+        for tag in set(self.buffers) - set(self.tags.rows):
+            await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
 
-    async def _stop_disabled(self, tag: str, buf: SegmentBuffer) -> None:
-        """Drop a disabled tag's buffer; what it held is waste, never served again
-        (enabled, the tag goes on from fresh ranges above its ledger's max_id)."""
+    async def _stop_disabled(
+        self, tag: str, buf: SegmentBuffer, reason: Reason = Reason.TAG_DISABLED
+    ) -> None:
+        """Drop a disabled (or removed) tag's buffer; what it held is waste, never
+        served again (enabled or added again, the tag goes on from fresh ranges
+        above its ledger's max_id, or its tombstone's)."""
         if self.buffers.get(tag) is not buf:
             return
         # Out of `buffers` first, in one synchronous step: the fast path and new
@@ -246,7 +261,7 @@ class Node:
         remainder = await buf.drain()  # waits for a fetch under way: it is waste too
         self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
         self.stats.tags[tag].history.clear()
-        self.waste.record(tag, remainder, Reason.TAG_DISABLED)
+        self.waste.record(tag, remainder, reason)
 
     async def report(self) -> None:
         """Tell the preloader how many IDs this node handed out per tag since the

@@ -156,9 +156,10 @@ _LEASES: Schema = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["lease", "first", "last"],
+                "required": ["lease", "secret", "first", "last"],
                 "properties": {
                     "lease": {"type": "string"},
+                    "secret": {"type": "string"},
                     "first": {"type": "integer"},
                     "last": {"type": "integer"},
                 },
@@ -236,6 +237,15 @@ _DRAINED: Schema = {
 
 
 _TAG_ROW_REF: Schema = {"$ref": "#/components/schemas/TagRow"}
+_REMOVED: Schema = {
+    "type": "object",
+    "required": ["tag", "removed", "wasted"],
+    "properties": {
+        "tag": {"type": "string"},
+        "removed": _TAG_ROW_REF,
+        "wasted": {"type": "integer"},
+    },
+}
 
 
 def document(max_count: int) -> Schema:
@@ -311,6 +321,8 @@ def _lease_paths() -> Schema:
                     ),
                     _error("400", "bad_tag", "bad_count", "wrong_kind"),
                     *_ID_ERRORS[1:-1],
+                    _error("408", "body_too_slow"),
+                    _error("413", "body_too_large"),
                     _error("503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"),
                 ],  # fmt: skip
                 security=_TAG_SECURITY,
@@ -341,27 +353,35 @@ def _lease_paths() -> Schema:
                         "400",
                         "bad_body",
                         "bad_lease",
+                        "bad_secret",
                         "bad_from",
                         "bad_tag",
                         "outside_lease",
                         "wrong_tag",
                     ),
-                    _error("404", "not_found"),
+                    _error("401", "unauthorized"),
+                    _error("403", "wrong_secret"),
+                    _error("404", "unknown_tag", "not_found"),
                     _error("405", "method_not_allowed"),
                     _error("409", "unknown_lease", "already_returned"),
+                    _error("408", "body_too_slow"),
+                    _error("413", "body_too_large"),
                     _error("503", "unavailable", "leases_unavailable"),
                 ],  # fmt: skip
                 requestBody=_body(
                     {
                         "type": "object",
-                        "required": ["lease", "from"],
+                        "required": ["lease", "secret", "tag", "from"],
                         "properties": {
                             "lease": {"type": "string"},
+                            "secret": {"type": "string"},
                             "from": {"type": "integer"},
                             "tag": {"type": "string"},
                         },
                     }
                 ),  # fmt: skip
+                security=_TAG_SECURITY,
+                parameters=[_TOKEN_PARAM],
             )
         },
     }
@@ -502,16 +522,6 @@ def _admin_paths() -> Schema:
         },
         "additionalProperties": False,
     }
-    change: Schema = {
-        "type": "object",
-        "minProperties": 1,
-        "properties": {
-            "step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP},
-            "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
-            "disabled": {"type": "boolean"},
-        },
-        "additionalProperties": False,
-    }
     return {
         "/admin/tags": {
             "get": _admin(
@@ -544,23 +554,56 @@ def _admin_paths() -> Schema:
                         "bad_layout",
                     ),
                     _error("409", "tag_exists"),
+                    _error("408", "body_too_slow"),
+                    _error("413", "body_too_large"),
                 ],  # fmt: skip
                 requestBody=_body(new_tag),
             ),
         },
+        **_admin_tag_paths(),
+        **_admin_token_paths(),
+    }
+
+
+def _admin_tag_paths() -> Schema:
+    change: Schema = {
+        "type": "object",
+        "minProperties": 1,
+        "properties": {
+            "step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP},
+            "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            "disabled": {"type": "boolean"},
+        },
+        "additionalProperties": False,
+    }
+    return {
         "/admin/tags/{tag}": {
             "patch": _admin(
                 "Change the step, move the start forward, disable or enable",
                 [
                     _ok("the row after the change", "application/json", _TAG_ROW_REF),
                     _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"),
-                    _error("409", "start_below_issued"),
+                    _error("409", "start_below_issued", "start_above_max"),
+                    _error("408", "body_too_slow"),
+                    _error("413", "body_too_large"),
                 ],  # fmt: skip
                 parameters=[_TAG_PARAM],
                 requestBody=_body(change),
-            )
+            ),
+            "delete": _admin(
+                "Remove the tag for good: unknown from then on, its tokens dropped, its "
+                "ready ranges wasted; the name added again starts above all it issued",
+                [
+                    _ok(
+                        "the row as it was removed, and the ready IDs wasted",
+                        "application/json",
+                        _REMOVED,
+                    ),
+                    _error("400", "bad_tag", "wrong_kind"),
+                ],  # fmt: skip
+                parameters=[_TAG_PARAM],
+            ),
         },
-        **_admin_token_paths(),
     }
 
 

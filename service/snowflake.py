@@ -305,6 +305,20 @@ class SnowflakeKind:
         }
 
 
+def check_removable(row: TagRow) -> None:
+    """Refuse to remove a snowflake tag (InvalidInput ``wrong_kind``): its IDs come
+    from the clock since its layout's epoch, not from ranges, so the tombstone's
+    max_id cannot fence them, and the name added again (a new epoch: its creation)
+    would make the old tag's IDs again as its clock catches up."""
+    if row.kind == SNOWFLAKE:
+        raise InvalidInput(
+            "wrong_kind",
+            f"tag {row.tag!r} is a snowflake tag and cannot be removed: added again, its "
+            "IDs would restart from a new epoch and repeat the old ones; disable it instead "
+            f"(`idpool tag disable {row.tag}`)",
+        )
+
+
 async def prepare_tag(pool: object, row: TagRow) -> None:
     """Make the worker hash of a snowflake tag just created, so that its first
     grants need no quarantine even when several nodes race for them. Only while

@@ -51,6 +51,8 @@ class NodeStats:
         self.latency: defaultdict[str, LatencyHistogram] = defaultdict(LatencyHistogram)
         # (route, HTTP status) -> requests answered; a plain dict increment on the fast path
         self.requests: Counter[tuple[str, int]] = Counter()
+        # (route, error code) -> error answers, e.g. ("id", "tag_exhausted")
+        self.errors: Counter[tuple[str, str]] = Counter()
         self.started_at = time.time()
 
 

@@ -82,6 +82,25 @@ def runway_seconds(row: TagRow | None, pool_ids: int, rate: float | None) -> flo
     return round(left / rate, 1) if rate else None
 
 
+_YEAR_S = 365 * 86400
+_LONGEST_SHOWN_S = 1000 * _YEAR_S  # an idle tag's runway is in the trillions of days
+
+
+def runway_text(seconds: float | None, bounded: bool = True, sep: str = " ") -> str:
+    """A runway for people: 45 s, 12 m, 5.5 h, 30.0 d, 12.5 y, "> 1000 y";
+    "unbounded" for a tag with no max, "-" when there is no rate to tell."""
+    if not bounded:
+        return "unbounded"
+    if seconds is None:
+        return "-"
+    if seconds >= _LONGEST_SHOWN_S:
+        return f">{sep}1000{sep}y"
+    for unit, size in (("y", _YEAR_S), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{sep}{unit}"
+    return f"{seconds:.0f}{sep}s"
+
+
 class StoreReadsCache:
     """One round of store reads at a time, reused for STORE_READS_SECONDS: however
     many scrapers call, the stores see at most one round a second. The node's
@@ -132,16 +151,25 @@ def assemble(
         "updated_at": round(time.time(), 3),
         "cluster": cluster(view, node.node_id),
         "node": {
+            "addr": node.identity.get("addr"),
             "pid": os.getpid(),
             "started_at": node.stats.started_at,
             "uptime_s": round(time.time() - node.stats.started_at, 1),
             "draining": node.draining,
             "ready": node.not_ready() is None,
             "store_errors": dict(node.stats.store_errors),
+            "ledger_retries": ledger_retries(node),
         },
         "stores": stores,
         "tags": entries,
     }
+
+
+def ledger_retries(node: Node) -> list[dict[str, Any]]:
+    """Ledger transactions run again after a conflict (a Galera certification
+    failure), by operation and reason. Only the MySQL ledger has the counter."""
+    counts = getattr(node.source.claims.ledger, "retries", {})
+    return [{"op": op, "reason": why, "count": n} for (op, why), n in sorted(counts.items())]
 
 
 def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:

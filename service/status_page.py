@@ -12,7 +12,7 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-from .status import RUNWAY_SHORT_S, Snapshot
+from .status import RUNWAY_SHORT_S, Snapshot, runway_text
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fafbfc}
@@ -30,19 +30,16 @@ def _cell(value: Any, field: str, cls: str = "") -> str:
     return f'<td{klass} data-field="{escape(field)}">{escape(text)}</td>'
 
 
-def _runway(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def _runway_cell(seconds: float | None, field: str) -> str:
+def _runway_cell(seconds: float | None, field: str, bounded: bool) -> str:
     short = seconds is not None and seconds < RUNWAY_SHORT_S
     klass = ' class="down"' if short else ""
-    return f'<td{klass} data-value="{seconds}" data-field="{escape(field)}">{_runway(seconds)}</td>'
+    text = escape(runway_text(seconds, bounded))
+    return f'<td{klass} data-value="{seconds}" data-field="{escape(field)}">{text}</td>'
+
+
+def _bounded(t: dict[str, Any]) -> bool:
+    """False only for a tag whose row says it has no max (no row: not known)."""
+    return t.get("max") is not None or t.get("max_id") is None
 
 
 def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) -> str:
@@ -99,7 +96,7 @@ def _cluster(snap: Snapshot) -> str:
             + _cell(t["ids_per_s"], f"{p}.ids_per_s")
             + _cell(t["returned"], f"{p}.returned")
             + _cell(wasted or "0", f"{p}.wasted", "l")
-            + _runway_cell(t["runway_s"], f"{p}.runway_s")
+            + _runway_cell(t["runway_s"], f"{p}.runway_s", _bounded(t))
             + _problems(t["problems"], f"{p}.problems")
             + "</tr>"
         )
@@ -163,7 +160,7 @@ def render(snap: Snapshot) -> str:
             + _cell(pool.get("minutes_of_supply"), f"{p}.pool.minutes_of_supply")
             + _cell(t["step"], f"{p}.step")
             + _cell(t.get("max"), f"{p}.max")
-            + _runway_cell(t.get("runway_s"), f"{p}.runway_s")
+            + _runway_cell(t.get("runway_s"), f"{p}.runway_s", _bounded(t))
             + _cell(t["counters"]["ids_issued"], f"{p}.counters.ids_issued")
             + _cell(t["rate"]["node_ids_per_s"], f"{p}.rate.node_ids_per_s")
             + f'<td class="l">{_chart(t["history"])}</td>'
@@ -178,11 +175,16 @@ def render(snap: Snapshot) -> str:
         '<th class="l">last 10 min</th></tr>'
     )
     state = "draining" if node["draining"] else "serving"
+    # The tab says which node and which cluster: a PID says neither.
+    addr = escape(str(node.get("addr") or f"pid {node['pid']}"))
+    live = len((snap.get("cluster") or {}).get("nodes", []))
+    title = f"idpool {addr} · cluster of {live} live node{'s' * (live != 1)}"
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta http-equiv="refresh" content="5"><title>idpool status</title>'
+        f'<meta http-equiv="refresh" content="5"><title>{title}</title>'
         f"<style>{_STYLE}</style></head><body>"
-        f"<h1>idpool node {node['pid']}</h1>"
+        f'<h1>idpool node <span data-field="node.addr">{addr}</span> '
+        f'<span class="muted">pid {node["pid"]}</span></h1>'
         f'<div>Updated <b data-field="updated_at">'
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(snap.get('updated_at', 0)))}"
         "</b> UTC</div>"

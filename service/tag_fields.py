@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
 from idpool.pool.snowflake import LAYOUT_FIELDS, check_layout, wall_ms
+from idpool.pool.stores import HighWaterMarks, LedgerStore
+from idpool.pool.values import TagRow
 
 from .kinds import KINDS, SEGMENT
-from .snowflake import SNOWFLAKE
+from .snowflake import SNOWFLAKE, prepare_tag
 
 Spell = Callable[[str], str]
 # A snowflake tag's layout: a preset (``layout``) and overrides of its fields
@@ -62,6 +65,23 @@ class NewTag:
     description: str = ""
     kind: str = SEGMENT
     layout: str = ""  # a snowflake tag's Layout.to_text()
+
+    async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
+        """Add the tag (claims.create_tag: above any ID ever issued under its name);
+        a snowflake tag gets its worker hash (snowflake.prepare_tag)."""
+        row = await create_tag(
+            ledger,
+            pool,
+            self.tag,
+            step=self.step,
+            start=self.start,
+            description=self.description,
+            end_id=self.end_id,
+            kind=self.kind,
+            layout=self.layout,
+        )
+        await prepare_tag(pool, row)
+        return row
 
 
 def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_is) -> NewTag:

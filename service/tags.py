@@ -135,7 +135,10 @@ class TagDirectory:
             rows = await self.ledger.list_tags(names)
             tokens = await self.ledger.list_tokens()
             # In one synchronous step, as a full reload: rows and tokens agree.
-            self.rows.update((row.tag, row) for row in rows)
+            found = {row.tag: row for row in rows}
+            for gone in set(names) - set(found):
+                self.rows.pop(gone, None)  # removed (idpool tag remove): unknown from now on
+            self.rows.update(found)
             self.tokens = _hashes(tokens)
             return
         if self._loading is None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import redis
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer
 
 # The machine's MariaDB and Redis. Each test run has a database of its own (a
 # preloader fills every tag of its database, so runs must not share one), and
@@ -23,6 +24,13 @@ MYSQL_SERVER = os.environ.get("IDPOOL_TEST_MYSQL_SERVER", "mysql://root@127.0.0.
 TEST_DATABASE = f"idpool_test_{os.getpid()}"
 MYSQL_URL = f"{MYSQL_SERVER}/{TEST_DATABASE}"
 REDIS_URL = os.environ.get("IDPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# In every name a test makes (tags, key prefixes, databases): the end of the run
+# finds what this run left behind, and only that (other runs share the servers).
+RUN_MARK = f"r{os.getpid()}x"
+# Inherited by every process the run starts (env_with copies os.environ): the end
+# of the run finds any still alive, children of children and orphans included.
+RUN_ENV = "IDPOOL_TEST_RUN"
+os.environ[RUN_ENV] = str(os.getpid())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -41,10 +49,62 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the run's database, then FAIL the run if it left anything behind: a
+    process, a Redis key or a database (each then removed, so the next run starts clean)."""
     with contextlib.suppress(pymysql.err.MySQLError):
         conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True, connect_timeout=3)
         conn.cursor().execute(f"DROP DATABASE IF EXISTS `{TEST_DATABASE}`")
         conn.close()
+    leaks = leftovers()
+    if leaks:
+        session.config.get_terminal_writer().line(
+            "\ntests left behind: " + "; ".join(leaks), red=True, bold=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _run_processes() -> dict[int, str]:
+    """pid -> command line of every live process started by this run (but this one)."""
+    found = {}
+    marker = f"{RUN_ENV}={os.getpid()}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                text = command.decode(errors="replace").strip()
+                if "multiprocessing.resource_tracker" not in text:  # ends with pytest itself
+                    found[int(entry.name)] = text
+    return found
+
+
+def leftovers(grace: float = 10.0) -> list[str]:
+    """What this run left: live processes it started (after ``grace`` seconds for
+    those stopping), Redis keys and MariaDB databases with ``RUN_MARK`` in their
+    names. Each found is stopped (SIGKILL, by PID) or removed."""
+    deadline = time.monotonic() + grace
+    while (processes := _run_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leaks = [f"process {pid} ({command[:120]})" for pid, command in processes.items()]
+    for pid in processes:
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"*{RUN_MARK}*", count=1000))
+    if keys:
+        leaks.append(f"{len(keys)} Redis keys, e.g. {keys[0].decode(errors='replace')}")
+        client.delete(*keys)
+    client.close()
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True, connect_timeout=3)
+    cur = conn.cursor()
+    cur.execute("SHOW DATABASES")
+    for (name,) in cur.fetchall():
+        if RUN_MARK in name or name == TEST_DATABASE:
+            leaks.append(f"database {name}")
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    conn.close()
+    return leaks
 
 
 @pytest.fixture
@@ -53,7 +113,17 @@ def anyio_backend() -> str:
 
 
 def new_name(prefix: str = "t") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:12]}"
+    """A name of this run's own (``RUN_MARK`` in it): a tag, key prefix or database."""
+    return f"{prefix}{RUN_MARK}{uuid.uuid4().hex[:12]}"
+
+
+def drop_keys(prefix: str) -> None:
+    """Delete every Redis key under ``prefix`` (a test's or a fixture's own)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture
@@ -71,10 +141,7 @@ def settings() -> Iterator[Settings]:
         preload=False,
         store_timeout=1.0,
     )
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(f"{prefix}:*"))
-    if keys:
-        client.delete(*keys)
+    drop_keys(prefix)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ names at all). Ranges any other run took must lose nothing.
 
 from __future__ import annotations
 
-from ops.processes import NodeProcess
+from ops.toolkit import NodeProcess
 
 Run = tuple[NodeProcess, int]  # a node and the index of one of its logs
 

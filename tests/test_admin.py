@@ -111,6 +111,40 @@ def test_start_moves_forward_never_back(admin: TestClient, settings: Settings, t
     assert bad.status_code == 400 and bad.json()["error"] == "bad_start"
 
 
+def test_a_start_above_the_max_is_refused_not_exhausting_the_tag(
+    admin: TestClient, tag: str
+) -> None:
+    r = admin.post("/admin/tags", json={"tag": tag, "step": 10, "max": 100}, headers=AUTH)
+    assert r.status_code == 201
+    for start in (101, 2**63 - 1):
+        r = admin.patch(f"/admin/tags/{tag}", json={"start": start}, headers=AUTH)
+        assert r.status_code == 409 and r.json()["error"] == "start_above_max"
+        assert "max 100" in r.json()["message"]
+    assert admin.get(f"/id/{tag}").text == "1"  # nothing moved: still served
+    r = admin.patch(f"/admin/tags/{tag}", json={"start": 100}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["ids_left"] == 1  # the max itself is left
+    unbounded = tag + "u"
+    assert admin.post("/admin/tags", json={"tag": unbounded}, headers=AUTH).status_code == 201
+    r = admin.patch(f"/admin/tags/{unbounded}", json={"start": 2**63 - 1}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"] == "start_above_max"
+
+
+def test_options_and_wrong_methods_list_every_method_of_the_path(admin: TestClient) -> None:
+    # OPTIONS /admin/tags said "GET, HEAD": the first route's methods, not POST.
+    expected = {
+        "/admin/tags": "GET, HEAD, POST",
+        "/admin/tags/x": "DELETE, PATCH",  # DELETE: tag remove
+        "/admin/tags/x/tokens": "GET, HEAD, POST",
+        "/admin/tags/x/tokens/y": "DELETE",
+        "/admin/drain": "POST",
+    }
+    for path, allowed in expected.items():
+        for method in ("OPTIONS", "PUT"):
+            r = admin.request(method, path, headers=AUTH)
+            assert r.status_code == 405 and r.headers["allow"] == allowed, (path, method)
+            assert r.json()["message"] == f"use {allowed} here, not {method}"
+
+
 def test_drain_returns_remainders_and_stops_serving(
     admin: TestClient, settings: Settings, tag: str
 ) -> None:
@@ -222,3 +256,47 @@ def test_a_tag_has_a_kind_and_only_known_kinds_are_taken(admin: TestClient, tag:
     bad = admin.post("/admin/tags", json={"tag": tag + "x", "kind": "uuid7"}, headers=AUTH)
     assert bad.status_code == 400 and bad.json()["error"] == "bad_kind"
     assert "'uuid7'" in bad.json()["message"] and "segment" in bad.json()["message"]
+
+
+def test_remove_a_tag_for_good_and_add_it_again_above_all_it_issued(
+    settings: Settings, tag: str
+) -> None:
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    async def fill() -> None:
+        ledger = await Ledger.connect(settings)
+        pool = RedisPool.from_settings(settings)
+        claims = LedgerClaims(ledger, pool)
+        for _ in range(3):
+            await pool.push(tag, [(await claims.claim(tag)).range], head=False)
+        await pool.close()
+        await ledger.close()
+
+    add_tag(settings, tag, step=10)
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as admin:
+        assert admin.get(f"/id/{tag}").text == "1"  # buffer 1-10 here, ledger to 11
+        made = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH)
+        token = made.json()["token"]
+        asyncio.run(fill())  # the pool: 11-20, 21-30, 31-40
+        r = admin.delete(f"/admin/tags/{tag}", headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["removed"]["max_id"] == 41 and r.json()["wasted"] == 30
+        assert pool_ranges(settings, tag) == []
+        for headers in ({}, {"Authorization": f"Bearer {token}"}):
+            gone = admin.get(f"/id/{tag}", headers=headers)  # the buffer here is dropped too
+            assert gone.status_code == 404 and gone.json()["error"] == "unknown_tag"
+        assert all(t["tag"] != tag for t in admin.get("/admin/tags", headers=AUTH).json()["tags"])
+        metrics = admin.get("/metrics").text
+        # 30 from the pool, 9 from this node's buffer
+        assert f'idpool_ids_wasted_total{{reason="tag_removed",tag="{tag}"}} 39.0' in metrics
+        again = admin.delete(f"/admin/tags/{tag}", headers=AUTH)
+        assert again.status_code == 404 and again.json()["error"] == "unknown_tag"
+        # Redis loses the high-water mark: the ledger's tombstone still fences the name.
+        redis.Redis.from_url(settings.redis_url).delete(Keys(settings.redis_prefix).hwm(tag))
+        added = admin.post("/admin/tags", json={"tag": tag, "start": 1}, headers=AUTH)
+        assert added.status_code == 201 and added.json()["max_id"] == 41
+        assert admin.get(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["tokens"] == []
+    with TestClient(create_app(settings)) as node:  # (this one remembers the name as unknown)
+        assert node.get(f"/id/{tag}").text == "41"  # open again: its tokens went with it

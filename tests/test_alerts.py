@@ -48,3 +48,19 @@ def test_every_series_the_rules_name_is_exposed_by_a_node(settings: Settings, ta
         f"{name}_total" for name, kind in exposed if kind == "counter"
     }
     assert named <= names, f"rules name series no node exposes: {sorted(named - names)}"
+
+
+def test_tag_exhausted_answers_are_counted_apart_from_failures(
+    settings: Settings, tag: str
+) -> None:
+    """IdpoolErrorRate leaves out 503 tag_exhausted (a tag at its max), so a node
+    counts error answers by their code."""
+    add_tag(settings, tag, step=10, end_id=21)  # IDs 1..20
+    with TestClient(create_app(settings)) as c:
+        served = c.get(f"/ids/{tag}", params={"count": 20})
+        assert served.status_code == 200, served.text
+        refused = c.get(f"/id/{tag}")
+        assert refused.status_code == 503 and refused.json()["error"] == "tag_exhausted"
+        metrics = c.get("/metrics").text
+    assert 'idpool_http_requests_total{code="503",route="id"} 1.0' in metrics
+    assert 'idpool_http_errors_total{error="tag_exhausted",route="id"} 1.0' in metrics

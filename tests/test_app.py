@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
+import orjson
 import pytest
 from starlette.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
@@ -15,7 +21,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 from idpool.service.app import NodeApp, create_app
 from idpool.service.health import PROBE_EVERY
-from ops.servers import TcpProxy
+from ops.toolkit import NodeProcess, TcpProxy, env_with
 
 from .conftest import TEST_DATABASE
 
@@ -485,17 +491,23 @@ def test_a_remainder_push_that_could_not_connect_is_not_sent_not_unknown(
     assert wasted["push_not_sent"] > 0 and wasted["push_outcome_unknown"] == 0, dict(wasted)
 
 
-def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
-    client: TestClient, settings: Settings, tag: str
-) -> None:
-    async def add_future_kind() -> None:
+def add_tag_of_kind(settings: Settings, tag: str, kind: str) -> None:
+    """A ledger row of ``kind``, written as a newer idpool (or a new kind) would."""
+
+    async def go() -> None:
         ledger = await Ledger.connect(settings)
         try:
-            await ledger.add_tag(tag, step=10, start=1, kind="newer_kind")
+            await ledger.add_tag(tag, step=10, start=1, kind=kind)
         finally:
             await ledger.close()
 
-    asyncio.run(add_future_kind())
+    asyncio.run(go())
+
+
+def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag_of_kind(settings, tag, "newer_kind")
     for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
         r = client.get(path)
         assert r.status_code == 503 and r.json()["error"] == "unavailable", r.text
@@ -506,13 +518,6 @@ def test_a_tag_of_a_kind_this_node_does_not_serve_is_503(
 def test_a_tag_is_served_by_the_object_of_its_kind(
     client: TestClient, settings: Settings, tag: str
 ) -> None:
-    async def add_counting_tag() -> None:
-        ledger = await Ledger.connect(settings)
-        try:
-            await ledger.add_tag(tag, step=10, start=1, kind="counting")
-        finally:
-            await ledger.close()
-
     class Counting:  # the smallest IdKind: IDs from a counter in memory
         name = "counting"
         from_memory = False
@@ -534,10 +539,232 @@ def test_a_tag_is_served_by_the_object_of_its_kind(
         async def close(self) -> None:
             return None
 
-    asyncio.run(add_counting_tag())
+    add_tag_of_kind(settings, tag, "counting")
     node = client.app.node  # type: ignore[attr-defined]
     node.kinds["counting"] = Counting()
     assert client.get(f"/id/{tag}").text == "1"
     assert client.get(f"/ids/{tag}?count=2").json() == {"tag": tag, "ids": [2, 3]}
     assert tag not in node.buffers  # not a segment tag: no buffer, no fast path
     assert ledger_max_id(settings, tag) == 1  # and no range claimed
+
+
+def test_a_wrong_method_on_an_id_route_names_only_get(client: TestClient, tag: str) -> None:
+    # It said "use HEAD, GET" while HEAD is refused.
+    for path in (f"/id/{tag}", f"/ids/{tag}", f"/api/segment/get/{tag}"):
+        r = client.post(path)
+        assert r.status_code == 405 and r.headers["allow"] == "GET", path
+        assert r.json()["message"] == "use GET here, not POST"
+
+
+@pytest.mark.parametrize("path", ["/lease/return", "/lease/x", "/admin/tags", "/admin/tags/x"])
+def test_a_body_over_the_limit_is_refused_with_413(settings: Settings, path: str) -> None:
+    def chunked() -> Iterator[bytes]:
+        yield from [b"x" * 400] * 5  # no Content-Length: counted while read
+
+    small = settings.with_changes(max_body_bytes=1000, admin_token="t")
+    with TestClient(create_app(small)) as c:
+        method = c.patch if path == "/admin/tags/x" else c.post
+        headers = {"Authorization": "Bearer t"}
+        # POST /lease/{tag} reads no body: a chunked one is never held, and not refused.
+        for body in (b"x" * 1001, *([] if path == "/lease/x" else [chunked()])):
+            r = method(path, content=body, headers=headers)  # type: ignore[operator]
+            assert r.status_code == 413, (path, r.text)
+            assert r.json()["error"] == "body_too_large" and "1000 bytes" in r.json()["message"]
+        r = method(path, content=b"{}" + b" " * 998, headers=headers)  # type: ignore[operator]
+        assert r.status_code != 413  # at the limit: read, and answered as usual
+
+
+def _vm(pid: int, field: str) -> int:
+    """A /proc/PID/status figure in bytes (VmHWM: the peak resident memory so far)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)
+
+
+def _send_big(port: int, head: bytes, chunks: Iterator[bytes]) -> bytes:
+    """Send a request whose body the node may refuse early; read its answer meanwhile."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    answer = bytearray()
+
+    def read() -> None:
+        with contextlib.suppress(OSError):
+            while data := sock.recv(65536):
+                answer.extend(data)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    with contextlib.suppress(OSError):  # the node hangs up on a body it refused
+        sock.sendall(head)
+        for chunk in chunks:
+            sock.sendall(chunk)
+    reader.join(20)
+    sock.close()
+    return bytes(answer)
+
+
+def test_a_large_body_is_refused_unread_and_id_keeps_answering(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # Two 256 MiB bodies took a node from 47 MiB to 1,071 MiB before.
+    add_tag(settings, tag)
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+    )
+    node = NodeProcess(env, tmp_path / "node").start()
+    try:
+        assert node.proc is not None
+        url = f"{node.base_url}/id/{tag}"
+        assert urllib.request.urlopen(url, timeout=5).read() == b"1"
+        peak = _vm(node.proc.pid, "VmHWM")
+        size, mib = 64 * 2**20, b"x" * 2**20
+        start = b"POST /lease/return HTTP/1.1\r\nHost: n\r\nConnection: close\r\n"
+        declared = _send_big(
+            node.port, start + b"Content-Length: %d\r\n\r\n" % size, iter([mib] * 64)
+        )
+        chunk = b"100000\r\n" + mib + b"\r\n"  # 1 MiB chunks, no Content-Length
+        chunked = _send_big(
+            node.port, start + b"Transfer-Encoding: chunked\r\n\r\n", iter([chunk] * 64)
+        )
+        for answer in (declared, chunked):
+            assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+            assert b'"body_too_large"' in answer and b"65536 bytes" in answer
+        assert _vm(node.proc.pid, "VmHWM") - peak < size // 4  # never held the body
+        assert urllib.request.urlopen(url, timeout=5).read() == b"2"
+    finally:
+        node.stop()
+
+
+def test_a_body_that_trickles_in_is_refused_at_its_deadline(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # 800 connections each sending a body a byte a second held 80 KiB apiece for
+    # as long as they liked: a body now has IDPOOL_BODY_SECONDS to arrive whole.
+    add_tag(settings, tag)
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+        IDPOOL_BODY_SECONDS="1",
+    )
+    node = NodeProcess(env, tmp_path / "node").start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        started = time.monotonic()
+        sock.sendall(
+            b"POST /lease/return HTTP/1.1\r\nHost: n\r\nContent-Length: 100\r\n\r\n{"
+        )
+        answer = bytearray()
+        sock.settimeout(0.3)
+        while b"\r\n\r\n{" not in answer and time.monotonic() - started < 8:
+            try:
+                sock.sendall(b" ")  # a byte now and then, never the whole body
+                answer += sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        waited = time.monotonic() - started
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), bytes(answer[:200])
+        assert b'"body_too_slow"' in answer and b"IDPOOL_BODY_SECONDS" in answer
+        assert waited < 6, waited  # refused at its deadline, not when the client gave up
+        url = f"{node.base_url}/id/{tag}"
+        assert urllib.request.urlopen(url, timeout=5).read() == b"1"
+    finally:
+        node.stop()
+
+
+def _waste(c: TestClient, tag: str) -> dict[str, int]:
+    entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
+    return dict(entry["counters"]["ids_wasted"])
+
+
+def test_ids_of_an_answer_the_client_never_got_are_counted_as_waste(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    add_tag(settings, tag, step=1000)
+    app = client.app
+    assert isinstance(app, NodeApp) and client.portal is not None
+
+    async def hung_up(path: str, query: bytes = b"") -> list[Message]:
+        """A request whose client the server reports gone before the answer is sent."""
+        scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": ""}
+        scope.update(query_string=query, headers=[], http_version="1.1", scheme="http")
+        scope["state"] = client.app_state.copy()  # the lifespan state, as a server passes it
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    client.portal.call(hung_up, f"/id/{tag}")  # the routes: the first request makes the buffer
+    assert _waste(client, tag) == {"answer_undelivered": 1}
+    assert client.get(f"/id/{tag}").text == "2"  # ID 1 was not served, and not lost unseen
+    assert client.portal.call(hung_up, f"/id/{tag}") == []  # the fast path sends nothing
+    client.portal.call(hung_up, f"/ids/{tag}", b"count=5")
+    client.portal.call(hung_up, f"/ids/{tag}", b"count=5&pretty=1")  # the routes
+    assert _waste(client, tag) == {"answer_undelivered": 12}
+    assert client.get(f"/id/{tag}").text == "14"
+
+    async def send_fails(path: str) -> None:
+        """A server that raises on a send to a client that is gone (ASGI 2.4)."""
+        scope: Scope = {"type": "http", "method": "GET", "path": path, "root_path": ""}
+        scope.update(query_string=b"", headers=[], http_version="1.1", scheme="http")
+        scope["state"] = client.app_state.copy()
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Message) -> None:
+            raise OSError("the client is gone")
+
+        with pytest.raises(OSError):
+            await app(scope, receive, send)
+
+    client.portal.call(send_fails, f"/id/{tag}")  # the fast path
+    assert _waste(client, tag) == {"answer_undelivered": 13}
+    assert client.get(f"/id/{tag}").text == "16"
+    metrics = client.get("/metrics").text
+    assert f'idpool_ids_wasted_total{{reason="answer_undelivered",tag="{tag}"}} 13.0' in metrics
+
+
+def test_a_client_that_hangs_up_while_its_id_is_fetched_wastes_it_counted(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    add_tag(settings, tag)
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+    )
+    node = NodeProcess(env, tmp_path / "node").start()
+    try:
+        # The first request for the tag waits for the ledger (a lookup, a claim):
+        # the client is gone by then.
+        with socket.create_connection(("127.0.0.1", node.port), timeout=5) as sock:
+            sock.sendall(f"GET /id/{tag} HTTP/1.1\r\nHost: n\r\n\r\n".encode())
+        deadline = time.monotonic() + 10
+        wasted: dict[str, int] = {}
+        while time.monotonic() < deadline and not wasted:
+            with urllib.request.urlopen(f"{node.base_url}/status.json", timeout=5) as r:
+                tags = orjson.loads(r.read())["tags"]
+            entry = next((t for t in tags if t["tag"] == tag), None)
+            wasted = {} if entry is None else entry["counters"]["ids_wasted"]
+            time.sleep(0.05)
+        assert wasted == {"answer_undelivered": 1}
+        with urllib.request.urlopen(f"{node.base_url}/id/{tag}", timeout=5) as r:
+            assert r.read() == b"2"
+    finally:
+        node.stop()
+    assert "reason=answer_undelivered" in node.logs[-1].read_text()

@@ -17,7 +17,7 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 
-from .conftest import TEST_DATABASE
+from .conftest import MYSQL_SERVER, TEST_DATABASE, new_name
 
 pytestmark = pytest.mark.anyio
 
@@ -216,10 +216,28 @@ async def test_double_fault_redis_blip_then_mysql_rewind_repeats_nothing(
         assert r.end <= other.range.start or other.range.end <= r.start, (r, other.range)
 
 
-async def test_tag_names_compare_exactly_even_in_an_old_table(ledger: Ledger, tag: str) -> None:
+async def test_tag_names_compare_exactly_even_in_an_old_table(
+    settings: Settings, tag: str
+) -> None:
     # With the database's case-insensitive collation, ORDERS found the row orders:
     # a node served it as a tag of its own, without orders's tokens or disabled flag.
-    conn = pymysql.connect(host="127.0.0.1", user="root", database=TEST_DATABASE, autocommit=True)
+    # A database of its own: the shared one may hold tags other tests made that
+    # differ only in case, which the old collation's unique key would refuse.
+    database = new_name("idpool_old_table_")
+    ledger = await Ledger.connect(
+        settings.with_changes(mysql_url=f"{MYSQL_SERVER}/{database}")
+    )
+    try:
+        await _compare_exactly_in_an_old_table(ledger, database, tag)
+    finally:
+        await ledger.close()
+        conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{database}`")
+        conn.close()
+
+
+async def _compare_exactly_in_an_old_table(ledger: Ledger, database: str, tag: str) -> None:
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=database, autocommit=True)
     conn.cursor().execute(
         f"ALTER TABLE {TABLE} MODIFY tag VARCHAR(64) "
         "CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL"
@@ -229,7 +247,7 @@ async def test_tag_names_compare_exactly_even_in_an_old_table(ledger: Ledger, ta
     cursor.execute(
         "SELECT COLLATION_NAME FROM information_schema.COLUMNS "
         "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND COLUMN_NAME = 'tag'",
-        (TEST_DATABASE, TABLE),
+        (database, TABLE),
     )
     assert cursor.fetchone() == ("utf8mb4_bin",)
     conn.close()

@@ -8,7 +8,7 @@ import pytest
 
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout
-from ops.processes import env_with, free_port
+from ops.toolkit import env_with, free_port
 
 
 def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -34,11 +34,17 @@ def test_tag_add_list_step_and_pool_show(settings: Settings, tag: str) -> None:
     assert any(
         line.split()[:4] == [tag, "1000", "250", "1000"] for line in listed.stdout.splitlines()
     )
+    row = next(line.split() for line in listed.stdout.splitlines() if line.startswith(tag))
+    assert row[4:6] == ["-", "unbounded"]  # no max: no runway to count down
     assert idpool(settings, "tag", "step", tag, "500").returncode == 0
     back = idpool(settings, "tag", "start", tag, "999")
     assert back.returncode == 2 and "can only move forward, to 1000 or above" in back.stderr
     moved = idpool(settings, "tag", "start", tag, "7000")
     assert moved.returncode == 0 and "starts at 7000" in moved.stdout
+    listed = idpool(settings, "tag", "list")  # the start now, not the one it was added with
+    assert any(
+        line.split()[:4] == [tag, "7000", "500", "7000"] for line in listed.stdout.splitlines()
+    ), listed.stdout
     shown = idpool(settings, "pool", "show")
     assert shown.returncode == 0, shown.stderr
     row = next(line.split() for line in shown.stdout.splitlines() if line.startswith(tag))
@@ -58,7 +64,9 @@ def test_invalid_tag_is_refused(settings: Settings) -> None:
 
 def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
     port = free_port()
-    r = idpool(settings, "serve", IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x")
+    # never the default port: a node the user runs there (`make serve`) must not matter
+    serve = ("serve", "--port", str(free_port()))
+    r = idpool(settings, *serve, IDPOOL_MYSQL_URL=f"mysql://root@127.0.0.1:{port}/x")
     assert r.returncode == 3 and "IDPOOL_MYSQL_URL" in r.stderr
     r = idpool(settings, "pool", "show", IDPOOL_REDIS_URL=f"redis://127.0.0.1:{port}/0")
     assert r.returncode == 3 and "IDPOOL_REDIS_URL" in r.stderr
@@ -76,7 +84,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
     import signal
     import urllib.request
 
-    from ops.processes import wait_for_port
+    from ops.toolkit import wait_for_port
 
     assert idpool(settings, "tag", "add", tag, "--step", "1000").returncode == 0
     port = free_port()
@@ -132,6 +140,36 @@ def test_common_options_are_taken_after_the_subcommand_too(settings: Settings) -
         assert r.returncode == 2 and "two different ledgers" in r.stderr, r.stderr
 
 
+def test_version_prints_the_version() -> None:
+    from idpool.service.metrics import VERSION
+
+    r = subprocess.run(
+        [sys.executable, "-m", "idpool.service.cli", "--version"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.strip() == f"idpool {VERSION}", r
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (("--port", "99999"), 2, "argument --port: 99999 is not a port: use 1 to 65535"),
+        (("--port", "0"), 2, "argument --port: 0 is not a port"),
+        (("--port", "eighty"), 2, "argument --port: 'eighty' is not a port number"),
+        (("--workers", "0"), 2, "argument --workers: 0 must be from 1 to"),
+        (("--host", "999.1.1.1"), 4, "'999.1.1.1' is not an address or host name"),
+    ],
+)
+def test_bad_serve_options_get_one_clear_line(
+    settings: Settings, args: tuple[str, ...], code: int, message: str
+) -> None:
+    port = ("--port", str(free_port())) if "--port" not in args else ()
+    r = idpool(settings, "serve", *port, *args)
+    assert r.returncode == code and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    if "--host" in args:
+        assert "--host" in r.stderr and "--port" not in r.stderr
+
+
 def test_a_port_in_use_is_said_plainly(settings: Settings) -> None:
     import socket
 
@@ -152,7 +190,7 @@ def test_sigterm_stops_a_node_without_an_error_line(
     import time
     import urllib.request
 
-    from ops.processes import wait_for_port
+    from ops.toolkit import wait_for_port
 
     assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
     port = free_port()
@@ -203,14 +241,19 @@ def test_tag_max_disable_enable_and_list(settings: Settings, tag: str) -> None:
     assert listed()[-1] == "enabled"
     missing = idpool(settings, "tag", "disable", tag + "nope")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+    # A start past the max would leave the tag nothing: refused, and nothing moved.
+    past = idpool(settings, "tag", "start", tag, str(2**53))
+    assert past.returncode == 2 and f"above the tag's max {js_max}" in past.stderr
+    assert listed()[1] == "1"
 
 
 def test_tag_token_add_list_revoke(settings: Settings, tag: str) -> None:
     assert idpool(settings, "tag", "add", tag).returncode == 0
     added = idpool(settings, "tag", "token", "add", tag)
     assert added.returncode == 0, added.stderr
-    lines = added.stdout.splitlines()
-    token_id, token = lines[0].split()[2], lines[1]
+    # the token alone on stdout, as TOKEN=$(idpool tag token add TAG) needs; words on stderr
+    assert added.stdout.count("\n") == 1
+    token, token_id = added.stdout.strip(), added.stderr.split()[2]
     assert len(token) >= 40 and token not in added.stderr  # shown once, never logged
     listed = idpool(settings, "tag", "token", "list", tag)
     assert listed.stdout.split()[0] == token_id and token not in listed.stdout
@@ -249,6 +292,35 @@ def test_a_token_is_redacted_however_its_name_is_spelled() -> None:
         line = _redact(f'"GET /id/orders?{query} HTTP/1.1" 200')
         assert "s3cr3t" not in line and "[redacted]" in line, line
     assert _redact("GET /ids/orders?count=3") == "GET /ids/orders?count=3"
+    # A client that separates parameters with ; (Starlette does not) still sent its token.
+    assert "s3cr3t" not in _redact('"GET /id/orders?x=1;token=s3cr3t HTTP/1.1" 401')
+
+
+def test_tag_remove_needs_yes_and_the_name_comes_back_above_all_it_issued(
+    settings: Settings, tag: str
+) -> None:
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
+    plain = redis.Redis.from_url(settings.redis_url)
+    plain.rpush(Keys(settings.redis_prefix).pool(tag), "1-100", "101-200")  # as if preloaded
+    idpool(settings, "tag", "start", tag, "201")  # the ledger is past the pooled ranges
+    asked = idpool(settings, "tag", "remove", tag)
+    assert asked.returncode == 2 and "--yes" in asked.stderr and "for good" in asked.stderr
+    assert tag in idpool(settings, "tag", "list").stdout  # nothing done without --yes
+    removed = idpool(settings, "tag", "remove", tag, "--yes")
+    assert removed.returncode == 0, removed.stderr
+    assert "removed" in removed.stdout and "200 ready IDs in 2 ranges wasted" in removed.stdout
+    assert "reason=tag_removed" in removed.stderr
+    assert plain.llen(Keys(settings.redis_prefix).pool(tag)) == 0
+    assert tag not in idpool(settings, "tag", "list").stdout
+    again = idpool(settings, "tag", "remove", tag, "--yes")
+    assert again.returncode == 2 and "does not exist" in again.stderr
+    plain.delete(Keys(settings.redis_prefix).hwm(tag))  # Redis lost the high-water mark
+    added = idpool(settings, "tag", "add", tag)
+    assert added.returncode == 0 and f"added {tag}: first ID 201" in added.stdout, added.stdout
 
 
 def test_tag_kind_is_checked_as_the_admin_api_checks_it_and_listed(
@@ -278,3 +350,7 @@ def test_snowflake_tag_add_list_and_decode(settings: Settings, tag: str) -> None
     assert bad.returncode == 2 and "add up to 72" in bad.stderr
     wrong = idpool(settings, "tag", "add", tag + "c", "--unit-ms", "10")
     assert wrong.returncode == 2 and "--unit-ms is for snowflake tags only" in wrong.stderr
+    # Added again, a new epoch would repeat its IDs: it is disabled, never removed.
+    refused = idpool(settings, "tag", "remove", tag, "--yes")
+    assert refused.returncode == 2 and "idpool tag disable" in refused.stderr
+    assert tag in idpool(settings, "tag", "list").stdout

@@ -8,6 +8,7 @@ then be handed out once or be back in the list.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,19 +17,22 @@ from typing import Any
 import pytest
 from idpool_client import (
     AsyncIdPoolClient,
+    IdPoolAuthError,
     IdPoolClient,
     IdPoolClosed,
     IdPoolRequestError,
     IdPoolUnavailable,
     Lease,
 )
+from idpool_client.transport import Transport
 
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.processes import NodeProcess, env_with, free_port
+from idpool.pool.tokens import hash_token
+from ops.toolkit import NodeProcess, env_with, free_port
 
-from .conftest import MYSQL_URL, REDIS_URL, new_name
+from .conftest import MYSQL_URL, REDIS_URL, drop_keys, new_name
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +54,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
         for node in nodes:
             if node.proc is not None:
                 node.stop()
+        drop_keys(settings.redis_prefix)
 
 
-def add_tag(settings: Settings, step: int) -> str:
+def add_tag(settings: Settings, step: int, token: str | None = None) -> str:
+    """A new tag; with ``token``, guarded by it (before any node has read the tag)."""
     tag = new_name("ctag")
 
     async def go() -> None:
         ledger = await Ledger.connect(settings)
         await ledger.add_tag(tag, step=step, start=1)
+        if token is not None:
+            await ledger.add_token(tag, "t1", hash_token(token))
         await ledger.close()
 
     asyncio.run(go())
@@ -98,10 +106,20 @@ def test_threads_never_share_an_id_and_close_returns_the_rest(
     cluster: tuple[Settings, list[str]],
 ) -> None:
     settings, urls = cluster
-    tag = add_tag(settings, step=100)
-    # Small leases (at most 500 IDs): thousands of switches and prefetches in the run.
+    tag = add_tag(settings, step=1000)
+    # Small leases (at most 500 IDs, cut from the pool's 1000): thousands of
+    # switches and prefetches in the run, each lease within the client's max_count.
     client = IdPoolClient(urls, max_count=500, return_at_exit=False)
     got: list[list[int]] = [[] for _ in range(8)]
+    answers: list[int] = []
+    lease = client.transport.lease
+
+    def counted(tag: str, count: int) -> list[Lease]:
+        leases = lease(tag, count)
+        answers.append(sum(map(len, leases)))
+        return leases
+
+    client.transport.lease = counted  # type: ignore[method-assign]
 
     def draw(n: int) -> None:
         mine = got[n]
@@ -124,6 +142,7 @@ def test_threads_never_share_an_id_and_close_returns_the_rest(
     ids = [i for mine in got for i in mine]
     assert len(ids) == 8 * (12_000 - 12) + 12 * sum(1 + n * 37 for n in range(8))
     assert_conserved(settings, tag, ids)
+    assert len(answers) > 100 and max(answers) <= 500  # holdings: at most 2 x 500
 
 
 def test_failover_to_the_next_node(cluster: tuple[Settings, list[str]], tmp_path: Path) -> None:
@@ -148,23 +167,29 @@ def test_no_node_reachable_serves_from_memory_then_raises(
         IDPOOL_PRELOAD="0",
     )
     node = NodeProcess(env, tmp_path / "lonely").start()
-    client = IdPoolClient([node.base_url], max_count=100, return_at_exit=False)
-    ids = [client.next_id(tag) for _ in range(20)]  # the 16th started the next lease
-    for _ in range(200):
-        if client._tags[tag].pending:
-            break
-        threading.Event().wait(0.02)
-    assert node.stop()
-    ids += [client.next_id(tag) for _ in range(180)]  # the rest of both leases, from memory
-    assert sorted(ids) == list(range(1, 201))
-    with pytest.raises(IdPoolUnavailable) as failed:
-        client.next_id(tag)
-    assert failed.value.failures[0][0] == node.base_url
-    assert "ConnectionRefusedError" in failed.value.failures[0][1]
-    node.start()  # the node is back: the client recovers (after its backoff)
-    threading.Event().wait(0.6)
-    assert client.next_id(tag) > 200
-    client.close()
+    try:
+        client = IdPoolClient(
+            [node.base_url], max_count=100, initial_count=100, return_at_exit=False
+        )
+        ids = [client.next_id(tag) for _ in range(20)]  # the 16th started the next lease
+        for _ in range(200):
+            if client._tags[tag].pending:
+                break
+            threading.Event().wait(0.02)
+        assert node.stop()
+        ids += [client.next_id(tag) for _ in range(180)]  # the rest of both leases, from memory
+        assert sorted(ids) == list(range(1, 201))
+        with pytest.raises(IdPoolUnavailable) as failed:
+            client.next_id(tag)
+        assert failed.value.failures[0][0] == node.base_url
+        assert "ConnectionRefusedError" in failed.value.failures[0][1]
+        node.start()  # the node is back: the client recovers (after its backoff)
+        threading.Event().wait(0.6)
+        assert client.next_id(tag) > 200
+        client.close()
+    finally:
+        if node.proc is not None:
+            node.stop()  # the node started again above: stopped by PID, never left behind
 
 
 def test_unknown_tag_is_a_request_error(cluster: tuple[Settings, list[str]]) -> None:
@@ -198,50 +223,84 @@ def test_async_client_tasks_never_share_an_id(cluster: tuple[Settings, list[str]
 
 
 class FakeTransport:
-    """Leases from a counter, in memory: for the interleavings no real run can force."""
+    """Leases from a counter, in memory: for the interleavings no real run can force.
+    Like a node, a lease holds at most the count asked for."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.next_start = 1
         self.returned: list[tuple[int, int]] = []
+        self.leased: list[int] = []  # each lease's length
         self.timeout = 1.0
         self.servers = ["fake"]
         self.calls = {"lease": 0, "return": 0}
 
     def lease(self, tag: str, count: int) -> list[Lease]:
-        start, self.next_start = self.next_start, self.next_start + self.size
-        return [Lease(new_name("l"), tag, start, start + self.size)]
+        size = min(self.size, count)
+        start, self.next_start = self.next_start, self.next_start + size
+        self.leased.append(size)
+        return [Lease(new_name("l"), tag, start, start + size)]
 
     def give_back(self, lease: Lease, start: int) -> int:
         self.returned.append((start, lease.end))
         return lease.end - start
 
 
-def draw_from(client: IdPoolClient, tag: str, run: Any) -> int:
-    """next_id's body for a thread that read ``run`` and was preempted before its draw."""
-    i = next(run.ids)
-    if i < run.limit:
-        return i
-    return client._slow_id(tag, run, i)
-
-
-def test_a_thread_preempted_across_a_batch_or_close_never_repeats_an_id() -> None:
-    client = IdPoolClient(["http://unused"], return_at_exit=False)
-    fake = FakeTransport(size=1000)
+def fake_client(size: int, **options: Any) -> tuple[IdPoolClient, FakeTransport]:
+    client = IdPoolClient(["http://unused"], return_at_exit=False, **options)
+    fake = FakeTransport(size)
     client.transport = fake  # type: ignore[assignment]
-    first = client.next_id("t")
-    stale = client._runs["t"]  # what a preempted thread holds
-    batch = client.next_ids("t", 10)  # cuts the run under that thread
-    late = draw_from(client, "t", stale)
-    assert late not in batch and late != first
-    assert list(batch) == list(range(first + 1, first + 11))
-    stale = client._runs["t"]
-    report = client.close()  # retires the run under the stale thread
+    return client, fake
+
+
+def test_a_cut_and_racing_refills_never_repeat_an_id() -> None:
+    client, fake = fake_client(1000, initial_count=1000)
+    ids = client.ids("t")
+    first = next(ids)
+    t = client._tags["t"]
+    # Two threads whose draws both found the chunk used up refill at once: both
+    # get the same chunk object, so whichever the chain keeps, each ID is drawn once.
+    a = client._refill(t)
+    assert client._refill(t) is a
+    drawn = [first, next(a), next(ids), client.next_id("t")]
+    assert drawn == [1, 2, 3, 4]
+    batch = client.next_ids("t", 10)  # cuts the chunk under the chain
+    assert batch == range(5, 15)
+    with pytest.raises(StopIteration):
+        next(a)  # the cut chunk is used up for everyone...
+    assert next(ids) == 15  # ...and the chain refills from the lease's rest
+    stale = client._refill(t)  # a refill that lost the race to that one
+    report = client.close()
+    with pytest.raises(StopIteration):
+        next(stale)  # close cut it too
     with pytest.raises(IdPoolClosed):
-        draw_from(client, "t", stale)
-    [(returned_from, end)] = [r for r in fake.returned if r[1] == 1001]
-    assert returned_from == late + 1 and end == 1001
-    assert report.returned == 1001 - returned_from
+        next(ids)
+    with pytest.raises(IdPoolClosed):
+        client.next_id("t")
+    assert fake.returned == [(16, 1001)] and report.returned == 985
+
+
+def test_a_chain_that_ended_is_replaced_without_repeating_an_id() -> None:
+    client, fake = fake_client(100, initial_count=100)
+    got = [client.next_id("t") for _ in range(10)]
+    client._ids["t"] = iter(())  # as a chain whose refill was interrupted ends
+    got += [client.next_id("t") for _ in range(10)]
+    assert got == list(range(1, 21))
+    client.close()
+    assert sorted(fake.returned) == [(21, 101), (101, 201)]  # the rest, and the prefetched lease
+
+
+def test_holdings_stay_within_twice_max_count() -> None:
+    client, fake = fake_client(10_000, max_count=300, prefetch_at=0.0)
+    most = 0
+    for k in range(20_000):
+        if k % 100 == 0:
+            client.next_ids("t", 1 + k % 250)
+        client.next_id("t")
+        if k % 50 == 0:
+            most = max(most, client.held("t"))
+    assert max(fake.leased) == 300 and 0 < most <= 600
+    client.close()
 
 
 def test_a_return_whose_answer_was_lost_is_retried_once_safely(
@@ -254,8 +313,8 @@ def test_a_return_whose_answer_was_lost_is_retried_once_safely(
     real = client.transport._request
     lost_answers: list[str] = []
 
-    def answer_lost(server: Any, path: str, payload: Any, sent: Any) -> Any:
-        result = real(server, path, payload, sent)  # the node acts on it...
+    def answer_lost(server: Any, path: str, payload: Any, tag: str, sent: Any) -> Any:
+        result = real(server, path, payload, tag, sent)  # the node acts on it...
         if path == "/lease/return" and not lost_answers:
             lost_answers.append(server.url)
             raise ConnectionResetError("answer lost")  # ...but the client never hears
@@ -265,3 +324,144 @@ def test_a_return_whose_answer_was_lost_is_retried_once_safely(
     report = client.close()
     assert lost_answers and report.lost == [] and report.returned >= 90
     assert_conserved(settings, tag, ids)  # the tail is in the list once
+
+
+def test_a_guarded_tag_is_served_with_its_token_and_refused_by_name_without(
+    cluster: tuple[Settings, list[str]],
+) -> None:
+    """Issue 19 item 4: tokens per tag and a default, sent on leases and returns,
+    never shown; a tag that refuses raises an error naming the tag."""
+    settings, urls = cluster
+    token = "client-token-" + new_name("s")
+    tag = add_tag(settings, step=100, token=token)
+    open_tag = add_tag(settings, step=100)
+    with IdPoolClient(urls, max_count=100, return_at_exit=False) as bare:
+        with pytest.raises(IdPoolAuthError) as refused:
+            bare.next_id(tag)
+        assert refused.value.tag == tag and refused.value.status == 401
+        assert repr(tag) in str(refused.value) and "no token" in str(refused.value)
+        assert bare.next_id(open_tag) >= 1  # an open tag needs none
+    with IdPoolClient(urls, max_count=100, tokens={tag: "wrong"}, return_at_exit=False) as bad:
+        with pytest.raises(IdPoolAuthError, match="does not accept"):
+            bad.next_id(tag)
+    ids: list[int] = []
+    for client in (
+        IdPoolClient(urls, max_count=100, tokens={tag: token}, token="x", return_at_exit=False),
+        IdPoolClient(urls, max_count=100, token=token, return_at_exit=False),
+    ):
+        ids += [client.next_id(tag) for _ in range(10)]
+        lease = client._tags[tag].lease
+        assert lease is not None
+        shown = [repr(client), repr(client.transport), repr(client.transport.tokens), repr(lease)]
+        assert not any(token in text or lease.secret in text for text in shown)
+        report = client.close()
+        assert report.lost == [] and report.returned > 0  # the return sent the token too
+        assert_conserved(settings, tag, ids)
+
+    async def run() -> list[int]:
+        async with AsyncIdPoolClient(urls, max_count=100, tokens={tag: token}) as aio:
+            got = [await aio.next_id(tag) for _ in range(5)]
+        assert aio.report.lost == [] and aio.report.returned > 0
+        async with AsyncIdPoolClient(urls, max_count=100, return_at_exit=False) as none:
+            with pytest.raises(IdPoolAuthError):
+                await none.next_id(tag)
+        return got
+
+    assert_conserved(settings, tag, ids + asyncio.run(run()))
+
+
+def test_refills_that_waited_for_the_same_lease_lose_no_id() -> None:
+    """Two draws that found nothing both wait in a refill; when the lease comes each
+    cuts a chunk, and the chain keeps the one answered last: the other must not hold
+    IDs that nobody will draw or return."""
+    client, fake = fake_client(100, initial_count=100)
+    gate = threading.Event()
+    lease = fake.lease
+
+    def slow(tag: str, count: int) -> list[Lease]:
+        gate.wait(10)
+        return lease(tag, count)
+
+    fake.lease = slow  # type: ignore[method-assign]
+    t = client._tag("t")
+    answered: list[Any] = []
+    waiting = [threading.Thread(target=lambda: answered.append(client._refill(t))) for _ in "ab"]
+    for thread in waiting:
+        thread.start()
+    threading.Event().wait(0.2)  # both wait for the one fetch
+    gate.set()
+    for thread in waiting:
+        thread.join()
+    drawn = list(answered[-1])  # the chain's active chunk: the one assigned last
+    client.close()
+    returned = [i for s, e in fake.returned for i in range(s, e)]
+    assert sorted(drawn + returned) == list(range(1, fake.next_start))
+
+
+def test_threads_switching_at_every_chance_under_a_tracer_repeat_and_lose_nothing() -> None:
+    """Draws, batches and refills of 8 threads, the GIL handed over as often as it
+    can be and a Python tracer running (which makes every line a switch point):
+    each leased ID is handed out once or returned at close."""
+    client, fake = fake_client(64, max_count=64, initial_count=64)
+    got: list[list[int]] = [[] for _ in range(8)]
+
+    def tracer(*_: Any) -> Any:
+        return tracer
+
+    def draw(n: int) -> None:
+        sys.settrace(tracer)
+        ids, mine = client.ids("t"), got[n]
+        for k in range(3000):
+            if k % 5 == 0:
+                mine.extend(client.next_ids("t", 1 + k % 7))
+            elif n % 2:
+                mine.append(next(ids))
+            else:
+                mine.append(client.next_id("t"))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=draw, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    client.close()
+    drawn = [i for mine in got for i in mine]
+    assert len(set(drawn)) == len(drawn), "an ID was handed out twice"
+    returned = [i for s, e in fake.returned for i in range(s, e)]
+    assert sorted(drawn + returned) == list(range(1, fake.next_start))
+    assert max(fake.leased) <= 64
+
+
+def test_next_id_for_a_tag_draws_from_the_same_chain_as_next_id() -> None:
+    client, fake = fake_client(100, initial_count=100, max_count=100)
+    next_id = client.next_id_for("t")
+    drawn = [next_id(), client.next_id("t"), next_id(), next(client.ids("t"))]
+    drawn += [next_id() for _ in range(300)]  # across leases: refills run under it
+    drawn += list(client.next_ids("t", 5))
+    assert drawn == list(range(1, len(drawn) + 1))
+    client.close()
+
+
+def test_a_failover_tries_every_node_even_when_another_call_moves_the_first_node() -> None:
+    # Another thread's call that succeeds on node b moves `_first` while this call
+    # waits on node a: the failover must still try b, not a twice (a return then
+    # reported a healthy cluster as down and its tail as lost).
+    transport = Transport(["http://a.invalid:1", "http://b.invalid:1"], timeout=0.1)
+    tried: list[str] = []
+
+    def request(server: Any, *args: Any) -> tuple[int, dict[str, Any]]:
+        tried.append(server.url)
+        if server.url == "http://a.invalid:1":
+            transport._first = 1  # as a concurrent call answered by b does
+            raise TimeoutError("timed out")
+        return 200, {"count": 7}
+
+    transport._request = request  # type: ignore[method-assign]
+    lease = Lease("id", "orders", 1, 11, "secret")
+    assert transport.give_back(lease, 4) == 7
+    assert tried == ["http://a.invalid:1", "http://b.invalid:1"]

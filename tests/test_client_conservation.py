@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.settings import Settings
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .crash_waste import blocks
 from .test_app import add_tag
@@ -36,10 +36,14 @@ LEASED = re.compile(r"event=range_leased tag=\S+ range=(\d+)-(\d+) lease=(\S+)")
 RETURNED = re.compile(r"event=lease_returned tag=\S+ range=\S+ lease=(\S+)")
 
 
+MAX_COUNT = 500  # each client's; the pool's ranges (200) plus a claim are cut to it
+
+
 class ClientProcess:
     def __init__(self, urls: list[str], tag: str, out: Path) -> None:
         self.out = out
         command = [sys.executable, "-m", "tests.client_worker", ",".join(urls), tag, str(out)]
+        command += ["4", str(MAX_COUNT)]
         self.proc = subprocess.Popen(command, cwd=ROOT)
 
     def wait_drawing(self, timeout: float = 20.0) -> None:
@@ -55,7 +59,9 @@ class ClientProcess:
         """SIGTERM: (IDs returned, tails lost) from its report."""
         self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(30) == 0
-        returned, lost, _ = (self.out.with_name(self.out.name + ".done")).read_text().split()[:3]
+        report = (self.out.with_name(self.out.name + ".done")).read_text().split()
+        returned, lost, _, most_held = report[:4]
+        assert 0 < int(most_held) <= 2 * MAX_COUNT, f"held {most_held} IDs"
         return int(returned), int(lost)
 
     def kill9(self) -> None:
@@ -63,9 +69,11 @@ class ClientProcess:
         self.proc.wait()
 
     def ids(self) -> list[int]:
+        data = self.out.read_bytes()
+        used = -(-len(data.rstrip(b"\0")) // 8) * 8  # the slots past the last one written
         drawn = array.array("q")
-        drawn.frombytes(self.out.read_bytes())
-        return drawn.tolist()
+        drawn.frombytes(data[:used])
+        return [i for i in drawn if i]  # 0: a slot taken, not yet written when killed
 
 
 class HttpCallers:
@@ -183,6 +191,7 @@ def test_graceful_stops_of_clients_and_nodes_lose_nothing(
     assert not gaps, f"IDs wasted: {gaps[:5]}"
     leased, given_back = leases(nodes)
     assert given_back and given_back <= set(leased)
+    assert max(e - s for s, e in leased.values()) == MAX_COUNT  # cut to what was asked
 
 
 def test_kill_9_of_a_client_and_a_node_loses_only_what_they_held(
@@ -208,6 +217,7 @@ def test_kill_9_of_a_client_and_a_node_loses_only_what_they_held(
     drawn = [c.ids() for c in clients]
     gaps = account(settings, tag, callers.ids + [i for d in drawn for i in d])
     leased, given_back = leases(nodes)
+    assert max(e - s for s, e in leased.values()) <= MAX_COUNT
     unreturned = [r for lease_id, r in leased.items() if lease_id not in given_back]
     killed_node_held = nodes[1].held_ranges(0)
     allowed = unreturned + killed_node_held

@@ -15,7 +15,7 @@ from idpool_client.snowflake import Layout as ClientLayout
 
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import ClockBehind, Generator, Layout
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .test_snowflake_cluster import add_snowflake
 

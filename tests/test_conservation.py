@@ -18,7 +18,7 @@ import pytest
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .crash_waste import assert_only_the_killed_run_wasted
 

@@ -21,7 +21,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.sqlite_ledger import SqliteLedger
 from idpool.pool.sqlite_pool import SqlitePool
 from idpool.service.app import create_app
-from ops.processes import NodeProcess, env_with, free_port
+from ops.toolkit import NodeProcess, env_with, free_port
 
 from .crash_waste import assert_only_the_killed_run_wasted
 
@@ -162,7 +162,7 @@ def test_the_app_itself_never_falls_back(
 
 
 def test_embedded_refuses_several_workers(tmp_path: Path) -> None:
-    r = idpool(tmp_path, "serve", "--embedded", "--workers", "2")
+    r = idpool(tmp_path, "serve", "--embedded", "--workers", "2", "--port", str(free_port()))
     assert r.returncode == 2
     assert "--workers 2" in r.stderr and "one node" in r.stderr
     assert list(tmp_path.iterdir()) == []

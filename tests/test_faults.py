@@ -8,8 +8,9 @@ a store is down or restarts (the other store carries the load), only "node gone"
 errors and 503 draining, retried on another node, when a node is killed or
 stopped. "mixed" and "both-down" are left to `ops/faults` itself (time; both
 stores down is also tested in test_app.py). The failovers on real replication
-(Sentinel, a MariaDB replica) have a test of their own. The last two tests check the
-suite's own bookkeeping: the bitmap, and where it charges each wasted ID.
+(Sentinel, a MariaDB replica) and the Galera cluster have tests of their own.
+The last two tests check the suite's own bookkeeping: the bitmap, and where it
+charges each wasted ID.
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.faultsuite.accounting import account
-from ops.faultsuite.cluster import Run
-from ops.faultsuite.faults import NODE_GONE, SCENARIOS
-from ops.faultsuite.recorder import IdBitmap
-from ops.faultsuite.runner import build_parser, run
+from ops.faultsuite import NODE_GONE, SCENARIOS, IdBitmap, Run, account, build_parser, run
 
 NOT_HERE = ("mixed", "both-down")
 # Failovers on real replication, in a test of their own (below); "redis-sentinel" is
@@ -100,6 +97,28 @@ def test_no_duplicate_when_redis_and_mysql_fail_over_to_lagging_replicas(tmp_pat
         assert o.failures == [], f"{o.scenario.name}: {o.failures}\n{report}"
     assert any("every Sentinel names the lagging replica" in e for _, e in outcomes[0].events)
     assert any("IDs behind" in e for _, e in outcomes[1].events), report
+
+
+@pytest.mark.slow
+def test_no_duplicate_with_nodes_on_different_galera_members_and_one_killed(
+    tmp_path: Path,
+) -> None:
+    """Three nodes and the preloader on three Galera members, claiming from the
+    ledger several times a second each; a member is killed (-9) under load and
+    rejoins. No duplicate, no request failed on every node, and the nodes' claims
+    that lost certification were claimed again (idpool_ledger_retries_total)."""
+    argv = ["--workdir", str(tmp_path), "--seed", "42", "--scenario", "galera"]
+    reports: list[str] = []
+    outcomes = run(build_parser().parse_args(argv), "ops/faults " + " ".join(argv), reports.append)
+    report = "\n".join(reports)
+    [o] = outcomes
+    assert o.accounting.total_duplicates == 0, report
+    assert o.accounting.issued >= 10_000, f"too little traffic\n{report}"
+    assert o.tally.failed_requests == 0, report
+    assert o.failures == [], f"{o.failures}\n{report}"
+    assert any("kill -9" in e for _, e in o.events) and any("Synced" in e for _, e in o.events)
+    retried = next(e for _, e in o.events if e.startswith("claims retried"))
+    assert 'reason="certification"' in retried, report
 
 
 def test_bitmap_counts_duplicates_and_finds_gaps() -> None:

@@ -224,6 +224,30 @@ async def test_creates_missing_database(settings: Settings) -> None:
         conn.close()
 
 
+async def test_a_database_from_before_removals_adds_tags_and_refuses_a_removal(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+
+    db = new_name("idpool_old_")
+    url = f"{MYSQL_SERVER}/{db}"
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+    try:
+        await (await Ledger.connect(settings.with_changes(mysql_url=url))).close()  # makes it
+        conn.cursor().execute(f"DROP TABLE `{db}`.idpool_removed_tags")  # as an old release made it
+        led = await Ledger.connect(settings.with_changes(mysql_url=url, create_database=False))
+        try:
+            assert (await led.add_tag(tag, step=10, start=5)).max_id == 5
+            with pytest.raises(StoreUnavailable, match="IDPOOL_CREATE_DATABASE=1"):
+                await led.remove_tag(tag)
+            assert await led.claim(tag) == IdRange(5, 15)  # nothing was removed
+        finally:
+            await led.close()
+    finally:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{db}`")
+        conn.close()
+
+
 async def test_missing_database_without_permission_to_create(settings: Settings) -> None:
     url = f"{MYSQL_SERVER}/{new_name('idpool_absent_')}"
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL"):
@@ -231,7 +255,7 @@ async def test_missing_database_without_permission_to_create(settings: Settings)
 
 
 async def test_unreachable_mysql_names_the_variable(settings: Settings) -> None:
-    from ops.processes import free_port
+    from ops.toolkit import free_port
 
     url = f"mysql://root@127.0.0.1:{free_port()}/idpool"
     with pytest.raises(StoreUnavailable, match="IDPOOL_MYSQL_URL") as info:
@@ -337,7 +361,7 @@ async def test_reconnects_when_the_server_behind_the_address_changes(
 ) -> None:
     """A virtual IP or proxy moved to a promoted replica drops every connection;
     the next claim opens a new one instead of failing on an old one, forever."""
-    from ops.servers import TcpProxy
+    from ops.toolkit import TcpProxy
 
     from .conftest import TEST_DATABASE
 
@@ -361,3 +385,52 @@ async def test_reconnects_when_the_server_behind_the_address_changes(
     finally:
         await led.close()
         proxy.close()
+
+
+async def test_a_removed_tag_is_unknown_and_its_name_starts_above_all_it_issued(
+    ledger: LedgerStore, tag: str
+) -> None:
+    await ledger.add_tag(tag, step=100, start=1)
+    await ledger.claim(tag, 5)  # 1..500 issued
+    await ledger.add_token(tag, "tok1", "0" * 64)
+    removed = await ledger.remove_tag(tag)
+    assert removed.max_id == 501
+    for call in (ledger.get_tag(tag), ledger.claim(tag), ledger.remove_tag(tag)):
+        with pytest.raises(UnknownTag):
+            await call
+    assert tag not in [row.tag for row in await ledger.list_tags()]
+    assert await ledger.list_tokens(tag) == []  # tokens dropped with the row
+    # Added again with no floor at all (Redis lost its high-water mark): the
+    # tombstone still starts it above every ID the old tag issued.
+    again = await ledger.add_tag(tag, step=10, start=1, floor=0)
+    assert again.max_id == 501 and again.start_id == 1
+    assert await ledger.claim(tag) == IdRange(501, 511)
+    # Removed a second time, the tombstone only moves up.
+    assert (await ledger.remove_tag(tag)).max_id == 511
+    assert (await ledger.add_tag(tag, step=10, start=1)).max_id == 511
+
+
+async def test_removing_one_tag_leaves_the_others(ledger: LedgerStore, tag: str) -> None:
+    other = tag + "o"
+    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(other, step=10, start=1)
+    await ledger.remove_tag(tag)
+    assert await ledger.claim(other) == IdRange(1, 11)
+    assert (await ledger.add_tag(tag + "x", step=10, start=1)).max_id == 1  # no prefix match
+
+
+async def test_a_moved_start_is_the_rows_start(ledger: LedgerStore, tag: str) -> None:
+    await ledger.add_tag(tag, step=10, start=1)
+    assert await ledger.raise_floor(tag, 7000, start=True) == 7000
+    assert (await ledger.get_tag(tag)).start_id == 7000
+    await ledger.raise_floor(tag, 9000)  # a fence raise is not an operator's start
+    assert (await ledger.get_tag(tag)).start_id == 7000
+async def test_plain_mariadb_is_not_taken_for_galera(settings: Settings) -> None:
+    """wsrep_sync_wait is set only on a Galera member (wsrep_on): the shared server
+    is a plain MariaDB, whose sessions are left as they are."""
+    ledger = await Ledger.connect(settings)
+    try:
+        assert ledger.galera is False
+        assert not ledger.retries
+    finally:
+        await ledger.close()

@@ -18,7 +18,7 @@ from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.node import Node
 from idpool.service.source import RangeSource
-from ops.servers import TcpProxy
+from ops.toolkit import TcpProxy
 
 from .conftest import TEST_DATABASE
 from .test_app import add_tag, pool_ranges

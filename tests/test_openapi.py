@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.openapi import document
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .test_app import add_tag
 

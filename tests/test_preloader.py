@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from idpool.pool.claims import LedgerClaims
+from idpool.pool.claims import Claim, LedgerClaims
 from idpool.pool.errors import StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
@@ -58,9 +58,11 @@ class AmbiguousPush(RedisPool):
 
     pushes = 0
 
-    async def push(self, tag: str, ranges: Sequence[IdRange], *, head: bool) -> PushResult:
+    async def push(
+        self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
+    ) -> PushResult:
         AmbiguousPush.pushes += 1
-        await super().push(tag, ranges, head=head)
+        await super().push(tag, ranges, head=head, leader=leader)
         raise StoreUnavailable("redis", "Timeout reading from socket")
 
 
@@ -98,7 +100,7 @@ async def test_scheduled_ticks_fill_every_tag_and_close_waits(
 
 
 async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPool) -> None:
-    from ops.servers import TcpProxy
+    from ops.toolkit import TcpProxy
 
     from .conftest import TEST_DATABASE
 
@@ -149,9 +151,11 @@ async def test_dynamic_step_doubles_halves_and_persists(
     # a restarted preloader claims with the persisted step
     while (await redis_pool.pop(tag)).range is not None:
         pass
+    await redis_pool.resign(pre.owner)  # as a stop does: the lease is free at once
     fresh = Preloader(settings.with_changes(step_seconds=60), ledger, redis_pool)
     pushed = (await fresh.refill_tag(await ledger.get_tag(tag))).pushed
     assert pushed and all(len(r) == 300 for r in pushed)
+    await redis_pool.resign(fresh.owner)
     await redis_pool.report_lifetime(tag, 300, 400.0)  # lasted > 2 x 60 s
     await pre.refill_tag(await ledger.get_tag(tag))
     assert (await ledger.get_tag(tag)).step == 150
@@ -238,3 +242,40 @@ async def test_the_rate_is_ids_handed_out_not_ranges_taken(
     assert stats["target_depth"] == "2"  # the minimum: no supply sized for a burst
     assert (await ledger.get_tag(tag)).max_id == 1 + 5 * 100_000  # 2 + the 3 taken
     await pre.close()
+
+
+async def test_a_preloader_frozen_past_its_lease_claims_and_pushes_nothing_more(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    """Frozen (SIGSTOP) past its lease mid-tick, a preloader wakes while another
+    fills the lists: it asks again before each claim, and its push lands only if it
+    still holds the lease, so what it claimed while losing it is waste, not overfill."""
+    row = await ledger.add_tag(tag, step=10, start=1)
+    s = settings.with_changes(pool_depth=2)
+    stale, active = Preloader(s, ledger, redis_pool), Preloader(s, ledger, redis_pool)
+    await stale.refill_all()
+    assert stale.leading and await redis_pool.depth(tag) == 2
+    await redis_pool.client.delete(redis_pool.keys.preloader)  # its lease expired, frozen
+    await active.refill_all()
+    assert active.leading
+    while (await redis_pool.pop(tag)).range is not None:
+        pass
+    claimed = (await ledger.get_tag(tag)).max_id
+    report = await stale.refill_tag(row)  # it wakes with its tags already chosen
+    assert report.skipped == "lease lost" and not stale.leading
+    assert (await ledger.get_tag(tag)).max_id == claimed  # no claim
+    # Lost between its check and its push: the claim is given up, never pushed.
+    await redis_pool.resign(active.owner)
+    claim = stale.claims.claim
+
+    async def claim_while_the_lease_moves(tag: str, ranges: int = 1) -> Claim:
+        got = await claim(tag, ranges)
+        await redis_pool.client.delete(redis_pool.keys.preloader)
+        assert await redis_pool.lead(active.owner, 10)
+        return got
+
+    stale.claims.claim = claim_while_the_lease_moves  # type: ignore[method-assign]
+    report = await stale.refill_tag(row)
+    assert report.pushed == [] and [r.to_text() for r in report.abandoned] == ["21-30", "31-40"]
+    assert await redis_pool.depth(tag) == 0 and not stale.leading
+    assert stale.waste.of(tag)["lease_lost"] == 20

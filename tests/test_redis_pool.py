@@ -19,8 +19,7 @@ from idpool.pool.keys import Keys
 from idpool.pool.ranges import IdRange, TaggedRange
 from idpool.pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
 from idpool.pool.settings import Settings
-from ops.processes import free_port
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -338,3 +337,80 @@ async def test_the_preloaders_tick_cleans_a_new_incarnation(
     assert moved.dropped == [dropped(tag, "1-10"), dropped(tag, "11-20")]
     assert await redis_pool.depth(tag) == 0
     assert (await redis_pool.take_moved()).dropped == []  # once
+
+
+async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
+    settings: Settings, tmp_path: Path, tag: str
+) -> None:
+    """IDPOOL_REDIS_MARK_REPLICAS: WAIT covers only its own connection's writes, so
+    the raise and its WAIT must share one, even when every connection is busy
+    (MONITOR on the primary shows which ran each). With the replica frozen, no
+    raise counts as replicated."""
+    primary = RedisServer(tmp_path / "primary", "--save", "", "--repl-diskless-sync-delay", "0")
+    primary.start()
+    replica = RedisServer(
+        tmp_path / "replica", "--save", "", "--replicaof", "127.0.0.1", str(primary.port)
+    ).start()
+    pool = RedisPool.from_settings(
+        settings.with_changes(redis_url=primary.url, store_timeout=0.6, redis_mark_replicas=1)
+    )
+    seen: list[tuple[str, str]] = []  # (client port, command) as the primary ran them
+    try:
+        plain = redis.Redis(port=primary.port, socket_timeout=5, decode_responses=True)
+        for _ in range(200):  # until the primary counts the replica online (raises wait)
+            if plain.info("replication").get("slave0", {}).get("state") == "online":
+                break
+            await asyncio.sleep(0.1)
+        acked = []
+        for i in range(5):  # the replica acknowledges (a loaded machine may miss one)
+            with contextlib.suppress(StoreUnavailable):
+                acked.append(await pool.raise_high_water(tag, 100 + i))
+        assert acked, "a live replica never acknowledged a raise"
+
+        def monitor() -> None:
+            with redis.Redis(port=primary.port, socket_timeout=30).monitor() as m:
+                while "monitor-end" not in (c := m.next_command())["command"]:
+                    seen.append((c["client_port"], c["command"]))
+
+        watching = threading.Thread(target=monitor)
+        watching.start()
+        for _ in range(200):  # until MONITOR is on
+            if any(c["cmd"] == "monitor" for c in plain.client_list()):
+                break
+            await asyncio.sleep(0.05)
+        replica.pause()  # SIGSTOP: still "online" on the primary, but it acknowledges nothing
+        done = asyncio.Event()
+
+        async def load() -> None:  # every connection busy: commands queue for a free one
+            while not done.is_set():
+                await pool.high_water(tag)
+
+        loaders = [asyncio.ensure_future(load()) for _ in range(2 * MAX_CONNECTIONS)]
+        outcomes: list[object] = []
+        try:
+            for i in range(8):
+                try:
+                    outcomes.append(await pool.raise_high_water(tag, 1000 + i))
+                except StoreUnavailable as e:
+                    outcomes.append(e)
+        finally:
+            done.set()
+            await asyncio.gather(*loaders)
+            plain.echo("monitor-end")
+            watching.join(30)
+        counted = [o for o in outcomes if not isinstance(o, StoreUnavailable)]
+        assert counted == [], f"{len(counted)} of 8 raises counted as replicated"
+        assert all("of 1 replicas" in str(o) for o in outcomes)
+        raised_by = ""
+        waits = []
+        for port, command in seen:
+            if command.startswith("EVALSHA") and ":hwm:" in command:
+                raised_by = port
+            elif command.startswith("WAIT"):
+                waits.append(port == raised_by)
+        assert len(waits) == 8 and all(waits), f"WAIT on the raise's connection: {waits}"
+    finally:
+        await pool.close()
+        replica.resume()
+        replica.kill9()
+        primary.kill9()

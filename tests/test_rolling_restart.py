@@ -4,16 +4,19 @@ to show that it catches the IDs a node did not push back."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from ops.processes import env_with
 from ops.rolling_restart import account
+from ops.toolkit import env_with
 
 TOOL = Path(__file__).resolve().parent.parent / "ops" / "rolling-restart"
 
@@ -59,6 +62,28 @@ def run_tool(settings: Settings, tmp_path: Path, *args: str) -> subprocess.Compl
     )
 
 
+def ledger_tags(settings: Settings) -> list[str]:
+    async def go() -> list[str]:
+        ledger = await Ledger.connect(settings)
+        try:
+            return [row.tag for row in await ledger.list_tags()]
+        finally:
+            await ledger.close()
+
+    return asyncio.run(go())
+
+
+def pool_ids(settings: Settings, tag: str) -> int:
+    async def go() -> int:
+        pool = RedisPool.from_settings(settings)
+        try:
+            return sum(map(len, await pool.ranges(tag)))
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
 def fields(out: str, prefix: str) -> list[dict[str, str]]:
     return [
         dict(re.findall(r"(\w+)=(\S+)", line))
@@ -85,6 +110,9 @@ def test_rolling_restart_of_three_nodes_fails_nothing_and_wastes_nothing(
     assert acc["wasted"] == "0" and acc["duplicates"] == "0", out
     assert int(acc["handed_out"]) == int(client["ids"]), out
     assert "result=ok" in out
+    (removed,) = fields(out, "removed")  # the demo's tag does not outlive the demo
+    assert removed["tag"] == client["tag"] and int(removed["pooled_ids_wasted"]) >= 0, out
+    assert client["tag"] not in ledger_tags(settings) and pool_ids(settings, client["tag"]) == 0
 
 
 @pytest.mark.slow

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pymysql
 
-from ops.scalebench.run import parse
-from ops.scalebench.world import CLOCK_TICKS, cpu_percent
+from ops.scalebench import CLOCK_TICKS, cpu_percent, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -83,3 +83,22 @@ def test_better_and_old_names_are_read_when_the_setting_is_unset() -> None:
     assert Settings.from_env({"IDPOOL_LEADER_SECONDS": "3"}).leader_seconds == 3.0
     with pytest.raises(ConfigError, match="IDPOOL_LEASE_SECONDS"):
         Settings.from_env({"IDPOOL_LEASE_SECONDS": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        # A password holding an unencoded / ? or # ends the host part early; urllib
+        # then reads a piece of it as the port (a traceback quoting it, before).
+        ("IDPOOL_REDIS_URL", "redis://:Zq9/s3cret@127.0.0.1:6379/0"),
+        ("IDPOOL_REDIS_URL", "redis://:Zq9#s3cret@127.0.0.1:6379/0"),
+        ("IDPOOL_REDIS_URL", "redis+sentinel://:Zq9/s3cret@127.0.0.1:26379/mymaster"),
+        ("IDPOOL_REDIS_URL", "redis+sentinel://127.0.0.1/m?sentinel_password=Zq9&s3cret=1"),
+        ("IDPOOL_MYSQL_URL", "mysql://root:Zq9?s3cret@127.0.0.1:3306/idpool"),
+        ("IDPOOL_MYSQL_URL", "mysql://root:Zq9#s3cret@127.0.0.1/idpool"),
+    ],
+)
+def test_a_bad_store_url_never_shows_its_password(name: str, url: str) -> None:
+    with pytest.raises(ConfigError, match=name) as refused:
+        Settings.from_env({name: url})
+    assert "Zq9" not in str(refused.value) and "s3cret" not in str(refused.value)

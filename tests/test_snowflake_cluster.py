@@ -21,8 +21,7 @@ import pytest
 from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import check_layout, wall_ms
-from ops.processes import NodeProcess, env_with
-from ops.servers import RedisServer
+from ops.toolkit import NodeProcess, RedisServer, env_with
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,6 +3,7 @@ Leaf's path serve them from memory, /decode reads them, clients lease worker IDs
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -11,9 +12,10 @@ import redis
 from starlette.testclient import TestClient
 
 from idpool.pool.keys import Keys
+from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from ops.servers import TcpProxy
+from ops.toolkit import TcpProxy
 
 TOKEN = "admin-secret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -51,6 +53,36 @@ def test_a_snowflake_tag_serves_time_ordered_ids_on_every_path(node: TestClient,
     assert shown["kind"] == "snowflake" and shown["buffer"]["worker"] == parts["worker"]
     assert shown["counters"]["ids_issued"] == 503
     assert f'idpool_snowflake_worker{{tag="{tag}"}}' in node.get("/metrics").text
+
+
+def test_a_snowflake_tag_cannot_be_removed_and_serves_on(node: TestClient, tag: str) -> None:
+    # Added again, its epoch (the creation time) would restart and repeat its old IDs.
+    first = int(node.get(f"/id/{add(node, tag)['tag']}").text)
+    refused = node.delete(f"/admin/tags/{tag}", headers=AUTH)
+    assert refused.status_code == 400 and refused.json()["error"] == "wrong_kind"
+    assert "idpool tag disable" in refused.json()["message"]
+    assert any(t["tag"] == tag for t in node.get("/admin/tags", headers=AUTH).json()["tags"])
+    assert int(node.get(f"/id/{tag}").text) > first
+
+
+def test_a_snowflake_tag_gone_from_the_ledger_stops_at_once(
+    node: TestClient, settings: Settings, tag: str
+) -> None:
+    async def remove_row() -> None:  # by hand, or by an idpool that allowed it
+        ledger = await Ledger.connect(settings)
+        try:
+            await ledger.remove_tag(tag)
+        finally:
+            await ledger.close()
+
+    add(node, tag)
+    node.get(f"/id/{tag}")  # the route: grants the worker ID; the fast path from here on
+    assert node.app.node.snowflakes[tag] is not None  # type: ignore[attr-defined]
+    asyncio.run(remove_row())
+    node.portal.call(node.app.node.refresh_tags, tag)  # type: ignore[attr-defined,union-attr]
+    for path in (f"/id/{tag}", f"/ids/{tag}?count=3", f"/api/segment/get/{tag}"):
+        gone = node.get(path)  # no generator left serving it from memory
+        assert gone.status_code == 404 and gone.json()["error"] == "unknown_tag", path
 
 
 def test_the_js53_layout_stays_below_2_pow_53(node: TestClient, tag: str) -> None:

@@ -180,3 +180,19 @@ async def test_heartbeats_list_live_nodes_until_they_leave(pool: PoolStore, tag:
     await pool.add_stats({tag: {"returned": 1}})
     stats = await pool.read_stats(tag)
     assert (stats["returned"], stats["wasted:tag_disabled"]) == ("6", "7")
+
+
+async def test_a_preloaders_push_lands_only_while_it_holds_the_lease(
+    pool: PoolStore, tag: str
+) -> None:
+    assert await pool.lead("a", 10)
+    assert not (await pool.push(tag, [R("1-10")], head=False, leader="a")).lease_lost
+    await pool.resign("a")
+    assert await pool.lead("b", 10)  # "a" froze past its lease; "b" took over
+    refused = await pool.push(tag, [R("11-20")], head=False, leader="a")
+    assert refused.lease_lost
+    assert await pool.ranges(tag) == [R("1-10")]  # nothing of the stale push
+    assert not (await pool.push(tag, [R("5-10")], head=True)).lease_lost  # a node's return
+    await pool.resign("b")
+    assert (await pool.push(tag, [R("21-30")], head=False, leader="a")).lease_lost  # nobody's
+    assert await pool.ranges(tag) == [R("5-10"), R("1-10")]

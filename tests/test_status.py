@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.status import StoreReadsCache, StoreView
-from ops.processes import NodeProcess, env_with
+from ops.toolkit import NodeProcess, env_with
 
 from .test_app import add_tag
 
@@ -192,6 +193,40 @@ def test_runway_is_ids_left_below_the_max_over_the_cluster_rate(
         assert entry["runway_s"] == 999_900 / 50.0
         assert f'idpool_tag_runway_seconds{{tag="{tag}"}} 19998.0' in c.get("/metrics").text
         assert "5.6 h" in c.get("/status").text
+
+
+def test_an_idle_or_unbounded_tags_runway_reads_sensibly(settings: Settings, tag: str) -> None:
+    from idpool.service.status import runway_text
+
+    assert runway_text(1303124892032.8 * 86400) == "> 1000 y"  # was "1303124892032.8 d"
+    assert runway_text(3 * 365 * 86400) == "3.0 y"
+    assert runway_text(20 * 3600, sep="") == "20.0h"
+    assert runway_text(None) == "-" and runway_text(None, bounded=False) == "unbounded"
+    idle = tag + "i"
+    add_tag(settings, idle, step=100, start=1, end_id=2**53)  # JavaScript's max, barely used
+    add_tag(settings, tag, step=100)  # no max at all
+
+    async def publish_rate() -> None:
+        pool = RedisPool.from_settings(settings)
+        await pool.write_stats(idle, {"step": "100", "rate": "0.08"})
+        await pool.close()
+
+    asyncio.run(publish_rate())
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/id/{idle}").text == "1" and c.get(f"/id/{tag}").text == "1"
+        page = c.get("/status").text
+    runways = re.findall(r'data-field="tags\.\d+\.runway_s">([^<]*)<', page)
+    names = re.findall(r'data-field="tags\.\d+\.tag">([^<]*)<', page)
+    shown = dict(zip(names, runways, strict=True))
+    assert shown[idle] == "&gt; 1000 y" and shown[tag] == "unbounded", shown
+
+
+def test_the_page_title_names_the_node_and_its_cluster(settings: Settings) -> None:
+    with TestClient(create_app(settings.with_changes(advertise="10.0.0.5:8000"))) as c:
+        page = c.get("/status").text
+    title = re.search(r"<title>([^<]*)</title>", page)
+    assert title is not None and title.group(1).startswith("idpool 10.0.0.5:8000 · cluster of ")
+    assert str(os.getpid()) not in title.group(1)
 
 
 def test_runway_is_none_without_a_bound_or_a_rate() -> None:

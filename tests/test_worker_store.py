@@ -15,7 +15,7 @@ from idpool.pool.keys import Keys
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer
 
 pytestmark = pytest.mark.anyio
 TTL = 400  # ms

@@ -10,24 +10,34 @@ ranges it held; one that cannot reach any node keeps serving what it holds,
 then raises ``IdPoolUnavailable``.
 
     from idpool_client import IdPoolClient
-    with IdPoolClient(["http://10.0.0.1:8000", "http://10.0.0.2:8000"]) as ids:
+    with IdPoolClient(["http://10.0.0.1:8000"], tokens={"orders": ORDERS_TOKEN}) as ids:
         order_id = ids.next_id("orders")
 """
 
 from __future__ import annotations
 
 from .aio import AsyncIdPoolClient
-from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .errors import (
+    IdPoolAuthError,
+    IdPoolClosed,
+    IdPoolError,
+    IdPoolRequestError,
+    IdPoolUnavailable,
+)
 from .sync import CloseReport, IdPoolClient
 from .transport import Lease
+
+__version__ = "0.2.0"
 
 __all__ = [
     "AsyncIdPoolClient",
     "CloseReport",
+    "IdPoolAuthError",
     "IdPoolClient",
     "IdPoolClosed",
     "IdPoolError",
     "IdPoolRequestError",
     "IdPoolUnavailable",
     "Lease",
+    "__version__",
 ]

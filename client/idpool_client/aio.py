@@ -14,12 +14,12 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 from .sync import RETRY_BACKOFF, CloseReport
-from .transport import Lease, Transport
+from .transport import Lease, Tokens, Transport
 
 
 @dataclass
@@ -38,7 +38,8 @@ class _Tag:
 
 
 class AsyncIdPoolClient:
-    """``await client.next_id(tag)``; the same options as ``IdPoolClient``."""
+    """``await client.next_id(tag)``; the same options as ``IdPoolClient`` (tokens,
+    ``max_count`` bounding what it holds per tag to twice that)."""
 
     def __init__(
         self,
@@ -47,18 +48,22 @@ class AsyncIdPoolClient:
         timeout: float = 5.0,
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
-        initial_count: int = 1,
+        initial_count: int = 1000,
         max_count: int = 10_000_000,
         return_at_exit: bool = True,
+        tokens: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
         if target_seconds <= 0 or max_count < 1 or initial_count < 1:
             raise ValueError("target_seconds, max_count and initial_count must be positive")
-        self.transport = Transport(list([urls] if isinstance(urls, str) else urls), timeout)
+        self.transport = Transport(
+            list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
+        )
         self.target_seconds = target_seconds
         self.prefetch_at = prefetch_at
-        self.initial_count = initial_count
+        self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
         self._tags: dict[str, _Tag] = {}
         self._closed = False
@@ -196,13 +201,20 @@ class AsyncIdPoolClient:
             try:
                 self.report.returned += self.transport.give_back(lease, start)
             except (IdPoolRequestError, IdPoolUnavailable) as e:
-                self.report.lost.append(f"{lease.lease_id} {start}-{lease.end - 1}: {e}")
+                self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
 
     async def __aenter__(self) -> AsyncIdPoolClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    def held(self, tag: str) -> int:
+        """IDs of ``tag`` this client holds now (at most twice ``max_count``)."""
+        t = self._tags.get(tag)
+        if t is None:
+            return 0
+        return max(0, t.stop - t.cur) + sum(map(len, t.pending))
 
     @property
     def lease_calls(self) -> int:

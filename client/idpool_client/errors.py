@@ -35,5 +35,24 @@ class IdPoolRequestError(IdPoolError):
         self.message = message
 
 
+class IdPoolAuthError(IdPoolRequestError):
+    """A node refused the tag's token (HTTP 401, or 403): the tag is guarded and
+    the client sent no token for it, or one the tag does not have. ``tag`` names
+    the tag; the token itself is never in the message."""
+
+    def __init__(
+        self, tag: str, token_sent: bool, url: str, status: int, code: str, message: str
+    ) -> None:
+        super().__init__(url, status, code, message)
+        sent = "a token the tag does not accept" if token_sent else "no token for it"
+        self.args = (
+            f"tag {tag!r} needs one of its tokens and this client sent {sent} "
+            f"({url} answered {status} {code}); pass tokens={{{tag!r}: ...}} or token=... "
+            "to the client (`idpool tag token add` makes one)",
+        )
+        self.tag = tag
+        self.token_sent = token_sent
+
+
 class IdPoolClosed(IdPoolError):
     """The client was closed; its unused IDs went back to the pool."""

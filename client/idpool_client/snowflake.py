@@ -251,7 +251,7 @@ class SnowflakeClient:
                 return held
             sent = lease_clock()
             path = f"/worker/{quote(tag, safe='')}?holder={quote(self.holder, safe='')}"
-            grant = self.transport._post("worker", path, None, f"worker ID for tag {tag!r}")
+            grant = self.transport._post("worker", path, None, f"worker ID for tag {tag!r}", tag)
             lay = grant["layout"]
             layout = Layout(
                 lay["time_bits"], lay["worker_bits"], lay["sequence_bits"], lay["unit_ms"],
@@ -274,7 +274,7 @@ class SnowflakeClient:
         while not held.done.wait(held.ttl / 4):
             sent = lease_clock()
             try:
-                self.transport._post("worker", path, self._body(held), "renewal")
+                self.transport._post("worker", path, self._body(held), "renewal", held.tag)
             except IdPoolRequestError as e:
                 held.gen.lost = f"the worker ID's lease was lost: {e.message}"
                 return
@@ -302,7 +302,7 @@ class SnowflakeClient:
             if lost is None:
                 try:
                     path = f"/worker/{quote(held.tag, safe='')}/release"
-                    self.transport._post("worker", path, self._body(held), "release")
+                    self.transport._post("worker", path, self._body(held), "release", held.tag)
                 except IdPoolError:
                     pass  # the lease expires by itself; its floor covers what was used
 

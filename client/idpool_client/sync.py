@@ -1,21 +1,28 @@
 """The synchronous client: IDs from memory, leases fetched in a background thread.
 
-Per tag a double buffer: the *run* being served (one ``itertools.count`` over
-the current lease) and the leases fetched ahead (``pending``). ``next_id`` takes
-no lock: ``next()`` on an ``itertools.count`` is one C call that the GIL makes
-atomic, so two threads never draw the same number, and a number is handed out
-only if it is below the run's ``limit``, read *after* the draw. Everything else
-(the prefetch trigger, the switch to the next lease, a ``next_ids`` batch, the
-return at close) happens under the tag's lock, in the slow path.
+Per tag one iterator that lives as long as the client:
+``itertools.chain.from_iterable(refills)``. While its current *chunk* (a
+``range`` iterator over part of a lease) lasts, ``next()`` on it is C code from
+end to end: no bytecode runs, so the GIL is never handed over inside a draw, two
+threads never draw the same number, and a draw costs about what
+``next(itertools.count())`` costs. When a chunk runs out the chain asks
+``refills`` (``iter(callable, sentinel)``) for the next one: that is the slow
+path, Python under the tag's lock. It cuts the next chunk from the lease (the
+first chunk ends at the prefetch trigger, so the fetch of the next lease starts
+on time), switches to the next lease, or, only when the tag holds no ID, waits
+for one.
 
-Retiring a run (close, or a ``next_ids`` batch cut out of it) sets ``limit = 0``
-first and only then draws ``from`` from the counter: a thread that draws after
-that sees ``limit == 0`` and goes to the slow path, which hands out a number only
-below ``from``; a thread that drew before holds a number below ``from``. So no
-number is both handed out and returned (or batched), and none above the lease.
+Invariant: of all chunks ever made for a tag only the newest (``_Tag.chunk``)
+may have numbers left. Cutting it (close, a ``next_ids`` batch) reads where it
+stands and exhausts it in one step that no draw can enter (``_stop``), so a
+number is either drawn or part of the cut, never both; the rest of the lease
+(``_Tag.rest`` on) is never in a chunk. So a lease's unused IDs are always one
+tail, returned once at close.
 
-Needs a Python with the GIL (a free-threaded build does not make ``next()`` on a
-shared count atomic).
+A refill never raises into the chain (a chain whose source raised ends for
+good): an error comes back as a one-shot iterator that raises it (``_Raising``).
+
+Needs a Python with the GIL (a free-threaded build does not make a draw atomic).
 """
 
 from __future__ import annotations
@@ -23,39 +30,76 @@ from __future__ import annotations
 import atexit
 import functools
 import itertools
+import operator
+import sys
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
-from .transport import Lease, Transport
+from .transport import Lease, Tokens, Transport
 
 RETRY_BACKOFF = 0.5  # seconds between lease attempts after a failed one
+_NEVER = object()  # the refill sentinel: no refill returns it, so the chain never ends
 
 
-class _Run:
-    """One counter over ``[start, stop)`` of a lease; what ``next_id`` reads."""
+class _Chunk(Protocol):
+    """A ``range`` iterator: what the chain draws from."""
 
-    __slots__ = ("ids", "limit", "stop", "lease", "retired_from")
-
-    def __init__(self, lease: Lease, start: int, limit: int) -> None:
-        self.ids = itertools.count(start)
-        self.stop = lease.end
-        self.limit = min(limit, lease.end)  # below this, no check is needed
-        self.lease = lease
-        self.retired_from: int | None = None  # set (under the lock) when cut off
+    def __iter__(self) -> _Chunk: ...
+    def __next__(self) -> int: ...
+    def __length_hint__(self) -> int: ...
+    def __setstate__(self, index: int) -> None: ...
 
 
-@dataclass
+def _chunk(start: int, stop: int) -> _Chunk:
+    chunk: _Chunk = iter(range(start, stop))  # type: ignore[assignment]
+    return chunk
+
+
+def _stop(chunk: _Chunk) -> int:
+    """Exhaust ``chunk`` and answer how many numbers it had left, in one step no
+    draw can enter: both calls run inside one bytecode (the unpacking), from C, so
+    the GIL cannot change hands between them."""
+    steps = (chunk.__length_hint__, functools.partial(chunk.__setstate__, sys.maxsize))
+    left: int
+    left, _ = map(operator.call, steps)  # type: ignore[arg-type]  # operator.call: C, not a lambda
+    return left
+
+
+class _Raising:
+    """A refill that failed: raises its error once, then ends (the chain refills again)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error: BaseException | None = error
+
+    def __iter__(self) -> _Raising:
+        return self
+
+    def __next__(self) -> int:
+        error, self.error = self.error, None
+        if error is None:
+            raise StopIteration
+        raise error
+
+
+@dataclass(eq=False)
 class _Tag:
     tag: str
     wish: int
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: threading.Condition = field(init=False)
-    run: _Run | None = None
+    lease: Lease | None = None  # the lease chunks are cut from
+    rest: int = 0  # first ID of `lease` in no chunk and no batch yet
+    trigger: int = 0  # a chunk from here on starts the fetch of the next lease
+    chunk: _Chunk = field(default_factory=lambda: _chunk(0, 0))  # the newest chunk
+    chunk_stop: int = 0
     pending: deque[Lease] = field(default_factory=deque)
     fetcher: threading.Thread | None = None
     error: IdPoolError | None = None
@@ -65,22 +109,33 @@ class _Tag:
     def __post_init__(self) -> None:
         self.ready = threading.Condition(self.lock)
 
+    def held(self) -> int:
+        """IDs in memory: the chunk's, the lease's rest and the next leases'."""
+        ids = self.chunk.__length_hint__() + sum(map(len, self.pending))
+        return ids + (0 if self.lease is None else self.lease.end - self.rest)
+
 
 @dataclass
 class CloseReport:
     returned: int = 0  # IDs given back to the pool
-    # tails not returned, "lease first-last: why" (unknown_lease: Redis restarted or
-    # the lease expired; the node unreachable): lost, never served twice
-    lost: list[str] = field(default_factory=list)  # "lease first-last: why" for tails not returned
+    # tails not returned, "fingerprint first-last: why" (unknown_lease: Redis restarted
+    # or the lease expired; the node unreachable): lost, never served twice
+    lost: list[str] = field(default_factory=list)
 
 
 class IdPoolClient:
     """Hands out IDs of idpool tags from leased ranges; safe to share between threads.
 
-    ``urls``: idpool nodes, tried in turn on failure. ``target_seconds``: how long
-    a lease should last; the size asked for doubles while leases last less and
-    halves when one lasts over twice as long (within ``max_count``).
-    ``prefetch_at``: fraction of a lease used before the next is fetched.
+    ``urls``: idpool nodes, tried in turn on failure. ``max_count``: the most IDs
+    one lease holds, so the client holds at most twice that per tag (the lease
+    being served and the next one). ``target_seconds``: how long a lease should
+    last; the size asked for doubles while leases last less and halves when one
+    lasts over twice as long (within ``max_count``). ``prefetch_at``: fraction of
+    a lease used before the next is fetched.
+    ``tokens``: a token per guarded tag (``{"orders": "..."}``), sent on its
+    leases and returns; ``token``: the one sent for any other tag. Tokens are
+    never logged or shown in a repr; a tag that refuses its token raises
+    ``IdPoolAuthError`` naming the tag.
     """
 
     def __init__(
@@ -90,20 +145,24 @@ class IdPoolClient:
         timeout: float = 5.0,
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
-        initial_count: int = 1,
+        initial_count: int = 1000,
         max_count: int = 10_000_000,
         return_at_exit: bool = True,
+        tokens: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
         if target_seconds <= 0 or max_count < 1 or initial_count < 1:
             raise ValueError("target_seconds, max_count and initial_count must be positive")
-        self.transport = Transport(list([urls] if isinstance(urls, str) else urls), timeout)
+        self.transport = Transport(
+            list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
+        )
         self.target_seconds = target_seconds
         self.prefetch_at = prefetch_at
-        self.initial_count = initial_count
+        self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
-        self._runs: dict[str, _Run] = {}
+        self._ids: dict[str, Iterator[int]] = {}  # tag -> its chain, for next_id
         self._tags: dict[str, _Tag] = {}
         self._tags_lock = threading.Lock()
         self._closed = False
@@ -117,93 +176,131 @@ class IdPoolClient:
     def next_id(self, tag: str) -> int:
         """The next ID of ``tag``. Blocks only when no ID of the tag is in memory."""
         try:
-            run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
+            return next(self._ids[tag])  # try costs nothing until it catches
         except KeyError:
-            return self._slow_id(tag, None, 0)
-        i = next(run.ids)
-        if i < run.limit:
-            return i
-        return self._slow_id(tag, run, i)
+            chain = self._chain(tag, None)  # a tag not asked for before
+        except StopIteration:
+            chain = self._chain(tag, self._ids[tag])  # its chain ended: a new one
+        return next(chain)
+
+    def ids(self, tag: str) -> Iterator[int]:
+        """The IDs of ``tag`` as an iterator, the fastest way to take them one by
+        one: ``next(it)`` is C code while a chunk lasts (``next_id`` adds a Python
+        call and a dict lookup). Safe to share between threads; raises what
+        ``next_id`` raises. Should it ever end (a KeyboardInterrupt delivered
+        inside a refill ends a chain), ask for it again."""
+        return self._chain(tag, None)
+
+    def next_id_for(self, tag: str) -> Callable[[], int]:
+        """``next_id`` bound to ``tag``, the fastest call form: after
+        ``next_id = client.next_id_for("orders")``, ``next_id()`` is the bound
+        ``__next__`` of ``ids(tag)``, C code while a chunk lasts (no Python frame,
+        no dict lookup). Thread-safe like ``ids``; should it ever raise
+        StopIteration (see ``ids``), ask for it again."""
+        return self.ids(tag).__next__
 
     def next_ids(self, tag: str, n: int) -> Sequence[int]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""
         if n < 1:
             raise ValueError("n must be at least 1")
         t = self._tag(tag)
-        parts: list[range] = []
+        parts: list[tuple[Lease, range]] = []
         with t.lock:
-            while n > 0:
-                run = self._current(t)
-                self._retire(run)  # run.retired_from: the first ID nobody has drawn
-                start = run.retired_from
-                assert start is not None
-                take = min(n, run.stop - start)
-                if take > 0:
-                    parts.append(range(start, start + take))
+            try:
+                while n > 0:
+                    lease = self._holding(t)
+                    take = min(n, lease.end - t.rest)
+                    parts.append((lease, range(t.rest, t.rest + take)))
+                    t.rest += take
                     n -= take
-                if start + take < run.stop:
-                    # the rest of the lease as a new run (a new counter: the old one is dead)
-                    self._install(t, run.lease, start + take, fresh=False)
+                    if t.rest >= t.trigger:
+                        self._prefetch(t)
+            except BaseException as e:
+                failed: BaseException | None = e
+                tails = self._undo(t, parts)
+            else:
+                failed, tails = None, []
+        if failed is not None:
+            self._give_back(tails)  # taken from leases this tag finished: back to the pool
+            raise failed
         if len(parts) == 1:
-            return parts[0]
-        return [i for part in parts for i in part]
+            return parts[0][1]
+        return [i for _, part in parts for i in part]
 
     # -- the slow path --------------------------------------------------------
 
-    def _slow_id(self, tag: str, run: _Run | None, i: int) -> int:
-        t = self._tag(tag)
-        with t.lock:
-            if run is None or i >= (run.stop if run.retired_from is None else run.retired_from):
-                # i is past the run's end, or the run was cut off: never handed out.
-                while True:
-                    run = self._current(t)
-                    i = next(run.ids)
-                    if i < run.stop:
-                        break
-                    self._retire(run)  # used up: _current switches to the next lease
-            if i >= run.limit and run.retired_from is None:
-                # Past the prefetch trigger: fetch the next lease, then let the rest
-                # of this one go by the lock-free path.
-                self._prefetch(t)
-                if t.fetcher is not None or t.pending:
-                    run.limit = run.stop
-            return i
+    def _refill(self, t: _Tag) -> Iterator[int]:
+        """The chain's next chunk (its source calls this when a chunk runs out).
+        Never raises: the chain would end for good."""
+        try:
+            with t.lock:
+                return self._next_chunk(t)
+        except BaseException as e:
+            return _Raising(e)
 
-    def _current(self, t: _Tag) -> _Run:
-        """The tag's run, switching to the next lease (waiting for it if need be).
-        Called with the lock held."""
+    def _next_chunk(self, t: _Tag) -> _Chunk:
+        """Called with the lock held."""
+        if t.chunk.__length_hint__() > 0:
+            # Another thread refilled while this one waited for the lock: both
+            # chains' draws go to the same chunk (the chain keeps whichever it is
+            # handed last; handing out the same object keeps every number once).
+            return t.chunk
+        lease = self._holding(t)
+        start, stop = t.rest, lease.end
+        if start < t.trigger and t.fetcher is None and not t.pending:
+            stop = t.trigger  # the next refill starts the prefetch
+        else:
+            self._prefetch(t)
+        t.chunk, t.chunk_stop, t.rest = _chunk(start, stop), stop, stop
+        return t.chunk
+
+    def _holding(self, t: _Tag) -> Lease:
+        """The lease with IDs in its rest, switching to the next lease (waiting for
+        it only when the tag holds no ID). Puts the chunk back first, also after a
+        wait (another thread may have cut one meanwhile): what the caller cuts
+        next starts where the chunk's draws stopped, and a lease is left only
+        once every number of it is drawn or taken. Called with the lock held."""
         while True:
             if self._closed:
                 raise IdPoolClosed("the client is closed")
-            run = t.run
-            if run is not None and run.retired_from is None:
-                return run
+            self._put_back(t)
+            lease = t.lease
+            if lease is not None and t.rest < lease.end:
+                return lease
             if t.pending:
                 self._finished(t)
-                lease = t.pending.popleft()
-                self._install(t, lease, lease.start, fresh=True)
+                lease = t.lease = t.pending.popleft()
+                t.rest = lease.start
+                t.trigger = lease.start + int(len(lease) * self.prefetch_at)
+                t.started_at = time.monotonic()
                 continue
             if t.fetcher is None:
                 if t.error is not None and time.monotonic() < t.retry_at:
                     raise t.error  # fail fast while the nodes are down
                 self._start_fetch(t)
+            elif t.error is not None:
+                raise t.error  # the fetcher is retrying in the background
             t.ready.wait()
 
-    def _install(self, t: _Tag, lease: Lease, start: int, *, fresh: bool) -> None:
-        """Serve ``[start, lease.end)`` next; ``fresh``: a new lease (not a batch's cut)."""
-        if fresh:
-            t.started_at = time.monotonic()
-        run = _Run(lease, start, lease.end)
-        t.run = run
-        self._runs[t.tag] = run
-        if t.pending or t.fetcher is not None:
-            return  # the next lease is here or on its way: no trigger
-        trigger = lease.start + int(len(lease) * self.prefetch_at)
-        if start < trigger:
-            run.limit = trigger
-            return
-        self._prefetch(t)  # a batch took the lease past its trigger
-        run.limit = run.stop if t.fetcher is not None else 0  # 0: retry after the backoff
+    def _put_back(self, t: _Tag) -> None:
+        """Stop the chunk; its undrawn numbers become the start of the lease's rest
+        (a chunk is always cut from the rest's start, so they join it). Called with
+        the lock held."""
+        left = _stop(t.chunk)
+        if left:
+            t.rest = t.chunk_stop - left
+
+    def _undo(self, t: _Tag, parts: list[tuple[Lease, range]]) -> list[tuple[Lease, int]]:
+        """A batch that failed half-way hands nothing out: each part is the tail of
+        its lease; the current lease's goes back to its rest, the others' (leases
+        this tag finished) are answered, to go back to the pool."""
+        tails = []
+        for lease, part in parts:
+            if lease is t.lease and not self._closed:
+                t.rest = min(t.rest, part.start)
+            else:
+                tails.append((lease, part.start))
+        return tails
 
     def _prefetch(self, t: _Tag) -> None:
         if t.fetcher is None and not t.pending and not self._closed:
@@ -212,11 +309,11 @@ class IdPoolClient:
 
     def _finished(self, t: _Tag) -> None:
         """The current lease is used up: adapt the size of the next lease asked for."""
-        run = t.run
-        if run is None:
+        lease = t.lease
+        if lease is None:
             return
         lasted = time.monotonic() - t.started_at
-        size = len(run.lease)
+        size = len(lease)
         if lasted < self.target_seconds:
             t.wish = min(self.max_count, 2 * max(t.wish, size))
         elif lasted > 2 * self.target_seconds:
@@ -224,41 +321,52 @@ class IdPoolClient:
 
     def _start_fetch(self, t: _Tag) -> None:
         thread = threading.Thread(
-            target=self._fetch, args=(t, t.wish), name=f"idpool-lease-{t.tag}", daemon=True
+            target=self._fetch, args=(t,), name=f"idpool-lease-{t.tag}", daemon=True
         )
         t.fetcher = thread
         thread.start()
 
-    def _fetch(self, t: _Tag, wish: int) -> None:
-        leases: list[Lease] = []
-        error: IdPoolError | None = None
-        try:
-            leases = self.transport.lease(t.tag, wish)
-        except IdPoolError as e:
-            error = e
-        except Exception as e:  # a waiter must always be woken
-            error = IdPoolError(f"lease for tag {t.tag!r} failed: {e!r}")
-        with t.lock:
-            t.fetcher = None
-            t.error = error
-            if error is not None:
+    def _fetch(self, t: _Tag) -> None:
+        """Lease the next range; after a failure try again every RETRY_BACKOFF while
+        the tag still holds IDs (the hot path never has to look)."""
+        while True:
+            leases: list[Lease] = []
+            error: IdPoolError | None = None
+            try:
+                leases = self.transport.lease(t.tag, min(t.wish, self.max_count))
+            except IdPoolError as e:
+                error = e
+            except Exception as e:  # a waiter must always be woken
+                error = IdPoolError(f"lease for tag {t.tag!r} failed: {e!r}")
+            with t.lock:
+                t.error = error
+                t.ready.notify_all()
+                if error is None:
+                    t.fetcher = None
+                    if not self._closed:
+                        t.pending.extend(leases)
+                        return
+                    break  # close() ran meanwhile: these go straight back
                 t.retry_at = time.monotonic() + RETRY_BACKOFF
-                run = t.run
-                if run is not None and run.retired_from is None:
-                    run.limit = 0  # re-arm: the slow path tries again after the backoff
-            elif not self._closed:
-                t.pending.extend(leases)
-                leases = []
-            t.ready.notify_all()
-        if leases:  # close() ran meanwhile: these go straight back
-            self._give_back([(lease, lease.start) for lease in leases])
+                if self._closed or isinstance(error, IdPoolRequestError) or not t.held():
+                    t.fetcher = None  # the next draw that finds nothing asks again
+                    return
+                t.ready.wait(RETRY_BACKOFF)  # close() wakes it
+                if self._closed:
+                    t.fetcher = None
+                    return
+        self._give_back([(lease, lease.start) for lease in leases])
 
-    def _retire(self, run: _Run) -> None:
-        """Cut the run off at the first ID nobody has drawn (see the module docstring).
-        Called with the lock held."""
-        if run.retired_from is None:
-            run.limit = 0  # first: every later draw goes to the slow path...
-            run.retired_from = min(next(run.ids), run.stop)  # ...which hands out only below
+    def _chain(self, tag: str, ended: Iterator[int] | None) -> Iterator[int]:
+        """The tag's chain, made on first use, or again if ``ended`` is it. A chain
+        that ended holds no chunk: the tag's state is in ``_Tag``, not in it."""
+        t = self._tag(tag)
+        with t.lock:
+            chain = self._ids.get(tag)
+            if chain is None or chain is ended:
+                refills = iter(functools.partial(self._refill, t), _NEVER)
+                chain = self._ids[tag] = itertools.chain.from_iterable(refills)
+            return chain
 
     def _tag(self, tag: str) -> _Tag:
         t = self._tags.get(tag)
@@ -268,6 +376,14 @@ class IdPoolClient:
             with self._tags_lock:
                 t = self._tags.setdefault(tag, _Tag(tag, self.initial_count))
         return t
+
+    def held(self, tag: str) -> int:
+        """IDs of ``tag`` this client holds now (at most twice ``max_count``)."""
+        t = self._tags.get(tag)
+        if t is None:
+            return 0
+        with t.lock:
+            return t.held()
 
     # -- closing ------------------------------------------------------------
 
@@ -283,15 +399,13 @@ class IdPoolClient:
         fetchers = []
         for t in tags:
             with t.lock:
-                run = t.run
-                if run is not None:
-                    self._retire(run)
-                    assert run.retired_from is not None
-                    if run.retired_from < run.stop:
-                        tails.append((run.lease, run.retired_from))
+                self._put_back(t)
+                lease = t.lease
+                if lease is not None and t.rest < lease.end:
+                    tails.append((lease, t.rest))
+                    t.rest = lease.end
                 tails += [(lease, lease.start) for lease in t.pending]
                 t.pending.clear()
-                self._runs.pop(t.tag, None)
                 if t.fetcher is not None:
                     fetchers.append(t.fetcher)
                 t.ready.notify_all()
@@ -306,7 +420,7 @@ class IdPoolClient:
                 returned = self.transport.give_back(lease, start)
             except (IdPoolRequestError, IdPoolUnavailable) as e:
                 with self._tags_lock:
-                    self.report.lost.append(f"{lease.lease_id} {start}-{lease.end - 1}: {e}")
+                    self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
                 continue
             with self._tags_lock:
                 self.report.returned += returned

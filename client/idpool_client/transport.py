@@ -1,34 +1,64 @@
 """The two HTTP calls a client makes, with failover across nodes (stdlib only).
 
 ``lease`` asks ``POST /lease/{tag}?count=N`` and answers the leased ranges;
-``give_back`` sends ``POST /lease/return``. A connection error, a timeout or a
-5xx moves on to the next URL; a 4xx is the node's verdict and is raised at once.
+``give_back`` sends ``POST /lease/return`` with the lease's secret. Both send
+the tag's token (``Authorization: Bearer``) when one is configured for it. A
+connection error, a timeout or a 5xx moves on to the next URL; a 4xx is the
+node's verdict and is raised at once (401/403 as ``IdPoolAuthError``).
 Blocking: the sync client calls these from its fetch threads, the async client
 through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from .errors import IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .errors import IdPoolAuthError, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """One leased range, half-open ``[start, end)``."""
+    """One leased range, half-open ``[start, end)``. ``secret`` (never in a repr)
+    is what its return must show; only the lease answer carries it."""
 
     lease_id: str
     tag: str
     start: int
     end: int
+    secret: str = field(default="", repr=False, compare=False)
 
     def __len__(self) -> int:
         return self.end - self.start
+
+    @property
+    def fingerprint(self) -> str:
+        """How the nodes' logs name this lease (never by its id or secret)."""
+        return hashlib.sha256(self.lease_id.encode()).hexdigest()[:12]
+
+
+class Tokens:
+    """Tag tokens: one per tag, and a default for the others. Never in a repr."""
+
+    __slots__ = ("_by_tag", "_default")
+
+    def __init__(self, by_tag: Mapping[str, str] | None = None, default: str | None = None) -> None:
+        for value in [default, *(by_tag or {}).values()]:
+            if value is not None and (not isinstance(value, str) or not value.isprintable()):
+                raise ValueError("a token must be a printable string")
+        self._by_tag = dict(by_tag or {})
+        self._default = default
+
+    def for_tag(self, tag: str) -> str | None:
+        return self._by_tag.get(tag, self._default)
+
+    def __repr__(self) -> str:
+        return f"Tokens({len(self._by_tag)} tags, default={'set' if self._default else 'none'})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,27 +80,37 @@ def _parse(url: str) -> _Server:
 
 
 class Transport:
-    def __init__(self, urls: list[str] | tuple[str, ...], timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        urls: list[str] | tuple[str, ...],
+        timeout: float = 5.0,
+        tokens: Tokens | None = None,
+    ) -> None:
         if isinstance(urls, str):
             urls = [urls]
         if not urls:
             raise ValueError("give at least one idpool node URL")
         self.servers = [_parse(u) for u in urls]
         self.timeout = timeout
+        self.tokens = tokens or Tokens()
         self._first = 0  # the node that answered last is asked first
         self.calls = {"lease": 0, "return": 0}  # HTTP requests sent, for benchmarks
 
     def lease(self, tag: str, count: int) -> list[Lease]:
         """Lease about ``count`` IDs of ``tag``: one or more ranges, in serving order."""
         path = f"/lease/{quote(tag, safe='')}?count={max(1, count)}"
-        body = self._post("lease", path, None, f"lease for tag {tag!r}")
+        body = self._post("lease", path, None, f"lease for tag {tag!r}", tag)
         try:
             return [
-                Lease(str(x["lease"]), tag, int(x["first"]), int(x["last"]) + 1)
+                Lease(str(x["lease"]), tag, int(x["first"]), int(x["last"]) + 1, str(x["secret"]))
                 for x in body["leases"]
             ]
         except (KeyError, TypeError, ValueError) as e:
-            raise IdPoolError(f"a node answered a lease in an unknown form: {body!r}") from e
+            # Not the body itself: it holds the leases' secrets.
+            raise IdPoolError(
+                f"a node answered a lease of tag {tag!r} in an unknown form "
+                f"(fields: {sorted(body)}); is it an idpool node of this version?"
+            ) from e
 
     def give_back(self, lease: Lease, start: int) -> int:
         """Return ``[start, lease.end)``; answers how many IDs went back.
@@ -80,10 +120,11 @@ class Transport:
         node refuses (``unknown_lease``: Redis restarted or the lease expired;
         the tail is lost, never served twice) and IdPoolUnavailable.
         """
-        payload = {"lease": lease.lease_id, "from": start, "tag": lease.tag}
+        payload = {"lease": lease.lease_id, "secret": lease.secret, "tag": lease.tag, "from": start}
         sent: list[bool] = []
+        what = f"return of lease {lease.fingerprint} of tag {lease.tag!r}"
         try:
-            body = self._post("return", "/lease/return", payload, "return", sent)
+            body = self._post("return", "/lease/return", payload, what, lease.tag, sent)
         except IdPoolRequestError as e:
             if e.code == "already_returned" and len(sent) > 1:  # an earlier try landed
                 return max(0, lease.end - start)
@@ -96,16 +137,20 @@ class Transport:
         path: str,
         payload: dict[str, Any] | None,
         what: str,
+        tag: str,
         sent: list[bool] | None = None,
     ) -> dict[str, Any]:
         failures: list[tuple[str, str]] = []
         n = len(self.servers)
+        # Read once: another thread's call may move _first meanwhile, and reading it
+        # per try could ask the same node twice and never the healthy one.
+        first = self._first
         for k in range(n):
-            index = (self._first + k) % n
+            index = (first + k) % n
             server = self.servers[index]
             self.calls[kind] += 1
             try:
-                status, body = self._request(server, path, payload, sent)
+                status, body = self._request(server, path, payload, tag, sent)
             except (OSError, http.client.HTTPException, ValueError) as e:
                 failures.append((server.url, f"{type(e).__name__}: {e}"))
                 continue
@@ -113,6 +158,15 @@ class Transport:
                 why = f"{status} {body.get('error')}: {body.get('message')}"
                 failures.append((server.url, why))
                 continue
+            if status in (401, 403) and body.get("error") != "wrong_secret":
+                raise IdPoolAuthError(
+                    tag,
+                    self.tokens.for_tag(tag) is not None,
+                    server.url,
+                    status,
+                    str(body.get("error")),
+                    str(body.get("message")),
+                )
             if status >= 400:
                 raise IdPoolRequestError(
                     server.url, status, str(body.get("error")), str(body.get("message"))
@@ -122,13 +176,21 @@ class Transport:
         raise IdPoolUnavailable(what, failures)
 
     def _request(
-        self, server: _Server, path: str, payload: dict[str, Any] | None, sent: list[bool] | None
+        self,
+        server: _Server,
+        path: str,
+        payload: dict[str, Any] | None,
+        tag: str,
+        sent: list[bool] | None,
     ) -> tuple[int, dict[str, Any]]:
         cls = http.client.HTTPSConnection if server.https else http.client.HTTPConnection
         conn = cls(server.host, server.port, timeout=self.timeout)
         try:
             data = b"" if payload is None else json.dumps(payload).encode()
             headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+            token = self.tokens.for_tag(tag)
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
             conn.request("POST", server.base + path, body=data, headers=headers)
             if sent is not None:
                 sent.append(True)  # from here on the node may have acted on it

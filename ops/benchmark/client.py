@@ -1,17 +1,21 @@
 """``ops/bench client``: the Python client's hot path against ``next(itertools.count())``.
 
 Starts a private redis-server, a database ``idpool_bench_client`` on the local
-MariaDB and one ``idpool serve`` node, then times in this process, best of
-``--repeat`` loops each (the loop's own cost included, as for the baseline):
+MariaDB and one ``idpool serve`` node, then times in this process, in rounds
+that take every design in turn (so a busy moment of the machine hits all of
+them), best of ``--repeat`` loops of ``--calls`` calls each, the loop's own cost
+included on both sides:
 
-- ``next_id()`` in one thread, and ``next(itertools.count())`` beside it;
-- ``next_id()`` from 4 threads at once, and 4 threads on one shared count;
-- ``next_ids(1000)``, in IDs/s;
-- HTTP lease calls per million IDs (the client fetches in the background);
-- ``SnowflakeClient.next_id()`` on a snowflake tag, in 1 and 4 threads, against
-  ``next_id()`` on the segment tag (target: within 2x). The tag has 16 sequence
-  bits: the default layout's 12 cap a worker ID at 4,096 IDs per ms, which a
-  client reaches (it then waits for the next millisecond).
+- ``next(itertools.count())``: the baseline, the interpreter's limit;
+- the designs tried for one ID in one thread, the client's own two against the
+  node and the rejected ones on in-memory ranges (``DESIGNS`` says what each is
+  and why it was kept or not);
+- 4 threads at once: one shared count, ``next_id()``, ``next()`` on the shared
+  iterator (wall time per ID);
+- ``next_ids(1000)``, in IDs/s; the asyncio client's ``await next_id()``
+  against an ``await`` of a coroutine that only draws from a count;
+- HTTP lease calls per million IDs, and the most IDs the client held at once
+  against twice its ``max_count``.
 
 Prints what it measured and the command that reproduces it. Not run by the tests.
 """
@@ -19,114 +23,259 @@ Prints what it measured and the command that reproduces it. Not run by the tests
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import itertools
+import operator
 import shlex
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pymysql
-from idpool_client import IdPoolClient
-from idpool_client.snowflake import SnowflakeClient
+from idpool_client import AsyncIdPoolClient, IdPoolClient
 
-from ops.processes import NodeProcess, env_with
-from ops.servers import RedisServer
+from ops.toolkit import NodeProcess, RedisServer, env_with
 
 DATABASE = "idpool_bench_client"  # created and dropped here; nothing else uses it
 TAG = "bench"
-SNOWFLAKE_TAG = "sf"
+MAX_COUNT = 1_000_000  # the client's; its holdings must stay within twice this
+BIG = 10**15  # the in-memory designs draw from [0, BIG): no refill during a run
+
+# (name, what it is, verdict): the order the report lists them in.
+DESIGNS = [
+    ("count", "next(itertools.count())", "baseline"),
+    ("ids", "next(it), it = client.ids(tag): a chain of range chunks", "kept: the fastest"),
+    (
+        "next_id_for",
+        "next_id(), next_id = client.next_id_for(tag): the chain's bound __next__",
+        "kept: next_id() bound to a tag",
+    ),
+    ("next_id", "client.next_id(tag): next(chains[tag]) in a method", "kept: by tag name"),
+    ("count_limit", "v0.1 next_id: next(count) and a compare with the run's limit", "replaced"),
+    (
+        "getattr",
+        "partial(getattr, handle)(tag), a property per tag: C, no Python frame",
+        "rejected: no faster than a method",
+    ),
+    (
+        "takewhile",
+        "next(chain of takewhile(partial(gt, end), count)): cut by partial.__setstate__",
+        "rejected: +50%",
+    ),
+    (
+        "bytecode",
+        "check-and-increment in bytecode (the asyncio client's)",
+        "rejected: not atomic under a tracer",
+    ),
+]
 
 
-def _best_ns(statement: str, names: dict[str, Any], calls: int, repeat: int) -> float:
-    return min(timeit.repeat(statement, globals=names, number=1, repeat=repeat)) / calls * 1e9
+class _Run:
+    __slots__ = ("ids", "limit")
+
+    def __init__(self) -> None:
+        self.ids = itertools.count()
+        self.limit = BIG
 
 
-def _threads_ns(draw: Callable[[], object], threads: int, calls: int, repeat: int) -> float:
-    """Wall ns per ID with ``threads`` threads each calling ``draw`` ``calls`` times."""
+class _CountAndLimit:
+    """The v0.1 hot path (commit 673a329's ``IdPoolClient.next_id``), on one endless run."""
 
-    def work(start: threading.Barrier) -> None:
-        start.wait()
-        for _ in range(calls):
-            draw()
+    def __init__(self) -> None:
+        self._runs = {TAG: _Run()}
 
-    best = float("inf")
-    for _ in range(repeat):
-        barrier = threading.Barrier(threads + 1)
-        pool = [threading.Thread(target=work, args=(barrier,)) for _ in range(threads)]
-        for t in pool:
-            t.start()
-        barrier.wait()
-        started = time.perf_counter()
-        for t in pool:
-            t.join()
-        best = min(best, time.perf_counter() - started)
-    return best / (threads * calls) * 1e9
+    def next_id(self, tag: str) -> int:
+        try:
+            run = self._runs[tag]
+        except KeyError:
+            raise RuntimeError("the slow path is not part of this benchmark") from None
+        i = next(run.ids)
+        if i < run.limit:
+            return i
+        raise RuntimeError("the slow path is not part of this benchmark")
+
+
+class _Bytecode:
+    """Check-and-increment with no call in between: atomic only while the GIL
+    changes hands nowhere but at calls and backward jumps (no tracer running)."""
+
+    __slots__ = ("cur", "limit", "runs")
+
+    def __init__(self) -> None:
+        self.cur, self.limit = 0, BIG
+        self.runs = {TAG: self}
+
+    def next_id(self, tag: str) -> int:
+        run = self.runs[tag]
+        i = run.cur
+        if i < run.limit:
+            run.cur = i + 1
+            return i
+        raise RuntimeError("the slow path is not part of this benchmark")
+
+
+def _getattr_design() -> Callable[[str], int]:
+    handle_type = type("Handle", (), {"__slots__": ()})
+    chain = itertools.chain.from_iterable([range(BIG)])
+    setattr(handle_type, TAG, property(functools.partial(next, chain)))
+    return functools.partial(getattr, handle_type())
+
+
+def _takewhile_design() -> Iterator[int]:
+    chunk = itertools.takewhile(functools.partial(operator.gt, BIG), itertools.count())
+    return itertools.chain.from_iterable([chunk])
+
+
+def _loop(call: Callable[..., object], *args: object) -> Callable[[int], float]:
+    """A timed loop of ``n`` calls of ``call(*args)``; answers seconds."""
+    if args:
+        (arg,) = args
+
+        def timed(n: int) -> float:
+            started = time.perf_counter()
+            for _ in range(n):
+                call(arg)
+            return time.perf_counter() - started
+
+    else:
+
+        def timed(n: int) -> float:
+            started = time.perf_counter()
+            for _ in range(n):
+                call()
+            return time.perf_counter() - started
+
+    return timed
+
+
+def _threads(timed: Callable[[int], float], threads: int, n: int) -> float:
+    """Wall seconds for ``threads`` threads running ``timed(n)`` at once."""
+    barrier = threading.Barrier(threads + 1)
+    pool = [threading.Thread(target=lambda: (barrier.wait(), timed(n))) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in pool:
+        t.join()
+    return time.perf_counter() - started
+
+
+def _aio_loop(client: AsyncIdPoolClient, calls: int, repeat: int) -> tuple[float, float]:
+    """ns per ``await next_id()``, and per ``await`` of a coroutine that only draws
+    from a count (asyncio's own floor): best of ``repeat`` rounds of ``calls``."""
+    counter = itertools.count()
+
+    async def bare(tag: str) -> int:
+        return next(counter)
+
+    async def run() -> tuple[float, float]:
+        f = client.next_id
+        for _ in range(20 * calls):  # warm: the lease size grows
+            await f(TAG)
+        mine = floor = 1e9
+        for _ in range(repeat):
+            started = time.perf_counter()
+            for _ in range(calls):
+                await f(TAG)
+            mine = min(mine, time.perf_counter() - started)
+            started = time.perf_counter()
+            for _ in range(calls):
+                await bare(TAG)
+            floor = min(floor, time.perf_counter() - started)
+        await client.aclose()
+        return mine / calls * 1e9, floor / calls * 1e9
+
+    return asyncio.run(run())
 
 
 def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
     # Warm up: the lease size doubles per lease until a lease lasts target_seconds.
-    for _ in range(3):
-        for _ in range(calls):
-            client.next_id(TAG)
+    ids = client.ids(TAG)
+    for _ in range(3 * calls):
+        next(ids)
     counter = itertools.count()
-    base = {"nxt": next, "c": counter, "r": range(calls)}
-    results: dict[str, float] = {}
-    leases_before = client.lease_calls
-    results["count_ns"] = _best_ns("for _ in r: nxt(c)", base, calls, repeat)
-    names = {"f": client.next_id, "t": TAG, "r": range(calls)}
-    results["next_id_ns"] = _best_ns("for _ in r: f(t)", names, calls, repeat)
-    results["count_4t_ns"] = _threads_ns(lambda: next(counter), 4, calls // 4, repeat)
-    results["next_id_4t_ns"] = _threads_ns(lambda: client.next_id(TAG), 4, calls // 4, repeat)
-    batches = max(1, calls // 1000)
-    names = {"g": client.next_ids, "t": TAG, "r": range(batches)}
-    results["next_ids_1000_ns_per_id"] = (
-        _best_ns("for _ in r: g(t, 1000)", names, batches, repeat) / 1000
-    )
-    drawn = repeat * (2 * calls + 4 * (calls // 4) + 1000 * batches)
-    results["lease_calls_per_million"] = (client.lease_calls - leases_before) / drawn * 1e6
-    return results
-
-
-def measure_snowflake(client: SnowflakeClient, calls: int, repeat: int) -> dict[str, float]:
-    for _ in range(calls):
-        client.next_id(SNOWFLAKE_TAG)  # warm: the worker ID is granted on the first
-    names = {"f": client.next_id, "t": SNOWFLAKE_TAG, "r": range(calls)}
-    return {
-        "snowflake_next_id_ns": _best_ns("for _ in r: f(t)", names, calls, repeat),
-        "snowflake_next_id_4t_ns": _threads_ns(
-            lambda: client.next_id(SNOWFLAKE_TAG), 4, calls // 4, repeat
-        ),
+    one: dict[str, Callable[[int], float]] = {
+        "count": _loop(next, counter),
+        "ids": _loop(next, ids),
+        "next_id_for": _loop(client.next_id_for(TAG)),
+        "next_id": _loop(client.next_id, TAG),
+        "count_limit": _loop(_CountAndLimit().next_id, TAG),
+        "getattr": _loop(_getattr_design(), TAG),
+        "takewhile": _loop(next, _takewhile_design()),
+        "bytecode": _loop(_Bytecode().next_id, TAG),
     }
+    shared = itertools.count()
+    four: dict[str, Callable[[int], float]] = {
+        "count": _loop(next, shared),
+        "next_id": _loop(client.next_id, TAG),
+        "next_id_for": _loop(client.next_id_for(TAG)),
+        "ids": _loop(next, ids),
+    }
+    batches = max(1, calls // 1000)
+    best: dict[str, float] = {}
+    leases_before = client.lease_calls
+    most_held = 0
+    for _ in range(repeat):
+        for name, timed in one.items():
+            best[name] = min(best.get(name, 1e9), timed(calls) / calls * 1e9)
+        for name, timed in four.items():
+            seconds = _threads(timed, 4, calls // 4)
+            best[f"{name}_4t"] = min(best.get(f"{name}_4t", 1e9), seconds / calls * 1e9)
+        seconds = _batches(client, batches)
+        best["next_ids"] = min(best.get("next_ids", 1e9), seconds / (1000 * batches) * 1e9)
+        most_held = max(most_held, client.held(TAG))
+    drawn = repeat * (4 * calls + 1000 * batches)  # the client's own draws
+    best["lease_calls_per_million"] = (client.lease_calls - leases_before) / drawn * 1e6
+    best["most_held"] = most_held
+    return best
 
 
-def report(results: dict[str, float], command: str) -> str:
-    c, n = results["count_ns"], results["next_id_ns"]
-    c4, n4 = results["count_4t_ns"], results["next_id_4t_ns"]
-    batch = results["next_ids_1000_ns_per_id"]
-    rows = [
-        ("next(itertools.count()), 1 thread", c, ""),
-        ("client.next_id(), 1 thread", n, f"{n / c:.2f}x count (target <= 3x, <= 100 ns)"),
-        ("shared count, 4 threads (wall per ID)", c4, ""),
-        ("client.next_id(), 4 threads (wall per ID)", n4, f"{n4 / c4:.2f}x count"),
-        ("client.next_ids(1000), per ID", batch, "target >= 50M IDs/s"),
-    ]
-    if "snowflake_next_id_ns" in results:
-        f, f4 = results["snowflake_next_id_ns"], results["snowflake_next_id_4t_ns"]
-        rows += [
-            ("snowflake next_id(), 1 thread", f, f"{f / n:.2f}x client.next_id (target <= 2x)"),
-            ("snowflake next_id(), 4 threads (wall per ID)", f4, f"{f4 / n4:.2f}x client.next_id"),
-        ]
-    lines = [
-        f"{label:<44} {ns:8.1f} ns  {1e3 / ns:7.1f}M IDs/s  {note}" for label, ns, note in rows
-    ]
+def _batches(client: IdPoolClient, batches: int) -> float:
+    g = client.next_ids
+    started = time.perf_counter()
+    for _ in range(batches):
+        g(TAG, 1000)
+    return time.perf_counter() - started
+
+
+def report(results: dict[str, float], aio: tuple[float, float], command: str) -> str:
+    c = results["count"]
+    lines = [f"{'one thread, ns per ID (best of the rounds)':<58} {'ns':>7}  {'x count':>7}"]
+    for name, what, verdict in DESIGNS:
+        ns = results[name]
+        lines.append(f"  {name:<12} {what[:80]}")
+        lines.append(f"  {'':<12} {verdict:<42} {ns:7.1f}  {ns / c:6.2f}x")
+    c4 = results["count_4t"]
+    lines.append("4 threads at once, wall ns per ID")
+    for name, label in (
+        ("count", "one shared count"),
+        ("next_id", "client.next_id(tag)"),
+        ("next_id_for", "next_id(), next_id = client.next_id_for(tag)"),
+        ("ids", "next() on client.ids(tag)"),
+    ):
+        ns = results[f"{name}_4t"]
+        lines.append(f"  {label:<54} {ns:7.1f}  {ns / c4:6.2f}x")
+    batch = results["next_ids"]
     lines.append(
-        f"{'HTTP lease calls per million IDs':<44} {results['lease_calls_per_million']:8.2f}"
+        f"{'client.next_ids(tag, 1000), per ID':<56} {batch:7.2f}  {1e3 / batch:.0f}M IDs/s"
+    )
+    mine, bare = aio
+    lines.append(
+        f"{'asyncio: await client.next_id(tag) / await of a bare coroutine':<56} "
+        f"{mine:7.1f}  {mine / bare:6.2f}x"
+    )
+    lines.append(
+        f"{'HTTP lease calls per million IDs':<56} {results['lease_calls_per_million']:7.2f}"
+    )
+    lines.append(
+        f"{'most IDs held at once / 2 x max_count':<56} {int(results['most_held']):,} / "
+        f"{2 * MAX_COUNT:,}"
     )
     lines.append(f"reproduce: {command}")
     return "\n".join(lines)
@@ -134,8 +283,8 @@ def report(results: dict[str, float], command: str) -> str:
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="ops/bench client", description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=2_000_000, help="IDs per timed loop")
-    parser.add_argument("--repeat", type=int, default=5, help="loops per figure (best is kept)")
+    parser.add_argument("--calls", type=int, default=50_000, help="IDs per timed loop")
+    parser.add_argument("--repeat", type=int, default=60, help="rounds (best is kept)")
     args = parser.parse_args(argv)
     command = "ops/bench client " + shlex.join(argv)
     workdir = Path(tempfile.mkdtemp(prefix="idpool-client-bench-"))
@@ -150,18 +299,13 @@ def main(argv: Sequence[str]) -> int:
     try:
         cli = [sys.executable, "-m", "idpool.service.cli", "tag", "add", TAG, "--step", "1000"]
         subprocess.run(cli, env=env, check=True, stdout=subprocess.DEVNULL)
-        # 16 sequence bits: 65,536 IDs per ms, so the hot path's cost is measured,
-        # not the default layout's cap of 4,096 IDs per ms per worker ID
-        flake = [*cli[:-3], SNOWFLAKE_TAG, "--snowflake", "--worker-bits", "6"]
-        flake += ["--sequence-bits", "16"]
-        subprocess.run(flake, env=env, check=True, stdout=subprocess.DEVNULL)
         node.start()
-        with IdPoolClient([node.base_url], return_at_exit=False) as client:
+        with IdPoolClient([node.base_url], max_count=MAX_COUNT, return_at_exit=False) as client:
             results = measure(client, args.calls, args.repeat)
-        with SnowflakeClient([node.base_url]) as snowflakes:
-            results.update(measure_snowflake(snowflakes, args.calls, args.repeat))
+        aio_client = AsyncIdPoolClient([node.base_url], max_count=MAX_COUNT, return_at_exit=False)
+        aio = _aio_loop(aio_client, args.calls, max(1, args.repeat // 4))
         print(f"{command}\nnode log: {node.logs[-1]}")
-        print(report(results, command))
+        print(report(results, aio, command))
     finally:
         if node.proc is not None:
             node.stop()

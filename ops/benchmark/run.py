@@ -33,8 +33,7 @@ import redis
 
 from idpool.pool.keys import Keys
 from idpool.pool.settings import Settings
-from ops.processes import free_port
-from ops.servers import RedisServer
+from ops.toolkit import RedisServer, free_port
 
 from . import micro
 from .load import Load, Result, run_wrk, wrk_path

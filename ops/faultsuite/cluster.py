@@ -16,9 +16,16 @@ from pathlib import Path
 
 from redis import Redis
 
-from ops.processes import NodeProcess, PreloaderProcess, env_with
-from ops.replication import MariaPair, RedisSentinelGroup
-from ops.servers import MariaServer, RedisServer
+from ops.toolkit import (
+    GaleraCluster,
+    MariaPair,
+    MariaServer,
+    NodeProcess,
+    PreloaderProcess,
+    RedisSentinelGroup,
+    RedisServer,
+    env_with,
+)
 
 STEP = 1000
 
@@ -69,7 +76,8 @@ class Run:
 @dataclass
 class Cluster:
     directory: Path
-    maria: MariaServer | MariaPair  # a pair: primary + replica behind a proxy
+    # a pair: primary + replica behind a proxy; Galera: node i on member i % 3
+    maria: MariaServer | MariaPair | GaleraCluster
     tag: str
     redis_mode: str = "aof"
     nodes: int = 3
@@ -80,6 +88,7 @@ class Cluster:
     env_overrides: dict[str, str] = field(default_factory=dict)
     idle_tags: int = 0  # tags nobody asks for, beside the scenario's
     kind: str = "segment"  # the scenario tag's kind
+    step: int = STEP  # the scenario's tag's range size
     redis: RedisServer | RedisSentinelGroup = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
@@ -105,6 +114,13 @@ class Cluster:
             **{**NODE_ENV, **self.env_overrides},
         )
 
+    def env_for(self, index: int) -> dict[str, str]:
+        """Process ``index``'s settings: on Galera, each on a member of its own
+        (node i on member i, the preloader on the member after the last node's)."""
+        if not isinstance(self.maria, GaleraCluster):
+            return self.env
+        return {**self.env, "IDPOOL_MYSQL_URL": self.maria.member_url(index, self.database)}
+
     @property
     def ports(self) -> list[int]:
         return [node.port for node in self.node_procs]
@@ -114,7 +130,7 @@ class Cluster:
         self.redis.start()
         subprocess.run(
             [sys.executable, "-m", "idpool.service.cli", "tag", "add", self.tag]
-            + (["--step", str(STEP)] if self.kind == "segment" else ["--kind", self.kind]),
+            + (["--step", str(self.step)] if self.kind == "segment" else ["--kind", self.kind]),
             env=self.env,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -122,9 +138,11 @@ class Cluster:
         if self.idle_tags:
             self.add_idle_tags(self.idle_tags)
         self.node_procs = [
-            NodeProcess(self.env, self.directory / f"node{i}") for i in range(self.nodes)
+            NodeProcess(self.env_for(i), self.directory / f"node{i}") for i in range(self.nodes)
         ]
-        self.preloader = PreloaderProcess(self.env, self.directory / "preloader")
+        self.preloader = PreloaderProcess(
+            self.env_for(self.nodes), self.directory / "preloader"
+        )
         for proc in [*self.node_procs, self.preloader]:
             proc.start(wait=False)
         for proc in [*self.node_procs, self.preloader]:
@@ -177,6 +195,10 @@ class Cluster:
         assert isinstance(self.redis, RedisSentinelGroup), "a Sentinel scenario's fault"
         return self.redis
 
+    def galera(self) -> GaleraCluster:
+        assert isinstance(self.maria, GaleraCluster), "a Galera scenario's fault"
+        return self.maria
+
     def maria_pair(self) -> MariaPair:
         assert isinstance(self.maria, MariaPair), "a MariaDB replication scenario's fault"
         return self.maria
@@ -209,8 +231,10 @@ class Cluster:
         """After a fault went wrong: both stores running again, so the scenario can end."""
         if isinstance(self.redis, RedisSentinelGroup):
             self.redis.ensure_up()
+        if isinstance(self.maria, GaleraCluster):
+            self.maria.ensure_up()
         for name, server in (("redis", self.redis), ("mariadb", self.maria)):
-            if isinstance(server, RedisSentinelGroup):
+            if isinstance(server, RedisSentinelGroup | GaleraCluster):
                 continue
             if server.proc is None:
                 self.store(name, "start")

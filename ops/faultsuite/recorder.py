@@ -10,8 +10,6 @@ next node, as a client behind a load balancer would.
 
 from __future__ import annotations
 
-import http.client
-import json
 import random
 import re
 import threading
@@ -20,6 +18,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from ops.toolkit import NodeConnections
 
 MAX_ATTEMPTS = 8  # per request, across nodes, before the request counts as failed
 RETRY_PAUSE = 0.05  # seconds between attempts
@@ -194,7 +194,7 @@ class Clients:
 
     def _run(self, n: int) -> None:
         rng = random.Random(self.seed * 1000 + n)
-        conns: dict[int, tuple[http.client.HTTPConnection, float]] = {}
+        conns = NodeConnections(REQUEST_TIMEOUT, IDLE_REUSE)
         turn = n
         next_at = time.monotonic()
         while not self.stopping.is_set():
@@ -204,12 +204,15 @@ class Clients:
             for _attempt in range(MAX_ATTEMPTS):
                 port = self.ports[turn % len(self.ports)]
                 turn += 1
-                status, ids, took = self._attempt(conns, port, path, single)
-                self._observe(took)
-                if ids is not None:
-                    self.bitmap_add(ids, time.monotonic() - started)
+                answer = conns.get_ids(f"127.0.0.1:{port}", path)
+                self._observe(answer.seconds)
+                if answer.ids is not None:
+                    self.bitmap_add(answer.ids, time.monotonic() - started)
                     break
-                self._fail(status)
+                if answer.message:
+                    with self.lock:
+                        self.tally.messages.setdefault(answer.status, answer.message)
+                self._fail(answer.status)
                 time.sleep(RETRY_PAUSE)
             else:
                 with self.lock:
@@ -219,44 +222,7 @@ class Clients:
             pause = next_at - time.monotonic()
             if pause > 0:
                 self.stopping.wait(pause)
-        for conn, _ in conns.values():
-            conn.close()
-
-    def _attempt(
-        self,
-        conns: dict[int, tuple[http.client.HTTPConnection, float]],
-        port: int,
-        path: str,
-        single: bool,
-    ) -> tuple[str, list[int] | None, float]:
-        started = time.monotonic()
-        conn, last_used = conns.get(port, (None, 0.0))
-        if conn is not None and started - last_used > IDLE_REUSE:
-            conn.close()
-            conn = None
-        if conn is None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            body = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            conns.pop(port, None)
-            return type(e).__name__, None, time.monotonic() - started
-        took = time.monotonic() - started
-        conns[port] = (conn, time.monotonic())
-        if resp.status != 200:
-            try:
-                error = json.loads(body)
-                code, message = str(error.get("error", "")), str(error.get("message", ""))
-            except ValueError:
-                code, message = "", body[:200].decode(errors="replace")
-            status = f"{resp.status} {code}".strip()
-            with self.lock:
-                self.tally.messages.setdefault(status, message)
-            return status, None, took
-        return "200", ([int(body)] if single else json.loads(body)["ids"]), took
+        conns.close()
 
     def bitmap_add(self, ids: list[int], request_latency: float) -> None:
         with self.lock:

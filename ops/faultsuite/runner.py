@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ops.replication import MariaPair
-from ops.servers import MariaServer
+from ops.toolkit import GaleraCluster, MariaPair, MariaServer
 
 from .accounting import Accounting, account, parse_ranges
 from .cluster import STEP, Cluster
@@ -79,9 +78,11 @@ def run_scenario(
 ) -> Outcome:
     tag = f"{scenario.name}-{rng.randrange(10**6):06d}"
     started = time.monotonic()
-    ledger: MariaServer | MariaPair = maria
+    ledger: MariaServer | MariaPair | GaleraCluster = maria
     if scenario.topology == "mysql-replica":
         ledger = MariaPair(directory / scenario.name / "mariadb")
+    elif scenario.topology == "galera":
+        ledger = GaleraCluster(3)  # a temp dir of its own, owned by mysql (the rsync SST)
     cluster = Cluster(
         directory / scenario.name,
         ledger,
@@ -93,9 +94,10 @@ def run_scenario(
         env_overrides=dict(scenario.env),
         idle_tags=args.idle_tags,
         kind=scenario.kind,
+        step=scenario.step or STEP,
     )
     try:
-        if isinstance(ledger, MariaPair):
+        if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.start()
         cluster.start()
         start_id, _ = cluster.ledger_row()
@@ -141,7 +143,7 @@ def run_scenario(
             result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
-        if isinstance(ledger, MariaPair):
+        if isinstance(ledger, MariaPair | GaleraCluster):
             ledger.stop()
     outcome = Outcome(
         scenario,
@@ -215,6 +217,7 @@ def render(outcome: Outcome, hold_note: str) -> str:
         "   timeline (s from cluster start):",
         *(f"     {t:7.2f}  {what}" for t, what in outcome.events),
         f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed"
+        + (f" (step {sc.step})" if sc.step else "")
         if sc.kind == "segment"
         else "   snowflake tag: no ranges; every ID checked for duplicates and time order "
         "(one received over a second after another is larger)",
@@ -334,7 +337,8 @@ def run(
             f"$ {command}",
             f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {len(scenarios)} scenarios, "
             f"{args.nodes} nodes + 1 standalone preloader each, {args.clients} client threads "
-            f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), step {STEP}, "
+            f"at <= {args.rate:g} requests/s (30% /id, 70% /ids?count=1..100), "
+            f"step {STEP} (unless a scenario says), "
             f"seed {args.seed}; {args.idle_tags} idle tags beside; logs in {workdir}"
             + ("" if args.workdir else " (removed at the end if every scenario passed)"),
         ]

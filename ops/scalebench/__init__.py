@@ -11,3 +11,8 @@ probe measures the code before and after a rewrite.
 ``world.py`` starts and stops the stores and nodes, ``load.py`` drives HTTP
 load, ``scenarios.py`` runs the three scenarios, ``run.py`` is the command line.
 """
+
+from .run import parse
+from .world import CLOCK_TICKS, cpu_percent
+
+__all__ = ["CLOCK_TICKS", "cpu_percent", "parse"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from ops.processes import node_stopped
+from ops.toolkit import node_stopped
 
 from .load import drive
 from .world import TagSpec, World, cpu_percent, http_get, pool_key, stats_key

@@ -24,8 +24,7 @@ from typing import Any
 import pymysql
 import redis
 
-from ops.processes import NodeProcess, env_with, wait_ready
-from ops.servers import RedisServer
+from ops.toolkit import NodeProcess, RedisServer, env_with, wait_ready
 
 MYSQL_HOST, MYSQL_PORT, MYSQL_USER = "127.0.0.1", 3306, "root"
 TABLE = "idpool_tags"

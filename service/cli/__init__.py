@@ -1,4 +1,4 @@
-"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable,
+"""The ``idpool`` command: serve, preload, tag add/list/step/start/disable/enable/remove,
 tag token add/list/revoke, pool show, status.
 
 One module per command group (``serve.py``, ``tag.py``, ``status.py``);
@@ -19,6 +19,7 @@ from urllib.parse import quote
 from idpool.pool.errors import ConfigError, StoreUnavailable
 from idpool.pool.settings import Settings
 
+from ..metrics import VERSION
 from . import serve, status, tag
 from .common import EMBEDDED_FILE, EXIT_CANNOT_LISTEN, EXIT_UNAVAILABLE, EXIT_USAGE, common_options
 from .logs import logging_config
@@ -34,6 +35,7 @@ _COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idpool", description="Distributed 64-bit ID service")
+    parser.add_argument("--version", action="version", version=f"idpool {VERSION}")
     common_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
     embedded = argparse.ArgumentParser(add_help=False)

@@ -36,6 +36,28 @@ def integer(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
 
 
+def port_number(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 1 to 65535")
+    return number
+
+
+def integer_up_to(top: int) -> Callable[[str], int]:
+    """An argument type: an integer from 1 to ``top``."""
+
+    def parse(value: str) -> int:
+        number = integer(value)
+        if not 1 <= number <= top:
+            raise argparse.ArgumentTypeError(f"{value} must be from 1 to {top}")
+        return number
+
+    return parse
+
+
 def checked(check: Callable[[int], int]) -> Callable[[str], int]:
     """An argument type: an integer that ``check`` (from tag_fields) accepts."""
 
@@ -72,13 +94,3 @@ def common_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def show(value: object) -> str:
     return "-" if value is None else str(value)
-
-
-def duration(seconds: float | None) -> str:
-    """A runway for people: 45s, 12m, 5.5h, 30d; "-" when there is none to speak of."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"

@@ -13,7 +13,8 @@ from urllib.parse import unquote_plus
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-_QUERY_PARAMETER = re.compile(r"([?&])([^=&\s\"]*)=([^&\s\"]*)")
+# `;` too: Starlette does not split on it, but a client that does sends its token after one.
+_QUERY_PARAMETER = re.compile(r"([?&;])([^=&;\s\"]*)=([^&;\s\"]*)")
 
 
 def redact(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
+from .common import integer_up_to, port_number
 from .logs import logging_config
 
 
@@ -27,8 +29,10 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         "serve", parents=[embedded], help="run a node (HTTP API; preloader inside by default)"
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn workers; each is a node")
+    serve.add_argument("--port", type=port_number, default=8000)
+    serve.add_argument(
+        "--workers", type=integer_up_to(1024), default=1, help="uvicorn workers; each is a node"
+    )
     serve.add_argument("--access-log", action="store_true", help="log every request")
     sub.add_parser(
         "preload", parents=[embedded], help="run the preloader alone, until SIGTERM or Ctrl-C"
@@ -73,7 +77,18 @@ def _check_port(host: str, port: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn sets it
         try:
             sock.bind((host, port))
+        except (socket.gaierror, UnicodeError):
+            # not an address, and no name that resolves: the host is wrong, not the port
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {host!r} is not an address or host name "
+                "of this machine; choose another --host (e.g. 127.0.0.1 or 0.0.0.0)"
+            ) from None
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise CannotListen(
+                    f"cannot listen on {host}:{port}: {e.strerror}: {host} is not an address "
+                    "of this machine; choose another --host (e.g. 127.0.0.1 or 0.0.0.0)"
+                ) from None
             raise CannotListen(
                 f"cannot listen on {host}:{port}: {e.strerror}; "
                 "stop what uses it or choose another --port"

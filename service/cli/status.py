@@ -10,8 +10,8 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
 from ..node import node_ttl
-from ..status import cluster, read_stores, tag_entries
-from .common import duration, show
+from ..status import cluster, read_stores, runway_text, tag_entries
+from .common import show
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -71,16 +71,18 @@ async def status(settings: Settings, args: argparse.Namespace) -> int:
         )
     print(
         f"  {'tag':<20} {'max_id':>14} {'max':>16} {'ranges':>9} {'minutes':>8} {'IDs/s':>9} "
-        f"{'returned':>9} {'runway':>8}  wasted / state"
+        f"{'returned':>9} {'runway':>9}  wasted / state"
     )
     for t in shown["tags"]:
         ranges = "-" if t["depth"] is None else f"{t['depth']}/{t['target_depth'] or '-'}"
         wasted = " ".join(f"{reason}={ids}" for reason, ids in sorted(t["wasted"].items()))
+        bounded = t["max"] is not None or t["max_id"] is None  # no row: not known
         state = ", ".join(t["problems"])
         print(
             f"  {t['tag']:<20} {show(t['max_id']):>14} {show(t['max']):>16} {ranges:>9} "
             f"{show(t['minutes_of_supply']):>8} {show(t['ids_per_s']):>9} "
-            f"{t['returned']:>9} {duration(t['runway_s']):>8}  {wasted or '-'}"
+            f"{t['returned']:>9} {runway_text(t['runway_s'], bounded, ''):>9}"
+            f"  {wasted or '-'}"
             + (f"  [{state}]" if state else "")
         )
     if len(names) > len(shown["tags"]):

@@ -7,12 +7,14 @@ them; the messages name the options (``--step``) instead of the JSON fields.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from functools import partial
 
-from idpool.pool.claims import create_tag, disable_tag, enable_tag, move_start
+from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     InvalidInput,
+    StartAboveMax,
     StartBelowIssued,
     StoreUnavailable,
     TagExists,
@@ -28,10 +30,10 @@ from idpool.pool.waste import Reason, WasteRecorder
 
 from ..decode import decode, snowflake_fields
 from ..kinds import KINDS, SEGMENT
-from ..snowflake import SNOWFLAKE, prepare_tag
-from ..status import runway_seconds
+from ..snowflake import SNOWFLAKE, check_removable
+from ..status import runway_seconds, runway_text
 from ..tag_fields import check_int, new_tag
-from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, duration, flag, integer, show, tag_arg
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, flag, integer, show, tag_arg
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -101,6 +103,14 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     step = tag.add_parser("step", parents=[embedded], help="change a tag's range size")
     step.add_argument("tag", type=tag_arg)
     step.add_argument("step", type=checked(partial(check_int, "step", top=MAX_STEP)))
+    remove = tag.add_parser(
+        "remove",
+        parents=[embedded],
+        help="delete a tag for good: 404 unknown_tag, tokens dropped, ready ranges wasted; "
+        "the name added again starts above every ID it issued",
+    )
+    remove.add_argument("tag", type=tag_arg)
+    remove.add_argument("--yes", action="store_true", help="do it (without: say what it does)")
     start = tag.add_parser(
         "start", parents=[embedded], help="move a tag's next ID forward (never back)"
     )
@@ -119,6 +129,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             return await _start(settings, ledger, args)
         if args.tag_command in ("disable", "enable"):
             return await _toggle(settings, ledger, args)
+        if args.tag_command == "remove":
+            return await _remove(settings, ledger, args)
         if args.tag_command == "token":
             return await _token(ledger, args)
         if args.tag_command == "decode":
@@ -148,18 +160,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     # No check: with Redis down a tag can still be added (without its high-water mark).
     pool = await open_pool(settings, check=False)
     try:
-        row = await create_tag(
-            ledger,
-            pool,
-            spec.tag,
-            step=spec.step,
-            start=spec.start,
-            description=spec.description,
-            end_id=spec.end_id,
-            kind=spec.kind,
-            layout=spec.layout,
-        )
-        await prepare_tag(pool, row)
+        row = await spec.create(ledger, pool)
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
@@ -231,7 +232,7 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
             runway = runway_seconds(row, found.ids if found else 0, rate)
             print(
                 f"{row.tag:<24} {row.max_id:>20} {row.step:>10} {row.start_id:>12} "
-                f"{show(row.max):>20} {duration(runway):>10} "
+                f"{show(row.max):>20} {runway_text(runway, row.max is not None, ''):>10} "
                 f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
             )
     return 0
@@ -248,7 +249,7 @@ async def _start(settings: Settings, ledger: LedgerStore, args: argparse.Namespa
     pool = await open_pool(settings, check=False)
     try:
         row = await move_start(ledger, pool, args.tag, args.start)
-    except StartBelowIssued as e:
+    except (StartBelowIssued, StartAboveMax) as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
@@ -265,13 +266,15 @@ async def _token(ledger: LedgerStore, args: argparse.Namespace) -> int:
     if args.token_command == "add":
         token_id, token = new_token()
         await ledger.add_token(args.tag, token_id, hash_token(token))
-        # stdout only, never a log line: this is the one time the token is shown
-        print(f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed:")
-        print(token)
+        # The token alone on stdout (TOKEN=$(idpool tag token add TAG)), the words
+        # on stderr; never a log line: this is the one time the token is shown.
         print(
+            f"{args.tag}: token {token_id} added; keep it now, it is stored only hashed. "
             f"{args.tag} now needs a token (Authorization: Bearer <token> or ?token=) "
-            "at every node within IDPOOL_TAG_RELOAD_SECONDS"
+            "at every node within IDPOOL_TAG_RELOAD_SECONDS",
+            file=sys.stderr,
         )
+        print(token)
         return 0
     if args.token_command == "revoke":
         if not await ledger.revoke_token(args.tag, args.token_id):
@@ -310,5 +313,50 @@ async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
         f"{row.tag}: disabled (410 tag_disabled at every node within "
         f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
         f"max_id {row.max_id} is kept"
+    )
+    return 0
+
+
+async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    with contextlib.suppress(UnknownTag):  # (removed before: the list may need emptying)
+        try:
+            check_removable(await ledger.get_tag(args.tag))  # a tag's kind never changes
+        except InvalidInput as e:
+            print(f"idpool: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    if not args.yes:
+        row = await ledger.get_tag(args.tag)
+        print(
+            f"idpool: this removes {row.tag} for good: requests get 404 unknown_tag, its "
+            "tokens are dropped, its ready ranges are wasted, and the name added again starts "
+            f"at {row.max_id} or above; run again with --yes to remove it",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    removed: TagRow | None = None
+    with contextlib.suppress(UnknownTag):  # removed before: its list may still need emptying
+        removed = await ledger.remove_tag(args.tag)
+    pool = await open_pool(settings, check=False)
+    try:
+        drained = await pool.take_all(args.tag)
+    except StoreUnavailable as e:
+        if removed is None:
+            raise
+        print(
+            f"idpool: {args.tag!r} is removed, but its ready ranges could not be taken out of "
+            f"the pool ({e}); run the command again",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
+    finally:
+        await pool.close()
+    if removed is None and not drained:
+        raise UnknownTag(args.tag)
+    WasteRecorder().record(args.tag, drained, Reason.TAG_REMOVED)  # logged; counted nowhere
+    kept = "" if removed is None else f"; added again it starts at {removed.max_id} or above"
+    print(
+        f"{args.tag}: removed (404 unknown_tag at every node within "
+        f"IDPOOL_TAG_RELOAD_SECONDS); {sum(map(len, drained))} ready IDs in {len(drained)} "
+        f"ranges wasted{kept}"
     )
     return 0
