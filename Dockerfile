@@ -7,9 +7,11 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY pool ./pool
 COPY service ./service
 COPY idpool ./idpool
+# The node renders formatted IDs with the client's formats module (one module for both)
+COPY client ./client
 # -c constraints.txt: the versions the tests ran against (`make constraints`),
 # never whatever is newest on the day the image is built.
-RUN pip install --no-cache-dir -c constraints.txt .
+RUN pip install --no-cache-dir -c constraints.txt ./client .
 USER idpool
 # Writable by idpool: where `--embedded` keeps ./idpool.db.
 WORKDIR /var/lib/idpool

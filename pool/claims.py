@@ -161,6 +161,8 @@ async def create_tag(
     end_id: int = MAX_ID,
     kind: str = "segment",
     layout: str = "",
+    options: str = "",
+    secret: str = "",
 ) -> TagRow:
     """Add a tag, starting above any ID ever issued under that name, and never
     handing out ``end_id`` or above (ValueError unless ``start < end_id``).
@@ -184,6 +186,8 @@ async def create_tag(
         end_id=end_id,
         kind=kind,
         layout=layout,
+        options=options,
+        secret=secret,
     )
 
 

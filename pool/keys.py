@@ -5,7 +5,9 @@ With the default prefix ``idpool``:
 ``idpool:pool:{tag}``  LIST of ranges as ``"first-last"`` text, inclusive.
     The preloader RPUSHes fresh ranges at the tail; a stopping node LPUSHes its
     unused remainders at the head; nodes LPOP whole ranges from the head.
-    ``redis-cli LRANGE idpool:pool:orders 0 -1`` shows what is ready.
+    ``redis-cli LRANGE idpool:pool:orders 0 -1`` shows what is ready. A tag
+    with a reset (ID formats) has one per period, named after the period's
+    ledger row: ``idpool:pool:orders@20261124`` (and so ``hwm:``, ``stats:``).
 
 ``idpool:pools``  SET of tags that have a pool list. Written by every push,
     read when a new Redis incarnation is cleaned and by ``idpool pool show``.

@@ -22,13 +22,13 @@ from .errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, Unkn
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 from .tokens import TokenRow
-from .values import TagRow, check_bound, cut, step_bounds
+from .values import TagRow, check_bound, cut, period_rows_between, step_bounds
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind, layout"
+    "kind, layout, options, secret"
 )
 
 SCHEMA = f"""
@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
     kind        VARCHAR(16)  NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made',
     layout      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag',
+    options     VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate',
+    secret      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown',
     description VARCHAR(255) NOT NULL DEFAULT '',
     created_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
     updated_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
@@ -83,6 +85,8 @@ _MIGRATIONS = [
     ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
     ("kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
     ("layout", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag'"),
+    ("options", "VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate'"),
+    ("secret", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown'"),
 ]
 _DUPLICATE_COLUMN = 1060
 
@@ -109,20 +113,10 @@ GALERA_SESSION = "SET SESSION wsrep_sync_wait = 1"
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
-    (
-        tag,
-        max_id,
-        step,
-        start_id,
-        description,
-        updated,
-        min_step,
-        max_step,
-        end,
-        off,
-        kind,
-        layout,
-    ) = values
+    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off, kind = values[
+        :11
+    ]
+    layout, options, secret = values[11:14]
     return TagRow(
         tag,
         max_id,
@@ -136,6 +130,8 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
         bool(off),
         kind,
         layout,
+        options,
+        secret,
     )
 
 
@@ -273,6 +269,8 @@ class Ledger:
         end_id: int = MAX_ID,
         kind: str = "segment",
         layout: str = "",
+        options: str = "",
+        secret: str = "",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)``.
 
@@ -302,7 +300,8 @@ class Ledger:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
                     "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind, "
-                    "layout) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    "layout, options, secret) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (
                         tag,
                         first,
@@ -314,6 +313,8 @@ class Ledger:
                         end_id,
                         kind,
                         layout,
+                        options,
+                        secret,
                     ),
                 )
             except pymysql.err.IntegrityError:
@@ -382,8 +383,11 @@ class Ledger:
         high-water mark in the ledger) is kept, so an enabled tag goes on above it."""
 
         async def op(cur: Any) -> int:
+            # The tag's period rows (TAG@KEY, formats with a reset) with it: a
+            # primary-key range, so no other tag's row is locked.
             result: int = await cur.execute(
-                f"UPDATE {TABLE} SET disabled = %s WHERE tag = %s", (int(disabled), tag)
+                f"UPDATE {TABLE} SET disabled = %s WHERE tag = %s OR tag BETWEEN %s AND %s",
+                (int(disabled), tag, *period_rows_between(tag)),
             )
             return result
 

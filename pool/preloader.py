@@ -40,7 +40,7 @@ from .ranges import IdRange
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
 from .stores import LedgerStore, PoolStore
-from .values import PoolSummary, PushResult, TagRow
+from .values import PoolSummary, PushResult, TagRow, period_over
 from .waste import Reason, WasteRecorder
 
 logger = logging.getLogger("idpool.preloader")
@@ -195,10 +195,14 @@ class Preloader:
             for chunk in _chunks(sorted(self._rows), _VISIT_CHUNK):
                 depths = await self.pool.depths(chunk)
                 visit.update(t for t, n in depths.items() if n < self.settings.pool_depth)
+        # A period that ended (formats with a reset) is asked for no more: no refill.
+        wall = time.time()
+        visit = {t for t in visit if not period_over(t, wall)}
         unknown = sorted(t for t in visit if t not in self._rows)
         if unknown:  # created since the last sweep
             self._rows.update((row.tag, row) for row in await self.ledger.list_tags(unknown))
-        return visit
+        # A tag with a reset serves from its period rows, never from its own row.
+        return {t for t in visit if t not in self._rows or not self._rows[t].by_period}
 
     def refill_soon(self, tag: str) -> None:
         """A node here saw the tag's list run low: refill it now rather than at the

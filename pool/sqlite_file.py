@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS idpool_tags (
     disabled    INTEGER NOT NULL DEFAULT 0,  -- 1: no claim until enabled
     kind        TEXT    NOT NULL DEFAULT 'segment',  -- how its IDs are made
     layout      TEXT    NOT NULL DEFAULT '',  -- bit layout of a snowflake tag
+    options     TEXT    NOT NULL DEFAULT '',  -- JSON: format, reset, obfuscate
+    secret      TEXT    NOT NULL DEFAULT '',  -- obfuscation key (hex); never shown
     description TEXT    NOT NULL DEFAULT '',
     created_at  REAL    NOT NULL,  -- unix time
     updated_at  REAL    NOT NULL
@@ -99,6 +101,8 @@ MIGRATIONS = [
     ("disabled", "INTEGER NOT NULL DEFAULT 0"),
     ("kind", "TEXT NOT NULL DEFAULT 'segment'"),
     ("layout", "TEXT NOT NULL DEFAULT ''"),
+    ("options", "TEXT NOT NULL DEFAULT ''"),
+    ("secret", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 

@@ -20,11 +20,11 @@ from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
 from .tokens import TokenRow
-from .values import TagRow, check_bound, cut, step_bounds
+from .values import TagRow, check_bound, cut, period_rows_between, step_bounds
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind, layout"
+    "kind, layout, options, secret"
 )
 
 
@@ -33,6 +33,7 @@ def _row(values: Any) -> TagRow:
         values[:11]
     )
     updated = datetime.fromtimestamp(updated_at, UTC)
+    layout, options, secret = values[11:14]
     return TagRow(
         tag,
         max_id,
@@ -45,7 +46,9 @@ def _row(values: Any) -> TagRow:
         end,
         bool(off),
         kind,
-        values[11],
+        layout,
+        options,
+        secret,
     )
 
 
@@ -119,6 +122,8 @@ class SqliteLedger:
         end_id: int = MAX_ID,
         kind: str = "segment",
         layout: str = "",
+        options: str = "",
+        secret: str = "",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
         lo, hi = step_bounds(step, min_step, max_step)
@@ -135,8 +140,8 @@ class SqliteLedger:
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, end_id, kind, layout, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "min_step, max_step, end_id, kind, layout, options, secret, created_at, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         tag,
                         first,
@@ -148,6 +153,8 @@ class SqliteLedger:
                         end_id,
                         kind,
                         layout,
+                        options,
+                        secret,
                         now,
                         now,
                     ),
@@ -193,9 +200,10 @@ class SqliteLedger:
         """Disable or enable a tag; max_id is kept (see Ledger.set_disabled)."""
 
         def op(conn: sqlite3.Connection) -> TagRow:
-            conn.execute(
-                "UPDATE idpool_tags SET disabled = ?, updated_at = ? WHERE tag = ?",
-                (int(disabled), time.time(), tag),
+            conn.execute(  # with the tag's period rows, as in Ledger.set_disabled
+                "UPDATE idpool_tags SET disabled = ?, updated_at = ? "
+                "WHERE tag = ? OR tag BETWEEN ? AND ?",
+                (int(disabled), time.time(), tag, *period_rows_between(tag)),
             )
             return _select(conn, tag)
 

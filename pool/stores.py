@@ -42,6 +42,8 @@ class LedgerStore(Protocol):
         end_id: int = ...,
         kind: str = ...,
         layout: str = ...,
+        options: str = ...,
+        secret: str = ...,
     ) -> TagRow: ...
 
     async def remove_tag(self, tag: str) -> TagRow: ...

@@ -6,8 +6,9 @@ list's summary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from .errors import TagDisabled, TagExhausted
@@ -44,6 +45,11 @@ class TagRow:
     disabled: bool = False
     kind: str = "segment"  # how its IDs are made (service/kinds.py)
     layout: str = ""  # a snowflake tag's layout (pool/snowflake.py, Layout.to_text)
+    # JSON of how its numbers are rendered (a format, a reset, obfuscation; "" for
+    # none): read by idpool_client/formats.py through service/formats.py
+    options: str = ""
+    # the obfuscation key (hex), made at creation; never in a repr, a log or a page
+    secret: str = field(default="", repr=False)
 
     @property
     def max(self) -> int | None:
@@ -51,9 +57,38 @@ class TagRow:
         return None if self.end_id >= MAX_ID else self.end_id - 1
 
     @property
+    def by_period(self) -> bool:
+        """True for a tag with a reset (ID formats): its numbers come from a row per
+        period (``TAG@KEY``), never from its own row, whose list stays empty."""
+        if not self.options:
+            return False
+        try:
+            return bool(json.loads(self.options).get("reset"))  # service/formats.py wrote it
+        except (ValueError, AttributeError):
+            return False
+
+    @property
     def left(self) -> int:
         """IDs not yet claimed below the bound."""
         return max(0, self.end_id - self.max_id)
+
+
+def period_rows_between(tag: str) -> tuple[str, str]:
+    """Bounds (inclusive) of the names of a tag's period rows, ``TAG@`` and digits
+    (formats with a reset: ``idpool_client/formats.py``); no other row is between."""
+    return f"{tag}@0", f"{tag}@:"  # ":" sorts right after "9"
+
+
+def period_over(name: str, now: float) -> bool:
+    """True for a period row (``TAG@YYYYMMDD``, ``@YYYYMM``, ``@YYYY``) whose UTC
+    period ended before ``now``: nothing will ask for its numbers again."""
+    _, mark, key = name.rpartition("@")
+    if not mark or not key.isdigit() or len(key) not in _PERIOD_KEYS:
+        return False
+    return key < datetime.fromtimestamp(now, UTC).strftime(_PERIOD_KEYS[len(key)])
+
+
+_PERIOD_KEYS = {8: "%Y%m%d", 6: "%Y%m", 4: "%Y"}
 
 
 def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:

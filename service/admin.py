@@ -25,8 +25,9 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
-from .decode import snowflake_fields
+from .decode import decode, snowflake_fields
 from .errors import HttpRefusal, error, json_response
+from .formats import describe, split_periods
 from .runtime import Runtime
 from .snowflake import check_removable
 from .tag_fields import check_int, check_tag, new_tag
@@ -50,6 +51,7 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
         "disabled": row.disabled,
         "description": row.description,
         **snowflake_fields(row),
+        "format": describe(row),  # null for a plain tag; never the obfuscation key
     }
 
 
@@ -87,8 +89,16 @@ def _admitted(request: Request) -> Runtime:
 
 async def list_tags(request: Request) -> Response:
     run = _admitted(request)
-    rows = await run.ledger.list_tags()
-    return json_response({"tags": [tag_fields(r) for r in rows]})
+    tags, periods = split_periods(await run.ledger.list_tags())
+    shown = []
+    for row in tags:
+        fields = tag_fields(row)
+        if row.tag in periods:  # a reset tag: each period's ledger position, newest first
+            fields["periods"] = {
+                key: p.max_id for key, p in sorted(periods[row.tag].items(), reverse=True)[:3]
+            }
+        shown.append(fields)
+    return json_response({"tags": shown})
 
 
 async def add_tag(request: Request) -> Response:
@@ -126,6 +136,15 @@ async def change_tag(request: Request) -> Response:
         row = await enable_tag(run.ledger, tag)
         await run.node.refresh_tags(tag)
     return json_response(tag_fields(row))
+
+
+async def decode_id(request: Request) -> Response:
+    run = _admitted(request)
+    tag = check_tag(request.path_params["tag"])
+    values = request.query_params.getlist("value")
+    if len(values) != 1:
+        raise InvalidInput("bad_value", "give value exactly once: ?value=<an ID of the tag>")
+    return json_response(decode(await run.ledger.get_tag(tag), values[0]))
 
 
 async def remove(request: Request) -> Response:
@@ -188,6 +207,7 @@ ROUTES = [
     Route("/admin/tags", add_tag, methods=["POST"]),
     Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
     Route("/admin/tags/{tag}", remove, methods=["DELETE"]),
+    Route("/admin/tags/{tag}/decode", decode_id, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
     Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
     Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
+from idpool_client.formats import TagFormat
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -239,8 +240,13 @@ class NodeApp(Starlette):
         advancing a buffer, so concurrent requests cannot get the same ID.
         """
         guarded = node.tags.tokens  # tags with tokens: the routes check the token
+        # Tags whose rows carry a format (and period rows, never served by name):
+        # one truthiness test of an empty dict while no tag has a format.
+        formats = node.tags.formats
         if path.startswith("/ids/"):
             tag = path[5:]
+            if formats and tag in formats:
+                return self._formatted(node, tag, formats[tag], query)
             buf = node.buffers.get(tag)  # only valid tags (no "/") have a buffer
             digits = query[6:]  # after b"count="; any other query form goes to the route
             if buf is None:
@@ -261,6 +267,8 @@ class NodeApp(Starlette):
             return None
         if guarded and tag in guarded:
             return None
+        if formats and tag in formats:
+            return self._formatted(node, tag, formats[tag], None)
         buf = node.buffers.get(tag)  # "/id/a/b" finds none
         if buf is not None:
             value = buf.take()
@@ -272,6 +280,26 @@ class NodeApp(Starlette):
         else:
             return None
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
+
+    def _formatted(
+        self, node: Node, tag: str, fmt: TagFormat | None, query: bytes | None
+    ) -> Answer | None:
+        """The fast path of a formatted tag (``query`` None: ``/id``): as the routes
+        answer it, or None to leave it to them (a period row's name: 400 there)."""
+        if fmt is None or (node.tags.tokens and tag in node.tags.tokens):
+            return None
+        if query is None:
+            value = node.formatted.take_now(tag, fmt, 0)
+            return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
+        digits = query[6:]
+        if (
+            not query.startswith(b"count=")
+            or not (digits.isdigit() and len(digits) <= 6)
+            or not 1 <= (count := int(digits)) <= self.max_count
+        ):
+            return None
+        ids = node.formatted.take_now(tag, fmt, count)
+        return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
 
 
 def _snowflakes(node: Node, tag: str, query: bytes, max_count: int) -> Answer | None:
@@ -300,7 +328,7 @@ def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
         node.undelivered(answer["tag"], answer["ids"])
     else:
         tag = path[4:] if path.startswith("/id/") else path[len(_LEAF_PREFIX) :]
-        node.undelivered(tag, [int(body)])
+        node.undelivered(tag, [body.decode()])  # rendered, for a formatted tag
     node.stats.requests[(route, CLIENT_GONE)] += 1
 
 

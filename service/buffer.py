@@ -143,6 +143,11 @@ class SegmentBuffer:
             await self._wait_for(count - self.in_memory)
         return self.take_many(count)
 
+    async def wait_for(self, ids: int) -> None:
+        """Wait for a fetch of ``ids`` more IDs (the one under way, or a new one) to
+        land; raises what it raised. Takes nothing: the caller takes after."""
+        await self._wait_for(ids)
+
     async def drain(self) -> list[IdRange]:
         """Stop serving and hand over the unused remainder, exactly once.
 

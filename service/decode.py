@@ -1,9 +1,15 @@
-"""What an ID says, by the kind of its tag: ``GET /decode/{tag}/{id}`` and
-``idpool tag decode TAG ID`` both call ``decode``.
+"""What an ID says, by the kind of its tag: ``idpool tag decode TAG ID``,
+``GET /admin/tags/{tag}/decode?value=`` and ``GET /decode/{tag}/{id}``.
 
-A snowflake ID decodes to its time, worker ID and sequence (``pool/snowflake.py``).
-A kind with something to say about its IDs adds a function to ``DECODERS``;
-the others answer 400 ``not_decodable``.
+One decoder per kind of ID (``DECODERS``), chosen by the tag's ``kind`` column:
+a new kind that can decode its IDs adds a line there, and the command and the
+admin call take it as they are. A snowflake ID decodes to its time, worker ID
+and sequence (``pool/snowflake.py``); a segment ID to its sequence number,
+through its format (``service/formats.py``: an obfuscated one too).
+
+The public ``GET /decode/{tag}/{id}`` answers only for kinds in ``PUBLIC``: a
+snowflake layout hides nothing, while decoding an obfuscated ID is what its key
+keeps from anyone but an operator (400 ``not_decodable`` for the others).
 """
 
 from __future__ import annotations
@@ -20,30 +26,55 @@ from idpool.pool.snowflake import Layout
 from idpool.pool.values import TagRow
 
 from .errors import json_response
+from .formats import describe, format_of
+from .kinds import SEGMENT
 from .snowflake import SNOWFLAKE
 from .tag_fields import check_tag
 
-
-def _snowflake(row: TagRow, text: str) -> dict[str, Any]:
-    if not (text.isascii() and text.isdigit()) or len(text) > 19:
-        raise InvalidInput("bad_id", f"{text[:40]!r} is not an ID of tag {row.tag!r} (digits)")
-    return Layout.from_text(row.layout).decode(int(text))
+Decoder = Callable[[TagRow, str], dict[str, Any]]
 
 
-# kind -> how an ID of a tag of that kind is decoded (the ID as given, as text)
-DECODERS: dict[str, Callable[[TagRow, str], dict[str, Any]]] = {SNOWFLAKE: _snowflake}
+def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
+    """A segment tag's ID: its sequence number (through its format, if any)."""
+    fmt = format_of(row)
+    try:
+        if fmt is None:
+            number = int(value)
+        else:
+            number = fmt.decode(value if fmt.text else int(value))
+    except ValueError as e:
+        raise InvalidInput(
+            "bad_value", f"{value[:80]!r} is not an ID of tag {row.tag!r}: {e}"
+        ) from None
+    found: dict[str, Any] = {"tag": row.tag, "kind": row.kind, "value": value, "sequence": number}
+    shown = describe(row)
+    if shown is not None:
+        found["format"] = shown
+        if shown["reset"]:
+            found["note"] = f"sequence number within its {shown['reset']} period (the ID's date)"
+    return found
 
 
-def decode(row: TagRow, text: str) -> dict[str, Any]:
-    """What ``text`` (an ID of ``row``'s tag) says; raises InvalidInput."""
+def decode_snowflake(row: TagRow, value: str) -> dict[str, Any]:
+    """A snowflake tag's ID: its time, worker ID and sequence."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+        raise InvalidInput("bad_id", f"{value[:40]!r} is not an ID of tag {row.tag!r} (digits)")
+    parts = Layout.from_text(row.layout).decode(int(value))
+    return {"tag": row.tag, "kind": row.kind, "value": value, **parts}
+
+
+# Every kind whose IDs can be decoded: its name -> its decoder.
+DECODERS: dict[str, Decoder] = {SEGMENT: decode_segment, SNOWFLAKE: decode_snowflake}
+# Kinds the node's public GET /decode/{tag}/{id} decodes (their IDs hide nothing)
+PUBLIC = frozenset({SNOWFLAKE})
+
+
+def decode(row: TagRow, value: str) -> dict[str, Any]:
+    """What ``value`` was made from; raises InvalidInput (``bad_value``, ``bad_id``)."""
     decoder = DECODERS.get(row.kind)
     if decoder is None:
-        raise InvalidInput(
-            "not_decodable",
-            f"tag {row.tag!r} is a {row.kind} tag: its IDs are plain numbers with nothing "
-            f"to decode (decodable kinds: {', '.join(DECODERS)})",
-        )
-    return {"tag": row.tag, "kind": row.kind, **decoder(row, text)}
+        raise InvalidInput("bad_value", f"IDs of kind {row.kind!r} cannot be decoded")
+    return decoder(row, value)
 
 
 def snowflake_fields(row: TagRow) -> dict[str, Any]:
@@ -57,6 +88,13 @@ def snowflake_fields(row: TagRow) -> dict[str, Any]:
 async def decode_id(request: Request) -> Response:
     tag = check_tag(request.path_params["tag"])
     row = await request.state.run.node.tags.lookup(tag)
+    if row.kind not in PUBLIC:
+        raise InvalidInput(
+            "not_decodable",
+            f"tag {row.tag!r} is a {row.kind} tag: its IDs are decoded only for an operator "
+            f"(`idpool tag decode {row.tag} ID`, GET /admin/tags/{row.tag}/decode?value=ID); "
+            f"here: {', '.join(sorted(PUBLIC))} tags",
+        )
     return json_response(decode(row, request.path_params["id"]))
 
 

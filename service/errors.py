@@ -71,11 +71,24 @@ ERRORS: tuple[ErrorRow, ...] = (
         "in the future, or it lasts less than a year",
     ),
     ErrorRow("bad_id", 400, "the ID is not an integer of the tag's layout"),
-    ErrorRow("not_decodable", 400, "the tag's kind has nothing to decode in its IDs"),
+    ErrorRow(
+        "not_decodable", 400, "GET /decode decodes snowflake IDs only (others: admin decode)"
+    ),
     ErrorRow(
         "wrong_kind", 400, "the call is for another kind of tag (e.g. a lease of a snowflake tag)"
     ),
     ErrorRow("bad_description", 400, "description is not a string of at most 255"),
+    ErrorRow(
+        "bad_format",
+        400,
+        "format is not a template with one {id} (unknown field, bad spec, literal braces, "
+        "over 128 characters)",
+    ),
+    ErrorRow(
+        "bad_reset", 400, "reset is not daily, monthly or yearly, or the format lacks its date"
+    ),
+    ErrorRow("bad_obfuscate", 400, "obfuscate is not true or false"),
+    ErrorRow("bad_value", 400, "decode: the value is not an ID this tag's format makes"),
     ErrorRow("bad_disabled", 400, "disabled is not true or false"),
     ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
     ErrorRow("bad_secret", 400, "secret is not a secret POST /lease/{tag} answered"),

@@ -32,11 +32,11 @@ class IdKind(Protocol):
     # NodeApp answers from it before routing; False: every request comes here.
     from_memory: bool
 
-    async def next_id(self, tag: str) -> int:
+    async def next_id(self, tag: str) -> int | str:
         """One ID of ``tag``; raises IdPoolError (answered by service/errors.py)."""
         ...
 
-    async def next_ids(self, tag: str, count: int) -> list[int]:
+    async def next_ids(self, tag: str, count: int) -> list[int] | list[str]:
         """``count`` IDs of ``tag``, in the order handed out."""
         ...
 
@@ -63,10 +63,20 @@ class SegmentKind:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    async def next_id(self, tag: str) -> int:
+    async def next_id(self, tag: str) -> int | str:
+        fmt = self.node.formatted.format_for(tag)  # a rendering on top of the segment tag
+        if fmt is not None:
+            one = await self.node.formatted.take(tag, fmt, 0)
+            assert not isinstance(one, list)
+            return one
         return await self.node.take(tag)
 
-    async def next_ids(self, tag: str, count: int) -> list[int]:
+    async def next_ids(self, tag: str, count: int) -> list[int] | list[str]:
+        fmt = self.node.formatted.format_for(tag)
+        if fmt is not None:
+            many = await self.node.formatted.take(tag, fmt, count)
+            assert isinstance(many, list)
+            return many
         return await self.node.take_many(tag, count)
 
     def describe(self, tag: str) -> dict[str, Any] | None:

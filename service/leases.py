@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 import orjson
+from idpool_client.formats import period_of_row
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -144,13 +145,20 @@ async def lease(request: Request) -> Response:
     await run.node.tags.lookup(tag)  # its tokens are read with it
     if not auth.allowed(run.node.tags, tag, request):
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
-    taken = merge(await lease_ranges(run, tag, 1 if count is None else count))
+    # A formatted tag: the client renders as the node does, so the answer carries
+    # the format (with the obfuscation key: every holder of the tag's token gets
+    # it). With a reset the numbers come from the period's row, named in each lease.
+    fmt = run.node.formatted.format_for(tag)
+    sequence, since, until = tag, 0.0, 0.0
+    if fmt is not None:
+        sequence, since, until = await run.node.formatted.sequence(tag, fmt)
+    taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.
     ranges, rest = (taken, []) if count is None else cut(taken, count)
     leases = [(*new_lease(), r) for r in ranges]
     try:
-        recorded = await store.record(tag, leases, rest)
+        recorded = await store.record(sequence, leases, rest)
     except (StoreUnavailable, LeaseClash) as e:
         # Not recorded, or not known to be: a lease that could not be returned
         # (or, if half-known, returned twice) is never handed out, and the rest
@@ -158,20 +166,30 @@ async def lease(request: Request) -> Response:
         unsent = isinstance(e, StoreNotSent | LeaseClash)
         rest_reason = Reason.PUSH_NOT_SENT if unsent else Reason.PUSH_OUTCOME_UNKNOWN
         for _, _, r in leases:
-            run.node.waste.record(tag, [r], Reason.LEASE_NOT_RECORDED, str(e))
+            run.node.waste.record(sequence, [r], Reason.LEASE_NOT_RECORDED, str(e))
         for r in rest:
-            run.node.waste.record(tag, [r], rest_reason, str(e))
+            run.node.waste.record(sequence, [r], rest_reason, str(e))
         raise HttpRefusal("unavailable", f"could not record the lease in Redis: {e}") from e
     run.node.waste.dropped(recorded.dropped)
     for lease_id, _, r in leases:
         logger.info(
-            "event=range_leased tag=%s range=%s lease=%s", tag, r.to_text(), fingerprint(lease_id)
+            "event=range_leased tag=%s range=%s lease=%s",
+            sequence,
+            r.to_text(),
+            fingerprint(lease_id),
         )
-    answer = [
+    answer: list[dict[str, Any]] = [
         {"lease": i, "secret": secret, "first": r.start, "last": r.end - 1}
         for i, secret, r in leases
     ]
-    return json_response({"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer})
+    body: dict[str, Any] = {"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer}
+    if fmt is not None:
+        body["format"] = fmt.to_json(secret=True)
+        if sequence != tag:
+            body["period"] = {"key": sequence.rpartition("@")[2], "from": since, "until": until}
+            for one in answer:
+                one["sequence"] = sequence  # the row its tail goes back to
+    return json_response(body)
 
 
 def _return_fields(body: dict[str, Any]) -> tuple[str, str, int, str]:
@@ -185,22 +203,34 @@ def _return_fields(body: dict[str, Any]) -> tuple[str, str, int, str]:
         )
     if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= MAX_ID + 1:
         raise InvalidInput("bad_from", "from must be the first unused ID of the lease (an integer)")
-    if not isinstance(tag, str) or not is_valid_tag(tag):
-        raise InvalidInput("bad_tag", f"tag must be the lease's tag, a valid tag: {TAG_RULE}")
+    if not isinstance(tag, str) or not is_valid_tag(_tag_of(tag)):
+        raise InvalidInput(
+            "bad_tag",
+            f"tag must be the lease's tag (its sequence, if the lease names one), "
+            f"a valid tag: {TAG_RULE}",
+        )
     return lease_id, secret, start, tag
+
+
+def _tag_of(name: str) -> str:
+    """The tag of a lease's sequence: itself, or the tag of a period's row."""
+    found = period_of_row(name)
+    return name if found is None else found[0]
 
 
 async def give_back(request: Request) -> Response:
     lease_id, secret, start, tag = _return_fields(await _body(request))
     run: Runtime = request.state.run
     store = _lease_store(run)
+    # A period's row (TAG@KEY) is returned to with the tag's own token.
+    guarded = _tag_of(tag)
     try:
-        await run.node.tags.lookup(tag)  # its tokens are read with it
+        await run.node.tags.lookup(guarded)  # its tokens are read with it
     except TagDisabled:
         pass  # its tail still goes back to its pool (and its tokens are known)
-    if not auth.allowed(run.node.tags, tag, request):  # a return needs what the lease did
+    if not auth.allowed(run.node.tags, guarded, request):  # a return needs what the lease did
         raise HttpRefusal(
-            "unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"}
+            "unauthorized", auth.refusal_message(guarded), {"www-authenticate": "Bearer"}
         )
     try:
         returned = await store.give_back(lease_id, secret, start, tag)

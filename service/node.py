@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from idpool.pool.snowflake import Generator
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
+from .formats import FormattedTags, Id, parent_of
 from .kinds import KINDS, SEGMENT, IdKind
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
@@ -63,6 +64,7 @@ class Node:
     ) -> None:
         self._clock = clock  # monotonic seconds, for idleness and reloads
         self._wall_clock = wall_clock  # seconds since the epoch, for the consumption chart
+        self.wall_clock = wall_clock  # the same, for the dates of formatted IDs
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
         self.tag_reload_seconds = tag_reload_seconds
@@ -81,6 +83,7 @@ class Node:
         self.worker_margin_seconds = worker_margin_seconds
         # one object per kind of ID: how a tag of that kind is served (kinds.py)
         self.kinds: dict[str, IdKind] = {name: make(self) for name, make in KINDS.items()}
+        self.formatted = FormattedTags(self)  # tags whose rows carry a format (formats.py)
         self.draining = False
         self.report_seconds = report_seconds
         self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
@@ -151,10 +154,10 @@ class Node:
             raise KindNotServed(tag, row.kind)
         return kind
 
-    async def next_id(self, tag: str) -> int:
+    async def next_id(self, tag: str) -> Id:
         return await (await self.kind_of(tag)).next_id(tag)
 
-    async def next_ids(self, tag: str, count: int) -> list[int]:
+    async def next_ids(self, tag: str, count: int) -> list[int] | list[str]:
         return await (await self.kind_of(tag)).next_ids(tag, count)
 
     def describe(self, tag: str) -> dict[str, Any] | None:
@@ -180,11 +183,14 @@ class Node:
             self._forget(tag, buf)
             raise
 
-    def undelivered(self, tag: str, ids: list[int]) -> None:
+    def undelivered(self, tag: str, ids: Sequence[Id]) -> None:
         """IDs taken for an answer the client never got (it hung up first): waste,
         never served again. One log line a second at most: a client that hangs
-        up in a loop must not flood the log."""
-        self.waste.undelivered(tag, ids)
+        up in a loop must not flood the log. A formatted tag's IDs are counted by
+        their sequence numbers (with a reset: numbers within their period)."""
+        fmt = self.tags.formats.get(tag)
+        numbers = [int(v) for v in ids] if fmt is None else [fmt.decode(v) for v in ids]
+        self.waste.undelivered(tag, numbers)
 
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
         # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
@@ -232,6 +238,9 @@ class Node:
         whole = full is None or self._clock() - full >= _FULL_TAG_RELOAD_SECONDS
         served = {*self.buffers, *self.snowflakes}
         names = served if changed is None else {*served, changed}
+        # A period row (formats with a reset) is read with its tag, and its tag with it.
+        names |= {parent for parent in map(parent_of, names) if parent is not None}
+        names |= {n for n, row in self.tags.rows.items() if row.disabled and parent_of(n) in names}
         try:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:
@@ -245,6 +254,11 @@ class Node:
             await self._stop_disabled(tag, self.buffers[tag])
         for tag in set(self.buffers) - set(self.tags.rows):
             await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
+        # A removed formatted tag's format goes once no buffer of its name is left
+        # (never a formatted tag's buffer served as a plain one): its name is then
+        # unknown (404), or a tag added again under it is read with its own format.
+        for tag in set(self.tags.formats) - set(self.tags.rows) - set(self.buffers):
+            del self.tags.formats[tag]
 
     async def _stop_disabled(
         self, tag: str, buf: SegmentBuffer, reason: Reason = Reason.TAG_DISABLED

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from idpool_client.formats import MAX_TEMPLATE, RESETS
+
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
 from idpool.pool.snowflake import LAYOUT_RANGES, LAYOUTS
 
@@ -66,6 +68,35 @@ _TAG_ROW: Schema = {
             "counts worker-ID grants",
         },
         "bits": {"type": "integer", "description": "a snowflake tag's ID size in bits"},
+        "format": {
+            "type": "object",
+            "nullable": True,
+            "description": "how its IDs are rendered (null: plain integers); never the key",
+            "properties": {
+                "format": {"type": "string", "nullable": True},
+                "reset": {"type": "string", "nullable": True, "enum": [*RESETS, None]},
+                "obfuscate": {"type": "boolean"},
+            },
+        },
+        "periods": {
+            "type": "object",
+            "description": "a tag with a reset: its latest periods' ledger positions (max_id)",
+            "additionalProperties": {"type": "integer"},
+        },
+    },
+}
+# An ID: an integer, or a string for a tag with a format template
+_ID: Schema = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
+_FORMAT: Schema = {
+    "type": "object",
+    "description": "a formatted tag's rendering, for the client to render as the node "
+    "does (idpool_client/formats.py); key: the obfuscation key, hex",
+    "properties": {
+        "template": {"type": "string", "nullable": True},
+        "reset": {"type": "string", "nullable": True},
+        "obfuscate": {"type": "boolean"},
+        "max": {"type": "integer"},
+        "key": {"type": "string"},
     },
 }
 _TAG_PARAM: Schema = {
@@ -124,7 +155,11 @@ def _one_id(summary: str) -> Schema:
     return _op(
         summary,
         [
-            _ok("one ID, as decimal text", "text/plain", {"type": "string", "pattern": "^[0-9]+$"}),
+            _ok(
+                "one ID: decimal text, or the tag's format rendered",
+                "text/plain",
+                {"type": "string", "minLength": 1},
+            ),
             *_ID_ERRORS,
         ],  # fmt: skip
         parameters=[_TAG_PARAM, _TOKEN_PARAM],
@@ -162,7 +197,23 @@ _LEASES: Schema = {
                     "secret": {"type": "string"},
                     "first": {"type": "integer"},
                     "last": {"type": "integer"},
+                    "sequence": {
+                        "type": "string",
+                        "description": "a tag with a reset: the period's row (TAG@KEY) the "
+                        "numbers come from; give it as tag when returning the lease",
+                    },
                 },
+            },
+        },
+        "format": _FORMAT,
+        "period": {
+            "type": "object",
+            "description": "a tag with a reset: the UTC period the numbers belong to; "
+            "render them only with a date in [from, until) (unix seconds)",
+            "properties": {
+                "key": {"type": "string"},
+                "from": {"type": "number"},
+                "until": {"type": "number"},
             },
         },
     },
@@ -285,7 +336,12 @@ def _id_paths(max_count: int) -> Schema:
                             "required": ["tag", "ids"],
                             "properties": {
                                 "tag": {"type": "string"},
-                                "ids": {"type": "array", "items": {"type": "integer"}},
+                                "ids": {
+                                    "type": "array",
+                                    "items": _ID,
+                                    "description": "integers; strings for a tag with a "
+                                    "format template",
+                                },
                             },
                             "additionalProperties": False,
                         },
@@ -519,6 +575,24 @@ def _admin_paths() -> Schema:
                 field: {"type": "integer", "minimum": low, "maximum": high}
                 for field, (low, high) in LAYOUT_RANGES.items()
             },
+            "format": {
+                "type": "string",
+                "nullable": True,
+                "maxLength": MAX_TEMPLATE,
+                "description": "a template with one {id} ({id:06d}, {id:b36}, {id:b62}) and "
+                "any {date:%Y%m%d} (UTC), e.g. INV-{date:%Y%m%d}-{id:06d}",
+            },
+            "reset": {
+                "type": "string",
+                "nullable": True,
+                "enum": [*RESETS, None],
+                "description": "restart {id} at 1 each UTC period; the format must show it",
+            },
+            "obfuscate": {
+                "type": "boolean",
+                "description": "unique numbers that do not show the count (a keyed "
+                "permutation of 1..max)",
+            },
         },
         "additionalProperties": False,
     }
@@ -552,6 +626,9 @@ def _admin_paths() -> Schema:
                         "bad_description",
                         "bad_kind",
                         "bad_layout",
+                        "bad_format",
+                        "bad_reset",
+                        "bad_obfuscate",
                     ),
                     _error("409", "tag_exists"),
                     _error("408", "body_too_slow"),
@@ -603,6 +680,37 @@ def _admin_tag_paths() -> Schema:
                 ],  # fmt: skip
                 parameters=[_TAG_PARAM],
             ),
+        },
+        "/admin/tags/{tag}/decode": {
+            "get": _admin(
+                "An ID of the tag back to what it was made from (its sequence number)",
+                [
+                    _ok(
+                        "what the ID was made from",
+                        "application/json",
+                        {
+                            "type": "object",
+                            "required": ["tag", "kind", "value", "sequence"],
+                            "properties": {
+                                "tag": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "value": {"type": "string"},
+                                "sequence": {"type": "integer"},
+                            },
+                        },
+                    ),
+                    _error("400", "bad_tag", "bad_value", "bad_id"),
+                ],  # fmt: skip
+                parameters=[
+                    _TAG_PARAM,
+                    {
+                        "name": "value",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    },
+                ],
+            )
         },
     }
 

@@ -18,6 +18,7 @@ from idpool.pool.errors import StoreUnavailable
 from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.values import PoolSummary, TagRow
 
+from .formats import tag_list_entry
 from .node import Node
 from .stats import rates
 
@@ -221,6 +222,7 @@ def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> di
         "tag": tag,
         "max_id": None if row is None else row.max_id,
         "max": None if row is None else row.max,
+        "format": (tag_list_entry(row) or None) if row is not None else None,
         "disabled": None if row is None else row.disabled,
         "depth": depth,
         "target_depth": target,
@@ -249,6 +251,8 @@ def _tag(
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,
+        # how its IDs are rendered (never the obfuscation key); None for a plain tag
+        "format": (tag_list_entry(row) or None) if row is not None else None,
         "step": None if row is None else row.step,
         "max_id": None if row is None else row.max_id,
         "start_id": None if row is None else row.start_id,

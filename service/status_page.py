@@ -151,6 +151,7 @@ def render(snap: Snapshot) -> str:
             "<tr>"
             + _cell(t["tag"], f"{p}.tag", "l")
             + _cell(t["kind"], f"{p}.kind", "l")
+            + _cell(t.get("format"), f"{p}.format", "l")
             + _cell(buf.get("current"), f"{p}.buffer.current", "l")
             + _cell(buf.get("used"), f"{p}.buffer.used")
             + _cell(buf.get("remaining"), f"{p}.buffer.remaining")
@@ -167,7 +168,8 @@ def render(snap: Snapshot) -> str:
             + "</tr>"
         )
     head = (
-        '<tr><th class="l">tag</th><th class="l">kind</th><th class="l">current range</th>'
+        '<tr><th class="l">tag</th><th class="l">kind</th><th class="l">format</th>'
+        '<th class="l">current range</th>'
         "<th>used</th>"
         '<th>left</th><th class="l">next range</th><th>pool ranges</th><th>pool IDs</th>'
         "<th>pool minutes</th><th>step</th><th>max</th><th>runway</th><th>issued here</th>"

@@ -9,7 +9,7 @@ field, raising InvalidInput whose code names the field (``bad_step``, ...).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
@@ -18,6 +18,7 @@ from idpool.pool.snowflake import LAYOUT_FIELDS, check_layout, wall_ms
 from idpool.pool.stores import HighWaterMarks, LedgerStore
 from idpool.pool.values import TagRow
 
+from .formats import options_for
 from .kinds import KINDS, SEGMENT
 from .snowflake import SNOWFLAKE, prepare_tag
 
@@ -25,7 +26,9 @@ Spell = Callable[[str], str]
 # A snowflake tag's layout: a preset (``layout``) and overrides of its fields
 SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})
 NEW_TAG_FIELDS = (
-    frozenset({"tag", "step", "start", "description", "max", "kind"}) | SNOWFLAKE_FIELDS
+    frozenset({"tag", "step", "start", "description", "max", "kind"})
+    | frozenset({"format", "reset", "obfuscate"})  # a segment tag's format (formats.py)
+    | SNOWFLAKE_FIELDS
 )
 
 
@@ -65,6 +68,8 @@ class NewTag:
     description: str = ""
     kind: str = SEGMENT
     layout: str = ""  # a snowflake tag's Layout.to_text()
+    options: str = ""  # JSON: format, reset, obfuscate (service/formats.py)
+    secret: str = field(default="", repr=False)  # the obfuscation key, hex
 
     async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
         """Add the tag (claims.create_tag: above any ID ever issued under its name);
@@ -79,6 +84,8 @@ class NewTag:
             end_id=self.end_id,
             kind=self.kind,
             layout=self.layout,
+            options=self.options,
+            secret=self.secret,
         )
         await prepare_tag(pool, row)
         return row
@@ -108,11 +115,31 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
         )
     kind = check_kind(fields.get("kind", SEGMENT), name)
     end_id = MAX_ID if top is None else top + 1
+    try:
+        options, secret = options_for(
+            tag,
+            fields.get("format"),
+            fields.get("reset"),
+            fields.get("obfuscate", False),
+            end_id,
+        )
+    except InvalidInput as e:
+        raise InvalidInput(e.code, _spelled(str(e), name)) from None
+    if options and kind != SEGMENT:
+        # A format renders a segment tag's sequence (service/formats.py); another
+        # kind would store it and hand out bare IDs.
+        raise InvalidInput(
+            "bad_format",
+            f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
+            f"{SEGMENT} tags only, not to kind {kind!r}",
+        )
     given = sorted(f for f in SNOWFLAKE_FIELDS if fields.get(f) is not None)
     if kind != SNOWFLAKE:
         if given:
             raise InvalidInput("bad_layout", f"{name(given[0])} is for snowflake tags only")
-        return NewTag(tag, step, start, end_id, description, kind)
+        return NewTag(
+            tag, step, start, end_id, description, kind, options=options, secret=secret
+        )
     if "step" in fields or top is not None:
         raise InvalidInput(
             "bad_body", f"a snowflake tag takes no {name('step')} or {name('max')}: give a layout"
@@ -120,3 +147,10 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
     layout = check_layout({f: fields.get(f) for f in given}, wall_ms(), name)
     # The ledger row counts worker-ID grants (max_id: one generation per grant).
     return NewTag(tag, 1, start, MAX_ID, description, kind, layout.to_text())
+
+
+def _spelled(message: str, name: Spell) -> str:
+    """A formats message with the options spelled the caller's way (--format)."""
+    for option in ("format", "reset", "obfuscate"):
+        message = message.replace(f"{option} ", f"{name(option)} ", 1)
+    return message

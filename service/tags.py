@@ -18,10 +18,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
+from idpool_client.formats import TagFormat
+
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from idpool.pool.stores import LedgerStore
 from idpool.pool.tokens import TokenRow
 from idpool.pool.values import TagRow
+
+from .formats import formats_of, parent_of
 
 UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
 MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
@@ -40,6 +44,11 @@ class TagDirectory:
         # tag -> hashes of its tokens, for the tags that have any (pool/tokens.py);
         # read with the rows, so a token added or revoked counts within a reload
         self.tokens: dict[str, frozenset[str]] = {}
+        # tag -> its format, for the tags whose rows carry one (service/formats.py);
+        # a period's row (TAG@KEY) -> None: never served by its own name. Read with
+        # the rows; kept when a row goes (a format never changes), so NodeApp never
+        # answers a formatted tag's buffer as a plain one.
+        self.formats: dict[str, TagFormat | None] = {}
         self._clock = clock
         self._loaded_at: float | None = None  # when the last reload was started
         self.full_at: float | None = None  # when the last whole list was read
@@ -84,8 +93,15 @@ class TagDirectory:
         return row
 
     def disabled(self) -> set[str]:
-        """Tags the last reload found disabled."""
-        return {tag for tag, row in self.rows.items() if row.disabled}
+        """Tags the last reload found disabled (a period's row with its tag)."""
+        off = {tag for tag, row in self.rows.items() if row.disabled}
+        return off | {name for name in self.formats if parent_of(name) in off}
+
+    def added(self, row: TagRow) -> None:
+        """A row this node just created (a period's row): known at once."""
+        self.formats.update(formats_of([row]))
+        self.rows[row.tag] = row
+        self._unknown.pop(row.tag, None)
 
     async def _lookup_one(self, tag: str) -> TagRow | None:
         """One name, by primary key, one lookup at a time for the whole node."""
@@ -106,6 +122,7 @@ class TagDirectory:
                     # Its tokens before its row: a tag found this way is never served open.
                     if tokens:
                         self.tokens[tag] = frozenset(t.token_hash for t in tokens)
+                    self.formats.update(formats_of([row]))  # before the row: see formats
                     self.rows[tag] = row
                 return row
         finally:
@@ -137,7 +154,10 @@ class TagDirectory:
             # In one synchronous step, as a full reload: rows and tokens agree.
             found = {row.tag: row for row in rows}
             for gone in set(names) - set(found):
-                self.rows.pop(gone, None)  # removed (idpool tag remove): unknown from now on
+                # removed (idpool tag remove): unknown from now on; its format goes
+                # once its buffer has (Node.refresh_tags)
+                self.rows.pop(gone, None)
+            self.formats.update(formats_of(rows))
             self.rows.update(found)
             self.tokens = _hashes(tokens)
             return
@@ -156,6 +176,7 @@ class TagDirectory:
             self._loading = None
         self._error = None
         # Both in one synchronous step: no request sees new rows with old tokens.
+        self.formats.update(formats_of(rows))
         self.rows = {row.tag: row for row in rows}
         self.tokens = _hashes(tokens)
         self.full_at = self._clock()

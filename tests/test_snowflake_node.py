@@ -123,6 +123,31 @@ def test_a_segment_id_is_not_decodable(node: TestClient, tag: str) -> None:
     assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
 
 
+def test_one_decoders_table_serves_snowflake_and_obfuscated_tags(
+    node: TestClient, tag: str
+) -> None:
+    add(node, tag)
+    value = node.get(f"/id/{tag}").text
+    public = node.get(f"/decode/{tag}/{value}").json()
+    admin = node.get(f"/admin/tags/{tag}/decode", params={"value": value}, headers=AUTH)
+    assert admin.status_code == 200 and admin.json()["worker"] == public["worker"]
+    assert admin.json()["time_ms"] == public["time_ms"] and admin.json()["value"] == value
+    hidden = tag + "h"
+    made = node.post("/admin/tags", json={"tag": hidden, "obfuscate": True}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    secret = node.get(f"/id/{hidden}").text
+    # An operator decodes it; the public route does not give away what the key hides.
+    by_admin = node.get(f"/admin/tags/{hidden}/decode", params={"value": secret}, headers=AUTH)
+    assert by_admin.status_code == 200 and by_admin.json()["sequence"] == 1
+    refused = node.get(f"/decode/{hidden}/{secret}")
+    assert refused.status_code == 400 and refused.json()["error"] == "not_decodable"
+    assert "idpool tag decode" in refused.json()["message"]
+    flake = node.post(
+        "/admin/tags", json={"tag": tag + "f", "kind": "snowflake", "obfuscate": True}, headers=AUTH
+    )
+    assert flake.status_code == 400 and flake.json()["error"] == "bad_format"
+
+
 def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, tag: str) -> None:
     add(node, tag)
     own = int(node.get(f"/id/{tag}").text)

@@ -16,8 +16,10 @@ import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .formats import within
 from .sync import RETRY_BACKOFF, CloseReport
 from .transport import Lease, Tokens, Transport
 
@@ -35,6 +37,8 @@ class _Tag:
     error: IdPoolError | None = None
     retry_at: float = 0.0
     started_at: float = 0.0
+    formatted: bool = False  # leases carry a format: IDs are rendered in _take
+    ended: list[tuple[Lease, int]] = field(default_factory=list)  # tails of ended periods
 
 
 class AsyncIdPoolClient:
@@ -73,25 +77,37 @@ class AsyncIdPoolClient:
             # At exit the loop may be gone: return tails with blocking calls.
             atexit.register(self._at_exit)
 
-    async def next_id(self, tag: str) -> int:
+    async def next_id(self, tag: str) -> Any:
         t = self._tags.get(tag)
-        if t is not None:
+        if t is not None and not t.formatted:
             i = t.cur
             if i < t.limit:
                 t.cur = i + 1
                 return i
-        return (await self._take(tag, 1))[0][0]
+        return (await self._rendered(tag, 1))[0]
 
-    async def next_ids(self, tag: str, n: int) -> Sequence[int]:
-        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""
+    async def next_ids(self, tag: str, n: int) -> Sequence[Any]:
+        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
+        list (of rendered IDs for a formatted tag)."""
         if n < 1:
             raise ValueError("n must be at least 1")
-        parts = await self._take(tag, n)
+        return await self._rendered(tag, n)
+
+    async def _rendered(self, tag: str, n: int) -> Sequence[Any]:
+        leases: list[Lease] = []
+        parts = await self._take(tag, n, leases)
+        now = time.time()
+        if leases and leases[0].format is not None:
+            return [
+                v
+                for part, lease in zip(parts, leases, strict=True)
+                for v in lease.format.render_many(part, within(now, lease.since, lease.until))  # type: ignore[union-attr]
+            ]
         if len(parts) == 1:
             return parts[0]
         return [i for part in parts for i in part]
 
-    async def _take(self, tag: str, n: int) -> list[range]:
+    async def _take(self, tag: str, n: int, leases: list[Lease] | None = None) -> list[range]:
         t = self._tags.get(tag)
         if t is None:
             if not isinstance(tag, str) or not tag:
@@ -102,9 +118,19 @@ class AsyncIdPoolClient:
             if self._closed:
                 raise IdPoolClosed("the client is closed")
             # No await from here to the increment: atomic on the loop.
+            lease = t.lease
+            if lease is not None and t.cur < t.stop and time.time() >= lease.until:
+                # Its reset period is over by this clock: never rendered with a later
+                # date. Its tail goes back at close.
+                t.ended.append((lease, t.cur))
+                t.cur = t.stop
+                continue
             take = min(n, t.stop - t.cur)
             if take > 0:
                 parts.append(range(t.cur, t.cur + take))
+                if leases is not None:
+                    assert lease is not None
+                    leases.append(lease)
                 t.cur += take
                 n -= take
                 if t.cur > t.limit or t.limit == 0:
@@ -132,6 +158,7 @@ class AsyncIdPoolClient:
                 t.wish = max(1, min(t.wish, size) // 2)
         lease = t.pending.popleft()
         t.lease, t.cur, t.stop = lease, lease.start, lease.end
+        t.formatted = lease.format is not None
         t.started_at = time.monotonic()
         if t.pending or t.fetch is not None:
             t.limit = t.stop
@@ -192,7 +219,9 @@ class AsyncIdPoolClient:
             if t.lease is not None and t.cur < t.stop:
                 tails.append((t.lease, t.cur))
             tails += [(x, x.start) for x in t.pending]
+            tails += t.ended
             t.pending.clear()
+            t.ended.clear()
             t.cur = t.stop = t.limit = 0
         return tails
 

@@ -22,6 +22,15 @@ tail, returned once at close.
 A refill never raises into the chain (a chain whose source raised ends for
 good): an error comes back as a one-shot iterator that raises it (``_Raising``).
 
+A tag with a format (``formats.py``: its leases carry it) has no chunks: each
+refill takes one number from the lease's rest and answers it rendered, as a
+one-item iterator the chain draws from at once (C code: no other thread can
+draw it). So every ID of such a tag takes the slow path, under the tag's lock,
+with the clock read per ID: its date is the moment it is handed out, clamped to
+the lease's reset period (``within``), and a lease whose period has ended by
+this clock is cut off (its tail goes back to its period's row at close). A
+plain tag's draws never meet any of this.
+
 Needs a Python with the GIL (a free-threaded build does not make a draw atomic).
 """
 
@@ -38,9 +47,10 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .formats import within
 from .transport import Lease, Tokens, Transport
 
 RETRY_BACKOFF = 0.5  # seconds between lease attempts after a failed one
@@ -105,6 +115,8 @@ class _Tag:
     error: IdPoolError | None = None
     retry_at: float = 0.0
     started_at: float = 0.0  # when the current lease was installed
+    # tails of leases whose reset period ended (formats.py): returned at close
+    ended: list[tuple[Lease, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ready = threading.Condition(self.lock)
@@ -162,7 +174,7 @@ class IdPoolClient:
         self.prefetch_at = prefetch_at
         self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
-        self._ids: dict[str, Iterator[int]] = {}  # tag -> its chain, for next_id
+        self._ids: dict[str, Iterator[Any]] = {}  # tag -> its chain, for next_id
         self._tags: dict[str, _Tag] = {}
         self._tags_lock = threading.Lock()
         self._closed = False
@@ -173,8 +185,10 @@ class IdPoolClient:
 
     # -- the hot path -------------------------------------------------------
 
-    def next_id(self, tag: str) -> int:
-        """The next ID of ``tag``. Blocks only when no ID of the tag is in memory."""
+    def next_id(self, tag: str) -> Any:
+        """The next ID of ``tag``. Blocks only when no ID of the tag is in memory.
+
+        An int; a str for a tag with a template (rendered as the node renders it)."""
         try:
             return next(self._ids[tag])  # try costs nothing until it catches
         except KeyError:
@@ -183,7 +197,7 @@ class IdPoolClient:
             chain = self._chain(tag, self._ids[tag])  # its chain ended: a new one
         return next(chain)
 
-    def ids(self, tag: str) -> Iterator[int]:
+    def ids(self, tag: str) -> Iterator[Any]:
         """The IDs of ``tag`` as an iterator, the fastest way to take them one by
         one: ``next(it)`` is C code while a chunk lasts (``next_id`` adds a Python
         call and a dict lookup). Safe to share between threads; raises what
@@ -191,7 +205,7 @@ class IdPoolClient:
         inside a refill ends a chain), ask for it again."""
         return self._chain(tag, None)
 
-    def next_id_for(self, tag: str) -> Callable[[], int]:
+    def next_id_for(self, tag: str) -> Callable[[], Any]:
         """``next_id`` bound to ``tag``, the fastest call form: after
         ``next_id = client.next_id_for("orders")``, ``next_id()`` is the bound
         ``__next__`` of ``ids(tag)``, C code while a chunk lasts (no Python frame,
@@ -199,16 +213,21 @@ class IdPoolClient:
         StopIteration (see ``ids``), ask for it again."""
         return self.ids(tag).__next__
 
-    def next_ids(self, tag: str, n: int) -> Sequence[int]:
-        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a list."""
+    def next_ids(self, tag: str, n: int) -> Sequence[Any]:
+        """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
+        list (of rendered IDs for a formatted tag)."""
         if n < 1:
             raise ValueError("n must be at least 1")
         t = self._tag(tag)
         parts: list[tuple[Lease, range]] = []
+        now = time.time()
         with t.lock:
             try:
                 while n > 0:
                     lease = self._holding(t)
+                    if now >= lease.until:
+                        self._period_ended(t, lease)
+                        continue
                     take = min(n, lease.end - t.rest)
                     parts.append((lease, range(t.rest, t.rest + take)))
                     t.rest += take
@@ -223,13 +242,15 @@ class IdPoolClient:
         if failed is not None:
             self._give_back(tails)  # taken from leases this tag finished: back to the pool
             raise failed
+        if parts[0][0].format is not None:
+            return [v for lease, part in parts for v in _render_many(lease, part, now)]
         if len(parts) == 1:
             return parts[0][1]
         return [i for _, part in parts for i in part]
 
     # -- the slow path --------------------------------------------------------
 
-    def _refill(self, t: _Tag) -> Iterator[int]:
+    def _refill(self, t: _Tag) -> Iterator[Any]:
         """The chain's next chunk (its source calls this when a chunk runs out).
         Never raises: the chain would end for good."""
         try:
@@ -238,7 +259,7 @@ class IdPoolClient:
         except BaseException as e:
             return _Raising(e)
 
-    def _next_chunk(self, t: _Tag) -> _Chunk:
+    def _next_chunk(self, t: _Tag) -> Iterator[Any]:
         """Called with the lock held."""
         if t.chunk.__length_hint__() > 0:
             # Another thread refilled while this one waited for the lock: both
@@ -246,6 +267,8 @@ class IdPoolClient:
             # handed last; handing out the same object keeps every number once).
             return t.chunk
         lease = self._holding(t)
+        if lease.format is not None:
+            return self._next_rendered(t, lease)
         start, stop = t.rest, lease.end
         if start < t.trigger and t.fetcher is None and not t.pending:
             stop = t.trigger  # the next refill starts the prefetch
@@ -253,6 +276,35 @@ class IdPoolClient:
             self._prefetch(t)
         t.chunk, t.chunk_stop, t.rest = _chunk(start, stop), stop, stop
         return t.chunk
+
+    def _next_rendered(self, t: _Tag, lease: Lease) -> Iterator[Any]:
+        """One ID of a formatted tag, rendered, as a one-item iterator (the chain
+        draws it at once). Never a date outside the lease's period: one whose
+        period is over by this clock is cut off (a lease from the new period is
+        fetched), and one from a period this clock has not reached yet (a node's
+        clock ahead of ours) is rendered with its period's first moment.
+        Called with the lock held."""
+        while True:
+            now = time.time()
+            if now < lease.until:
+                break
+            self._period_ended(t, lease)
+            lease = self._holding(t)
+        i = t.rest
+        t.rest = i + 1
+        if t.rest >= t.trigger:
+            self._prefetch(t)
+        assert lease.format is not None  # a tag's leases all carry its format
+        return iter((lease.format.render(i, within(now, lease.since, lease.until)),))
+
+    def _period_ended(self, t: _Tag, lease: Lease) -> None:
+        """``lease``'s reset period is over by this clock: its numbers are never
+        rendered with a later date. Cut it off; its tail goes back to its period's
+        row at close. Called with the lock held, ``lease`` the one ``_holding``
+        answered (no chunk is cut from a formatted tag's leases)."""
+        if t.rest < lease.end:
+            t.ended.append((lease, t.rest))
+            t.rest = lease.end
 
     def _holding(self, t: _Tag) -> Lease:
         """The lease with IDs in its rest, switching to the next lease (waiting for
@@ -357,7 +409,7 @@ class IdPoolClient:
                     return
         self._give_back([(lease, lease.start) for lease in leases])
 
-    def _chain(self, tag: str, ended: Iterator[int] | None) -> Iterator[int]:
+    def _chain(self, tag: str, ended: Iterator[Any] | None) -> Iterator[Any]:
         """The tag's chain, made on first use, or again if ``ended`` is it. A chain
         that ended holds no chunk: the tag's state is in ``_Tag``, not in it."""
         t = self._tag(tag)
@@ -405,7 +457,9 @@ class IdPoolClient:
                     tails.append((lease, t.rest))
                     t.rest = lease.end
                 tails += [(lease, lease.start) for lease in t.pending]
+                tails += t.ended
                 t.pending.clear()
+                t.ended.clear()
                 if t.fetcher is not None:
                     fetchers.append(t.fetcher)
                 t.ready.notify_all()
@@ -441,3 +495,9 @@ def _close_ref(ref: weakref.ref[IdPoolClient]) -> None:
     client = ref()
     if client is not None:
         client.close()
+
+
+def _render_many(lease: Lease, numbers: range, now: float) -> list[Any]:
+    fmt = lease.format
+    assert fmt is not None  # a tag's leases all carry its format
+    return fmt.render_many(numbers, within(now, lease.since, lease.until))

@@ -14,23 +14,36 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .errors import IdPoolAuthError, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .formats import TagFormat, period_of_row
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
     """One leased range, half-open ``[start, end)``. ``secret`` (never in a repr)
-    is what its return must show; only the lease answer carries it."""
+    is what its return must show; only the lease answer carries it.
+
+    A formatted tag's lease carries its format (``formats.py``; with an
+    obfuscation key, which the node sends to every lease holder) and, with a
+    reset, the UTC period its numbers belong to: ``[since, until)`` in unix
+    seconds. Its numbers are only ever rendered with a date in that period, and
+    ``tag`` is then the period's ledger row (``TAG@KEY``), where the tail goes back
+    (its return shows the token of the tag itself, ``token_tag``).
+    """
 
     lease_id: str
     tag: str
     start: int
     end: int
+    format: TagFormat | None = None
+    since: float = -math.inf
+    until: float = math.inf
     secret: str = field(default="", repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -40,6 +53,12 @@ class Lease:
     def fingerprint(self) -> str:
         """How the nodes' logs name this lease (never by its id or secret)."""
         return hashlib.sha256(self.lease_id.encode()).hexdigest()[:12]
+
+    @property
+    def token_tag(self) -> str:
+        """The tag whose token the return shows: ``tag``, or the tag of its period row."""
+        found = period_of_row(self.tag)
+        return self.tag if found is None else found[0]
 
 
 class Tokens:
@@ -101,8 +120,21 @@ class Transport:
         path = f"/lease/{quote(tag, safe='')}?count={max(1, count)}"
         body = self._post("lease", path, None, f"lease for tag {tag!r}", tag)
         try:
+            fmt = None if body.get("format") is None else TagFormat.from_json(body["format"])
+            period = body.get("period") or {}
+            since = float(period.get("from", -math.inf))
+            until = float(period.get("until", math.inf))
             return [
-                Lease(str(x["lease"]), tag, int(x["first"]), int(x["last"]) + 1, str(x["secret"]))
+                Lease(
+                    str(x["lease"]),
+                    str(x.get("sequence", tag)),
+                    int(x["first"]),
+                    int(x["last"]) + 1,
+                    fmt,
+                    since,
+                    until,
+                    str(x["secret"]),
+                )
                 for x in body["leases"]
             ]
         except (KeyError, TypeError, ValueError) as e:
@@ -124,7 +156,7 @@ class Transport:
         sent: list[bool] = []
         what = f"return of lease {lease.fingerprint} of tag {lease.tag!r}"
         try:
-            body = self._post("return", "/lease/return", payload, what, lease.tag, sent)
+            body = self._post("return", "/lease/return", payload, what, lease.token_tag, sent)
         except IdPoolRequestError as e:
             if e.code == "already_returned" and len(sent) > 1:  # an earlier try landed
                 return max(0, lease.end - start)

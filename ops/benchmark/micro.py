@@ -80,14 +80,19 @@ def histogram_observe(calls: int = 1_000_000, repeat: int = 5) -> dict[str, floa
 
 
 def handler_overhead(
-    settings: Settings, tag: str, calls: int = 20_000, repeat: int = 15
+    settings: Settings,
+    tag: str,
+    calls: int = 20_000,
+    repeat: int = 15,
+    formatted: str | None = None,
 ) -> dict[str, float]:
     """``GET /id/{tag}`` through each whole ASGI app, called in-process with a
     fresh scope per call and a ``send`` that does nothing: idpool (its fast path,
     an ID in memory), the ceiling (Starlette's middleware, router, Request and
     Response) and the bare ASGI counter. What uvicorn does around it (HTTP
     parsing, the socket) is the same for all three and not counted. The range
-    must hold calls * repeat IDs."""
+    must hold calls * repeat IDs. ``formatted``: a tag with a format template,
+    measured as ``idpool_formatted`` through the same app."""
 
     async def sent(message: Message) -> None:
         pass
@@ -96,10 +101,10 @@ def handler_overhead(
         # The fast path reads one message: a client that hung up gets no IDs (issue 19).
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    def best_ns(app: ASGIApp) -> float:
+    def best_ns(app: ASGIApp, path: str = f"/id/{tag}") -> float:
         started = time.perf_counter()
         for _ in range(calls):
-            scope: Scope = {"type": "http", "method": "GET", "path": f"/id/{tag}"}
+            scope: Scope = {"type": "http", "method": "GET", "path": path}
             scope.update(headers=[], query_string=b"", root_path="")
             coro = app(scope, request_received, sent).__await__()
             try:
@@ -115,10 +120,16 @@ def handler_overhead(
         async with app.router.lifespan_context(app):
             assert app.node is not None
             await app.node.next_id(tag)  # fill the buffer
+            if formatted is not None:
+                await app.node.next_id(formatted)
             best: dict[str, list[float]] = {name: [] for name in contenders}
+            if formatted is not None:
+                best["idpool_formatted"] = []
             for _ in range(repeat):  # interleaved, so all see the same machine
                 for name, contender in contenders.items():
                     best[name].append(best_ns(contender))
+                if formatted is not None:
+                    best["idpool_formatted"].append(best_ns(app, f"/id/{formatted}"))
                 await asyncio.sleep(0.01)  # let the prefetch and the stores' timers run
         return {f"{name}_ns": min(ns) for name, ns in best.items()}
 

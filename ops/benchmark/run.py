@@ -45,11 +45,14 @@ from .servers import (
     uvicorn_command,
 )
 
-DATABASE = "idpool_bench"  # created and dropped by the benchmark; nothing else uses it
+# created and dropped by the benchmark; nothing else uses it. IDPOOL_BENCH_DATABASE
+# names another, for two benchmarks on one MariaDB at once (each drops its own).
+DATABASE = os.environ.get("IDPOOL_BENCH_DATABASE", "idpool_bench")
 MYSQL_SERVER = "mysql://root@127.0.0.1:3306"
 REDIS_PREFIX = "idpool_bench"
 BATCH = 1000
 SNOWFLAKE_TAG = "sf"  # a snowflake tag (issue 25): its /id against the segment tag's
+FORMAT = "INV-{date:%Y%m%d}-{id:06d}"  # the formatted contender's template
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # units of /proc/<pid>/stat CPU times
 MAX_REDO = 2  # runs done again when one uvicorn worker got nearly all connections
 
@@ -111,6 +114,9 @@ MAIN = [
     Contender("idpool /id", "idpool", "/id/bench"),
     Contender("idpool /ids x1000", "idpool", f"/ids/bench?count={BATCH}", BATCH),
     Contender("idpool /id snowflake", "idpool", f"/id/{SNOWFLAKE_TAG}"),
+    # a formatted tag (issue 24): the same node, the same fast path, plus rendering
+    Contender("idpool /id formatted", "idpool", "/id/invoice"),
+    Contender("idpool /id obfuscated (info)", "idpool", "/id/hidden"),
     Contender("idpool /id, access log", "idpool_log", "/id/bench"),
     Contender("redis INCR", "redis_incr", "/id/bench"),
     Contender("mysql ticket", "mysql_ticket", "/id/bench"),
@@ -162,13 +168,15 @@ class Bench:
         self.add_tag("bench", self.plan.step)
         self.add_tag("leaf", self.plan.step)
         self.add_tag(SNOWFLAKE_TAG, 0)
+        self.add_tag("invoice", self.plan.step, "--format", FORMAT)
+        self.add_tag("hidden", self.plan.step, "--obfuscate")
 
-    def add_tag(self, tag: str, step: int) -> None:
-        """A segment tag of ``step``, or (step 0) a snowflake tag."""
+    def add_tag(self, tag: str, step: int, *options: str) -> None:
+        """A segment tag of ``step`` (with ``options``), or (step 0) a snowflake tag."""
         command = [sys.executable, "-m", "idpool.service.cli", "--log-level", "warning"]
         command += ["tag", "add"]
         subprocess.run(
-            [*command, tag, *(["--step", str(step)] if step else ["--snowflake"])],
+            [*command, tag, *(["--step", str(step)] if step else ["--snowflake"]), *options],
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
             cwd=ROOT,
             check=True,
@@ -449,6 +457,12 @@ def check_targets(
         ids = batch["ids_per_s"]
         target(f"{w}w: batch of {BATCH} >= 10M IDs/s", f"{ids / 1e6:.1f}M", ids >= 10e6)
         target(f"{w}w: /id server CPU per request (info)", f"{one['ratio_cpu']:.2f}x ceiling", True)
+        formatted = rows["idpool /id formatted"]["req_per_s"] / one["req_per_s"]
+        target(
+            f"{w}w: formatted /id >= 0.8x plain /id req/s", f"{formatted:.2f}x", formatted >= 0.8
+        )
+        hidden = rows["idpool /id obfuscated (info)"]["req_per_s"] / one["req_per_s"]
+        target(f"{w}w: obfuscated /id vs plain /id (info)", f"{hidden:.2f}x", True)
         log = rows["idpool /id, access log"]["ratio_req"] / one["ratio_req"]  # both vs ceiling
         target(f"{w}w: access log cost (info)", f"{(1 - log) * 100:.0f}% fewer req/s", True)
     if stall:
@@ -601,7 +615,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         micro_ns = micro.run_all(plan.quick)
         print(f"== micro: {json.dumps(micro_ns)}", flush=True)
         bench.setup()
-        micro_ns["handler"] = micro.handler_overhead(Settings.from_env(bench.env), "bench")
+        micro_ns["handler"] = micro.handler_overhead(
+            Settings.from_env(bench.env), "bench", formatted="invoice"
+        )
         micro_ns["stores"] = micro.store_costs(Settings.from_env(bench.env), "bench")
         print(f"== micro handler, stores: {micro_ns['handler']} {micro_ns['stores']}", flush=True)
         main_rows: dict[int, dict[str, dict[str, Any]]] = {}

@@ -11,6 +11,8 @@ import contextlib
 import sys
 from functools import partial
 
+from idpool_client.formats import RESETS
+
 from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     InvalidInput,
@@ -29,6 +31,7 @@ from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
 from ..decode import decode, snowflake_fields
+from ..formats import split_periods, tag_list_entry
 from ..kinds import KINDS, SEGMENT
 from ..snowflake import SNOWFLAKE, check_removable
 from ..status import runway_seconds, runway_text
@@ -74,11 +77,32 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         ("epoch_ms", "unix ms of time 0 (default: now); not in the future"),
     ):
         add.add_argument(flag(field), dest=field, type=integer, default=None, help=what)
+    add.add_argument(
+        "--format",
+        default=None,
+        help="render IDs with a template: one {id} ({id:06d}, {id:b36}, {id:b62}) and any "
+        "{date:%%Y%%m%%d} (UTC), e.g. 'INV-{date:%%Y%%m%%d}-{id:06d}'",
+    )
+    add.add_argument(
+        "--reset",
+        choices=RESETS,
+        default=None,
+        help="restart {id} at 1 each UTC day, month or year (the --format must show that period)",
+    )
+    add.add_argument(
+        "--obfuscate",
+        action="store_true",
+        help="hand out unique numbers that do not show the count: a keyed permutation of "
+        "1..--max (default 2^63-2)",
+    )
     decode = tag.add_parser(
-        "decode", parents=[embedded], help="what an ID says (a snowflake: time, worker, sequence)"
+        "decode",
+        parents=[embedded],
+        help="what an ID says: a segment ID's sequence number (through its format), a "
+        "snowflake ID's time, worker ID and sequence",
     )
     decode.add_argument("tag", type=tag_arg)
-    decode.add_argument("id")
+    decode.add_argument("value")
     tag.add_parser(
         "list", parents=[embedded], help="list tags: ledger position, bound, runway, state"
     )
@@ -146,6 +170,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields = {"tag": args.tag, "start": args.start, "description": args.description}
     fields.update(max=args.max, kind="snowflake" if args.snowflake else args.kind)
+    fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
     if args.step is not None:
         fields["step"] = args.step
     for field in ("layout", *LAYOUT_FIELDS):
@@ -175,7 +200,9 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     if row.kind == SNOWFLAKE:
         print(f"added {row.tag}: kind snowflake, {_layout_text(row)}")
         return 0
-    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{note}")
+    shown = tag_list_entry(row)
+    formatted = f", format {shown}" if shown else ""
+    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{formatted}{note}")
     return 0
 
 
@@ -189,20 +216,8 @@ def _layout_text(row: TagRow) -> str:
     )
 
 
-async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
-    row = await ledger.get_tag(args.tag)
-    try:
-        found = decode(row, args.id)
-    except InvalidInput as e:
-        print(f"idpool: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    for key, value in found.items():
-        print(f"{key:<10} {value}")
-    return 0
-
-
 async def _list(settings: Settings, ledger: LedgerStore) -> int:
-    rows = await ledger.list_tags()
+    rows, periods = split_periods(await ledger.list_tags())
     # The runway needs the cluster's rate from the pool; without it, "-".
     pool = await open_pool(settings, check=False)
     try:
@@ -235,6 +250,26 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
                 f"{show(row.max):>20} {runway_text(runway, row.max is not None, ''):>10} "
                 f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
             )
+            shown = tag_list_entry(row)
+            if shown:  # a format: under its row, so the columns stay as they were
+                latest = sorted(periods.get(row.tag, {}).items())[-1:]
+                now = "".join(f"; period {k}: max_id {p.max_id}" for k, p in latest)
+                print(f"{'':<24} format {shown}{now}")
+    return 0
+
+
+async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    try:
+        found = decode(await ledger.get_tag(args.tag), args.value)
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if found["kind"] == SNOWFLAKE:  # time, worker ID, sequence: one line each
+        for key, value in found.items():
+            print(f"{key:<10} {value}")
+        return 0
+    note = f" ({found['note']})" if "note" in found else ""
+    print(f"{found['tag']} {found['value']}: sequence number {found['sequence']}{note}")
     return 0
 
 

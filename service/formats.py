@@ -1,0 +1,252 @@
+"""Formatted tags on a node: a rendering on top of a segment tag.
+
+The rendering itself (templates, periods, obfuscation) is ``idpool_client/formats.py``,
+one module shared with the client so both render alike. Here: a tag's options
+as the ledger keeps them (``options``: JSON, ``secret``: the obfuscation key),
+and how a node serves a formatted tag from its segment buffers.
+
+A plain tag never comes here: NodeApp answers it from ``node.buffers`` as
+before, and only a tag whose row carries a format is in ``TagDirectory.formats``
+(read once per row, not per request).
+
+With a reset, each period has a ledger row of its own, ``TAG@KEY`` (created on
+first use, fenced like any tag) and a buffer of its own in ``node.buffers``
+under that name. A number is rendered with the date read in the same
+synchronous step that takes it from the buffer of the period holding that
+date, so the period rendered into a string is always the period its number
+belongs to. The buffer of a period that ended is no longer asked; it goes back
+to its list like any idle buffer (``IDPOOL_IDLE_SECONDS``) or at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from idpool_client.formats import (
+    KEY_BYTES,
+    MAX_TEMPLATE,
+    RESETS,
+    FormatError,
+    Obfuscation,
+    TagFormat,
+    period_of_row,
+    period_row,
+)
+
+from idpool.pool.claims import create_tag
+from idpool.pool.errors import InvalidInput, KindNotServed, TagExists
+from idpool.pool.ranges import MAX_ID
+from idpool.pool.values import TagRow
+
+if TYPE_CHECKING:
+    from .node import Node
+
+Id = int | str
+MAX_RESET_TAG = 64 - 9  # a period's row name (TAG@YYYYMMDD) must fit the ledger's 64
+
+
+def options_for(
+    tag: str, template: object, reset: object, obfuscate: object, end_id: int
+) -> tuple[str, str]:
+    """(options JSON, secret) for a new tag; raises InvalidInput saying what is wrong.
+
+    The obfuscation key is made here, once, with ``secrets``; it is kept in the
+    ledger's ``secret`` column and never shown but to lease holders.
+    """
+    if template is None and reset is None and not obfuscate:
+        return "", ""
+    if template is not None and not isinstance(template, str):
+        raise InvalidInput("bad_format", f"format must be a string of at most {MAX_TEMPLATE}")
+    if reset is not None and reset not in RESETS:
+        raise InvalidInput("bad_reset", f"reset {str(reset)[:20]!r}: use {', '.join(RESETS)}")
+    if not isinstance(obfuscate, bool):
+        raise InvalidInput("bad_obfuscate", "obfuscate must be true or false")
+    if reset is not None and len(tag) > MAX_RESET_TAG:
+        raise InvalidInput(
+            "bad_reset",
+            f"a tag with a reset may have at most {MAX_RESET_TAG} characters "
+            "(each period is a ledger row TAG@YYYYMMDD)",
+        )
+    key = secrets.token_bytes(KEY_BYTES) if obfuscate else b""
+    try:
+        TagFormat(
+            template,
+            reset,
+            Obfuscation(key, end_id - 1) if obfuscate else None,
+        )
+    except FormatError as e:
+        raise InvalidInput(e.code, str(e)) from None
+    options: dict[str, Any] = {"format": template, "reset": reset}
+    if obfuscate:
+        options["obfuscate"] = True
+        options["max"] = end_id - 1
+    return json.dumps(options, ensure_ascii=False), key.hex()
+
+
+def format_of(row: TagRow) -> TagFormat | None:
+    """The row's format, or None for a plain tag."""
+    if not row.options:
+        return None
+    options = json.loads(row.options)
+    ob = None
+    if options.get("obfuscate"):
+        ob = Obfuscation(bytes.fromhex(row.secret), int(options.get("max", MAX_ID - 1)))
+    return TagFormat(options.get("format"), options.get("reset"), ob)
+
+
+def describe(row: TagRow) -> dict[str, Any] | None:
+    """A tag's format as lists and pages show it: never the key."""
+    if not row.options:
+        return None
+    options = json.loads(row.options)
+    return {
+        "format": options.get("format"),
+        "reset": options.get("reset"),
+        "obfuscate": bool(options.get("obfuscate")),
+    }
+
+
+def parent_of(name: str) -> str | None:
+    """The tag of a period's row (``TAG@KEY``), None for any other name."""
+    found = period_of_row(name)
+    return None if found is None else found[0]
+
+
+def formats_of(rows: list[TagRow] | tuple[TagRow, ...]) -> dict[str, TagFormat | None]:
+    """What ``TagDirectory.formats`` learns from rows: a format per formatted tag,
+    None per period row (never served by its own name)."""
+    found: dict[str, TagFormat | None] = {}
+    for row in rows:
+        if period_of_row(row.tag) is not None:
+            found[row.tag] = None
+        elif row.options:
+            try:
+                found[row.tag] = format_of(row)
+            except (ValueError, TypeError, AttributeError):
+                # Options this idpool cannot read (a newer one, or a hand edit): None,
+                # so the tag is refused (format_for), never served as bare numbers.
+                found[row.tag] = None
+    return found
+
+
+class FormattedTags:
+    """How a node serves formatted tags: numbers from segment buffers, rendered."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._creating: dict[str, asyncio.Task[None]] = {}
+
+    def format_for(self, tag: str) -> TagFormat | None:
+        """The tag's format, None for a plain tag; raises KindNotServed for a
+        format this node cannot read."""
+        formats = self.node.tags.formats
+        if tag not in formats:
+            return None
+        fmt = formats[tag]
+        if fmt is None:
+            raise KindNotServed(tag, "segment, with a format this node cannot read")
+        return fmt
+
+    def take_now(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any] | None:
+        """From memory, in one synchronous step (NodeApp's fast path): one ID for
+        ``count == 0``, else ``count`` IDs; None when the buffer must be waited for."""
+        node = self.node
+        now = node.wall_clock()
+        name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
+        buf = node.buffers.get(name)
+        if buf is None:
+            return None
+        if count == 0:
+            n = buf.take()
+            return None if n is None else fmt.render(n, now)
+        if buf.in_memory < count:
+            return None
+        return fmt.render_many(buf.take_many(count), now)
+
+    async def take(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any]:
+        """What ``take_now`` answers, waiting for a range (or a period's row) if need be."""
+        node = self.node
+        while True:
+            value = self.take_now(tag, fmt, count)
+            if value is not None:
+                return value
+            now = node.wall_clock()
+            name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
+            if name != tag:
+                await self._period_row(tag, name)
+            buf = await node.buffer(name)
+            if buf.in_memory >= max(1, count):
+                continue  # filled meanwhile
+            # Wait for what is missing, then take again: with the date read anew, so
+            # a midnight passed while waiting takes from the new period's buffer.
+            await buf.wait_for(max(1, count) - buf.in_memory)
+
+    async def sequence(self, tag: str, fmt: TagFormat) -> tuple[str, float, float]:
+        """(row name, from, until) of the sequence a lease of ``tag`` comes from now."""
+        if fmt.reset is None:
+            return tag, float("-inf"), float("inf")
+        key, start, until = fmt.period(self.node.wall_clock())
+        name = period_row(tag, key)
+        await self._period_row(tag, name)
+        return name, start, until
+
+    async def _period_row(self, tag: str, name: str) -> None:
+        """Make sure the period's ledger row exists (one creation at a time per name)."""
+        if name in self.node.tags.rows:
+            return
+        task = self._creating.get(name)
+        if task is None:
+            task = asyncio.ensure_future(self._create(tag, name))
+            self._creating[name] = task
+            task.add_done_callback(lambda _: self._creating.pop(name, None))
+        await asyncio.shield(task)
+
+    async def _create(self, tag: str, name: str) -> None:
+        node = self.node
+        parent = await node.tags.lookup(tag)  # raises UnknownTag, TagDisabled
+        claims = node.source.claims
+        try:
+            # Fenced like any tag: create_tag starts it above the high-water mark
+            # of that name, so a row deleted by hand never repeats its numbers.
+            row = await create_tag(
+                claims.ledger,
+                claims.marks,
+                name,
+                step=parent.step,
+                start=parent.start_id,
+                description=f"{tag}: numbers of period {name.rpartition('@')[2]}",
+                end_id=parent.end_id,
+                kind=parent.kind,
+            )
+        except TagExists:  # another node made it first
+            row = await claims.ledger.get_tag(name)
+        node.tags.added(row)
+
+
+def tag_list_entry(row: TagRow) -> str:
+    """The format column of ``idpool tag list``."""
+    shown = describe(row)
+    if shown is None:
+        return ""
+    parts = [repr(shown["format"])] if shown["format"] else []
+    if shown["reset"]:
+        parts.append(f"reset {shown['reset']}")
+    if shown["obfuscate"]:
+        parts.append("obfuscated")
+    return " ".join(parts)
+
+
+def split_periods(rows: list[TagRow]) -> tuple[list[TagRow], dict[str, dict[str, TagRow]]]:
+    """(the tags, and per reset tag its period rows by key): lists show tags only."""
+    tags: list[TagRow] = []
+    periods: dict[str, dict[str, TagRow]] = {}
+    for row in rows:
+        found = period_of_row(row.tag)
+        if found is None:
+            tags.append(row)
+        else:
+            periods.setdefault(found[0], {})[found[1]] = row
+    return tags, periods
