@@ -13,7 +13,7 @@ retry. The report counts the errors the client saw and retried past, and the
 requests it could not recover (``failed``).
 
 At the end every ID in [start_id, max_id) of the tag must be handed out exactly
-once, still in the Redis list ``{prefix}:pool:{tag}``, or held in a node's
+once, still in the Redis list ``<prefix>:{<tag>}:pool``, or held in a node's
 buffer (read from its ``/status.json``); anything else is waste. The tag is
 created by the run, so no one else draws from it.
 

@@ -4,7 +4,8 @@ from here, not from the modules behind it:
 
 - stores of our own on free ports: ``RedisServer``, ``MariaServer``, a Redis
   under Sentinel (``RedisSentinelGroup``), a MariaDB primary and replica
-  (``MariaPair``), a Galera cluster (``GaleraCluster``), and ``TcpProxy``
+  (``MariaPair``), a Galera cluster (``GaleraCluster``), a Redis Cluster of
+  3 primaries and 3 replicas (``LocalCluster``), and ``TcpProxy``
   to cut a store off from a node;
 - idpool processes: ``NodeProcess`` (``idpool serve``), ``PreloaderProcess``,
   ``env_with`` (their environment), ports (``free_port``, ``wait_for_port``,
@@ -27,12 +28,14 @@ from .processes import (
     wait_port_closed,
     wait_ready,
 )
+from .redis_cluster import LocalCluster
 from .replication import MariaPair, RedisSentinelGroup
 from .servers import MariaServer, RedisServer, TcpProxy
 
 __all__ = [
     "Answer",
     "GaleraCluster",
+    "LocalCluster",
     "MariaPair",
     "MariaServer",
     "NodeConnections",

@@ -2,7 +2,7 @@
 
 A MySQL that fails over to a lagging replica, or is restored from a backup, can
 return a ``max_id`` below what it already handed out; claiming from it would
-repeat IDs. The mark in Redis (``idpool:hwm:{tag}``) is the highest ledger
+repeat IDs. The mark in Redis (``idpool:{tag}:hwm``) is the highest ledger
 position any process has claimed up to. A claim reads it first and refuses a
 range that starts below it (then raises ``max_id`` past it and claims again),
 and raises it past the new range *before* the range is pushed or served.

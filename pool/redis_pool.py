@@ -1,10 +1,12 @@
 """The shared pool: one Redis list of ready ranges per tag.
 
-Every read-modify-write is a Lua script, so it is atomic on the server. Every
-script that touches a pool list first checks that the Redis it runs on is a
-*clean incarnation* (see ``PRELUDE``), so a Redis that restarted from an old
+Every read-modify-write is a Lua script over the keys of one tag (one slot, so
+one shard of a Redis Cluster), so it is atomic on the server. Every script that
+touches a pool list first checks that the tag's keys belong to the server's
+current *incarnation* (see ``PRELUDE``), so a Redis that restarted from an old
 snapshot, or a replica promoted with missing writes, can never hand out a range
-that was already popped.
+that was already popped. The same code runs on a single Redis, behind Sentinel,
+and on a Redis Cluster (``pool/cluster.py``).
 
 redis-py's ``Redis()`` retries a command after a connection error by default
 (3 times in redis-py 6, 10 in redis-py 8). A retried RPUSH whose first attempt landed would put the
@@ -17,113 +19,138 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
+from .cluster import Client, cluster_client, on_one_connection, verify_cluster
 from .errors import StoreBusy, StoreNotSent, StoreUnavailable
-from .keys import Keys
+from .keys import Keys, Legacy
 from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
 from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
-# Shared head of the pool scripts. KEYS[1] = pools set, KEYS[2] = incarnation
-# key; ARGV[1] = clean-marker prefix, ARGV[2] = pool-list prefix.
+# Shared head of the pool scripts: the incarnation check, per tag.
 PRELUDE = """
 local function incarnation()
   local server = redis.call('INFO', 'server')
   local repl = redis.call('INFO', 'replication')
   return string.match(server, 'run_id:(%w+)') .. ':' .. string.match(repl, 'master_replid:(%w+)')
 end
-local function ensure_clean()
-  local marker = ARGV[1] .. incarnation()
-  if redis.call('EXISTS', marker) == 1 then return {} end
-  -- First script on this incarnation (restart, failover, restore): the lists
-  -- may hold ranges popped before the data was lost. Drop them all, unread.
+-- The tag's list may hold only ranges pushed on this incarnation. The first
+-- script of the tag here (restart, failover, restore) drops what an older one
+-- left, unread: those ranges may have been popped before the data was lost.
+-- On a single Redis it also takes in the old layout's list (an upgrade):
+-- whole when the old layout cleaned this incarnation too, else dropped.
+local function ensure_clean(marker, list, tag, old_list, old_clean)
+  local here = incarnation()
   local dropped = {}
-  for _, tag in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-    local key = ARGV[2] .. tag
-    for _, r in ipairs(redis.call('LRANGE', key, 0, -1)) do
+  if redis.call('GET', marker) ~= here then
+    for _, r in ipairs(redis.call('LRANGE', list, 0, -1)) do
       dropped[#dropped + 1] = tag .. '=' .. r
     end
-    redis.call('DEL', key)
+    redis.call('DEL', list)
+    redis.call('SET', marker, here)
   end
-  local old = redis.call('GET', KEYS[2])
-  if old then redis.call('DEL', old) end
-  redis.call('SET', marker, '1')
-  redis.call('SET', KEYS[2], marker)
+  if old_list and redis.call('EXISTS', old_list) == 1 then
+    local ranges = redis.call('LRANGE', old_list, 0, -1)
+    redis.call('DEL', old_list)
+    if redis.call('EXISTS', old_clean .. here) == 1 then
+      for i = #ranges, 1, -1 do redis.call('LPUSH', list, ranges[i]) end
+    else
+      for _, r in ipairs(ranges) do dropped[#dropped + 1] = tag .. '=' .. r end
+    end
+  end
   return dropped
 end
 """
 
-# KEYS[3] = pool list, KEYS[4] = stats hash, KEYS[5] = moved set; ARGV[3] = IDs
-# wanted, ARGV[4] = most ranges to take, ARGV[5] = tag. Takes head ranges until
-# they hold the IDs wanted (at least one range): a batch larger than a range is
-# one call, not one per range. The tag goes into the moved set, so the active
-# preloader looks at it on its next tick.
+# KEYS[1] = the tag's clean marker, KEYS[2] = pool list, KEYS[3] = stats hash,
+# KEYS[4] = the old layout's list (single Redis only); ARGV[1] = tag, ARGV[2] =
+# the old layout's clean-marker prefix, ARGV[3] = IDs wanted, ARGV[4] = most
+# ranges to take. Takes head ranges until they hold the IDs wanted (at least one
+# range): a batch larger than a range is one call, not one per range.
 # Returns {dropped, ranges taken, depth after the pop, target depth or false}.
 _POP = (
     PRELUDE
     + """
-local dropped = ensure_clean()
+local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
 local want, most, got, taken = tonumber(ARGV[3]), tonumber(ARGV[4]), 0, {}
 repeat
-  local range = redis.call('LPOP', KEYS[3])
+  local range = redis.call('LPOP', KEYS[2])
   if not range then break end
   taken[#taken + 1] = range
   -- doubles: exact below 2^53, and only decides when to stop, never what is served
   local first, last = string.match(range, '(%d+)-(%d+)')
   got = got + tonumber(last) - tonumber(first) + 1
 until got >= want or #taken >= most
-redis.call('SADD', KEYS[5], ARGV[5])
-return {dropped, taken, redis.call('LLEN', KEYS[3]), redis.call('HGET', KEYS[4], 'target_depth')}
+return {dropped, taken, redis.call('LLEN', KEYS[2]), redis.call('HGET', KEYS[3], 'target_depth')}
 """
 )
 
 # The most ranges one pop may take (a batch of IDPOOL_MAX_COUNT IDs at step 1).
 # At most this many commands in flight per client, so redis-py's pool (sized to
-# match) is never found full: a full pool raises at once, and a command that was
-# never sent must not be taken for a Redis fault or an ambiguous write.
+# match; per shard on a cluster) is never found full: a full pool raises at once,
+# and a command that was never sent must not be taken for a Redis fault or an
+# ambiguous write.
 MAX_CONNECTIONS = 32
 
-# KEYS[3] = pool list, KEYS[4] = preloader lease; ARGV[3] = tag, ARGV[4] = 'head' or
-# 'tail', ARGV[5] = the pushing preloader's id ('' for a node), ARGV[6..] = ranges in
-# the order they should be served. Returns {dropped, new length, or -1: lease not held}.
+# KEYS[1] = clean marker, KEYS[2] = pool list, KEYS[3] = the preloader lease and
+# KEYS[4] = the old list (single Redis only); ARGV[1] = tag, ARGV[2] = old clean
+# prefix, ARGV[3] = 'head' or 'tail', ARGV[4] = the pushing preloader's id to check
+# here ('' for a node, and on a cluster, where the lease is in another slot: checked
+# just before, see push()), ARGV[5..] = ranges in the order they should be served.
+# Returns {dropped, new length, or -1: lease not held}.
 _PUSH = (
     PRELUDE
     + """
-local dropped = ensure_clean()
+local dropped = ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[4], ARGV[2])
 -- A preloader frozen past its lease (SIGSTOP, swap) must not push what it claimed
 -- while the new holder fills the same list: its push counts only while it holds it.
-if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return {dropped, -1} end
-redis.call('SADD', KEYS[1], ARGV[3])
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then return {dropped, -1} end
 local n = 0
-if ARGV[4] == 'head' then
-  for i = #ARGV, 6, -1 do n = redis.call('LPUSH', KEYS[3], ARGV[i]) end
+if ARGV[3] == 'head' then
+  for i = #ARGV, 5, -1 do n = redis.call('LPUSH', KEYS[2], ARGV[i]) end
 else
-  for i = 6, #ARGV do n = redis.call('RPUSH', KEYS[3], ARGV[i]) end
+  for i = 5, #ARGV do n = redis.call('RPUSH', KEYS[2], ARGV[i]) end
 end
 return {dropped, n}
 """
 )
 
-# KEYS[1] = hwm; ARGV[1] = candidate. Decimal strings without leading zeros
-# compare by length then text (Lua numbers are doubles and lose 64-bit precision).
+# KEYS[1] = hwm, KEYS[2] = the old layout's hwm (single Redis: raised too, so
+# nodes of the old version stay fenced while both run); ARGV[1] = candidate.
+# Decimal strings without leading zeros compare by length then text (Lua numbers
+# are doubles and lose 64-bit precision). Returns {mark, replicas online}.
 _RAISE_HWM = """
+local function above(a, b) return #a > #b or (#a == #b and a > b) end
 local online = 0
 for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
-local cur = redis.call('GET', KEYS[1])
 local new = ARGV[1]
-if cur and (#cur > #new or (#cur == #new and cur >= new)) then return {cur, online} end
-redis.call('SET', KEYS[1], new)
+for i = 1, #KEYS do
+  local cur = redis.call('GET', KEYS[i])
+  if cur and above(cur, new) then new = cur end
+end
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) ~= new then redis.call('SET', KEYS[i], new) end
+end
 return {new, online}
 """
 
@@ -142,24 +169,66 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS[3] = moved set. Read and empty it in one step: a tag added meanwhile is
-# either read now or left for the next tick, never lost. A pool script too: the
-# active preloader's tick cleans a new Redis incarnation within a second, even
-# when no node pops (nodes may live on their reserve for a while).
-_TAKE_MOVED = (
+# KEYS[1] = moved set. Read and empty it in one step: a tag added meanwhile is
+# either read now or left for the next tick, never lost.
+_TAKE_MOVED = """
+local tags = redis.call('SMEMBERS', KEYS[1])
+redis.call('DEL', KEYS[1])
+return tags
+"""
+
+# KEYS = the tag's list (and the old layout's). Read and delete in one step: a
+# pop or push between the read and the delete would otherwise be lost from the
+# answer (a pushed range deleted unread) or counted twice.
+_TAKE_ALL = """
+local taken = {}
+for i = 1, #KEYS do
+  for _, r in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do taken[#taken + 1] = r end
+  redis.call('DEL', KEYS[i])
+end
+return taken
+"""
+
+# KEYS as the push's; ARGV[1] = tag, ARGV[2] = old clean prefix. Only the
+# incarnation check: a tag's list cleaned without popping or pushing.
+_TOUCH = (
     PRELUDE
     + """
-local dropped = ensure_clean()
-local tags = redis.call('SMEMBERS', KEYS[3])
-redis.call('DEL', KEYS[3])
-return {dropped, tags}
+return ensure_clean(KEYS[1], KEYS[2], ARGV[1], KEYS[3], ARGV[2])
 """
 )
 
-_ERRORS = (RedisError, OSError, TimeoutError)
+# The server's incarnation, as the prelude computes it.
+_INCARNATION = PRELUDE + "\nreturn incarnation()\n"
+
+# KEYS[1] = stats hash. Read and clear the last lifetime: one observation, one decision.
+_TAKE_LIFETIME = """
+local seen = redis.call('HMGET', KEYS[1], 'lifetime_ids', 'lifetime_s')
+redis.call('HDEL', KEYS[1], 'lifetime_ids', 'lifetime_s')
+return seen
+"""
 
 
-def make_client(settings: Settings) -> aioredis.Redis:
+class Lua(NamedTuple):
+    """A script, sent by its SHA1 and by its text only when the server lacks it."""
+
+    text: str
+    sha: str
+
+    @classmethod
+    def of(cls, text: str) -> Lua:
+        return cls(text, hashlib.sha1(text.encode()).hexdigest())
+
+
+# RedisClusterException is not a RedisError: a cluster client that cannot find a
+# node for the command (no seed reachable, a slot uncovered) raises it before
+# anything is sent. AttributeError: redis-py's cluster client closes every
+# connection on CLUSTERDOWN, also those other commands are using, which then
+# fail inside redis-py ("'NoneType' object has no attribute ..."): outcome unknown.
+_ERRORS = (RedisError, OSError, TimeoutError, RedisClusterException, AttributeError)
+
+
+def make_client(settings: Settings) -> Client:
     options: dict[str, Any] = dict(
         socket_timeout=settings.store_timeout,
         socket_connect_timeout=settings.store_timeout,
@@ -170,6 +239,9 @@ def make_client(settings: Settings) -> aioredis.Redis:
         decode_responses=True,
         max_connections=MAX_CONNECTIONS,
     )
+    cluster = settings.cluster_params()
+    if cluster is not None:  # redis+cluster://: the seeds of a Redis Cluster (pool/cluster.py)
+        return cluster_client(cluster, **options)
     sentinel = settings.sentinel_params()
     if sentinel is not None:  # redis+sentinel://: follow the master (pool/sentinel.py)
         return sentinel_client(sentinel, **options)
@@ -180,21 +252,32 @@ class RedisPool:
     name = "redis"  # in /status, /metrics and 503 messages
 
     def __init__(
-        self, client: aioredis.Redis, keys: Keys, slot_wait: float = 2.0, mark_replicas: int = 0
+        self, client: Client, keys: Keys, slot_wait: float = 2.0, mark_replicas: int = 0
     ) -> None:
         self.client = client
         self.keys = keys
-        self._pop = client.register_script(_POP)
-        self._push = client.register_script(_PUSH)
-        self._raise_hwm = client.register_script(_RAISE_HWM)
-        self._lead = client.register_script(_LEAD)
-        self._resign = client.register_script(_RESIGN)
-        self._take_moved = client.register_script(_TAKE_MOVED)
+        self.clustered = isinstance(client, RedisCluster)
+        # The old layout's keys are read on a single Redis only (an upgrade in place).
+        self.legacy = None if self.clustered else Legacy(keys.prefix)
+        self._pop = Lua.of(_POP)
+        self._push = Lua.of(_PUSH)
+        self._raise_hwm = Lua.of(_RAISE_HWM)
+        self._lead = Lua.of(_LEAD)
+        self._resign = Lua.of(_RESIGN)
+        self._take_moved = Lua.of(_TAKE_MOVED)
+        self._take_all = Lua.of(_TAKE_ALL)
+        self._take_lifetime = Lua.of(_TAKE_LIFETIME)
+        self._touch = Lua.of(_TOUCH)
+        self._incarnation = Lua.of(_INCARNATION)
+        self._seen: dict[str, str] = {}  # server -> incarnation whose lists this process cleaned
         self._closed = False
+        self._verified = not self.clustered  # a cluster's coverage and state, checked once
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         # replicas that must have a raised high-water mark before it counts (WAIT)
         self._mark_replicas = mark_replicas
         self._slot_wait = slot_wait  # how long a command waits for a free connection
+        self._moved_pending: set[str] = set()
+        self._moved_task: asyncio.Task[None] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisPool:
@@ -209,11 +292,20 @@ class RedisPool:
         if self._closed:
             return
         self._closed = True
+        if self._moved_task is not None:
+            with contextlib.suppress(Exception):
+                await self._moved_task
         await self.client.aclose()
 
     async def check(self) -> None:
-        """Raise StoreUnavailable (naming IDPOOL_REDIS_URL) unless Redis answers."""
+        """Raise StoreUnavailable (naming IDPOOL_REDIS_URL) unless Redis answers.
+
+        The first check of a cluster also asks every primary for its state: a
+        cluster with a slot uncovered or a shard down is refused at start."""
         try:
+            if not self._verified and isinstance(self.client, RedisCluster):
+                await self._plain(verify_cluster(self.client))
+                self._verified = True
             await self._plain(self.client.ping())
         except StoreBusy:
             raise  # it answers; this process is busy
@@ -222,9 +314,13 @@ class RedisPool:
                 "redis", f"no answer from Redis (check IDPOOL_REDIS_URL): {e.detail}"
             ) from e
 
-    def _pool_args(self, tag: str) -> tuple[list[str], list[str]]:
-        keys = [self.keys.pools, self.keys.incarnation, self.keys.pool(tag)]
-        return keys, [self.keys.clean_prefix, self.keys.pool("")]
+    def _tag_args(self, tag: str) -> tuple[list[str], list[str], list[str]]:
+        """The prelude's keys: clean marker, list; the old list (single Redis); and
+        the old clean-marker prefix ('' on a cluster)."""
+        keys = [self.keys.clean(tag), self.keys.pool(tag)]
+        if self.legacy is None:
+            return keys, [], [tag, ""]
+        return keys, [self.legacy.pool(tag)], [tag, self.legacy.clean_prefix]
 
     async def pop(self, tag: str, ids: int = 1) -> PopResult:
         """Take head ranges holding at least ``ids`` IDs (at least one range), or
@@ -233,10 +329,13 @@ class RedisPool:
         On an error the pop may have happened: whatever it took is lost, never
         handed out; the caller just fetches elsewhere.
         """
-        keys, args = self._pool_args(tag)
-        keys += [self.keys.stats(tag), self.keys.moved]
-        args += [str(ids), str(MAX_POP_RANGES), tag]
+        keys, old, args = self._tag_args(tag)
+        keys += [self.keys.stats(tag), *old]
+        args += [str(ids), str(MAX_POP_RANGES)]
         dropped, texts, depth, target = await self._call(self._pop, keys, args)
+        # The active preloader looks at the tag on its next tick (a hint, sent apart:
+        # the moved set is on another shard of a cluster).
+        self._mark_moved(tag)
         taken = [IdRange.from_text(t) for t in texts]
         return PopResult(taken, tagged_ranges(dropped), int(depth), int(target or 0))
 
@@ -249,10 +348,19 @@ class RedisPool:
 
         Called once per batch; never retried (an error means "maybe pushed").
         """
-        keys, args = self._pool_args(tag)
-        keys.append(self.keys.preloader)
-        args += [tag, "head" if head else "tail", leader, *(r.to_text() for r in ranges)]
-        dropped, depth = await self._call(self._push, keys, args)
+        keys, old, args = self._tag_args(tag)
+        if self.clustered:
+            # The lease key is in another slot than the tag's keys: a script cannot
+            # read both on a cluster. Read right before the push instead: a preloader
+            # frozen between the two still pushes, ranges it claimed with the mark
+            # (waste, never a duplicate; docs/design.md, "Redis Cluster").
+            if leader and await self._plain(self.client.get(self.keys.preloader)) != leader:
+                return PushResult(0, [], lease_lost=True)
+            leader = ""
+        else:
+            keys.append(self.keys.preloader)
+        args += ["head" if head else "tail", leader, *(r.to_text() for r in ranges)]
+        dropped, depth = await self._call(self._push, keys + old, args)
         if int(depth) < 0:
             return PushResult(0, tagged_ranges(dropped), lease_lost=True)
         return PushResult(int(depth), tagged_ranges(dropped))
@@ -282,61 +390,85 @@ class RedisPool:
         return found
 
     async def tags(self) -> list[str]:
-        return sorted(await self._plain(self.client.smembers(self.keys.pools)))
+        """Tags that have a list (a SCAN: for inspection, never on a hot path)."""
+        head, tail = len(self.keys.tag_prefix) + 1, len("}:pool")
+        found = {key[head:-tail] for key in await self._plain(self._scan(self.keys.pool("*")))}
+        if self.legacy is not None:
+            found.update(await self._plain(self.client.smembers(self.legacy.pools)))
+        return sorted(found)
 
     async def take_all(self, tag: str) -> list[IdRange]:
         """Remove every ready range of ``tag`` and return them (a disabled tag's
         list). On an error they may or may not be gone: the caller calls again."""
-        # MULTI: a pop or push between the read and the delete would otherwise be
-        # lost from the answer (a pushed range deleted unread) or counted twice.
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.lrange(self.keys.pool(tag), 0, -1)
-            pipe.delete(self.keys.pool(tag))
-            texts, _ = await self._plain(pipe.execute())
+        keys = [self.keys.pool(tag)] + ([] if self.legacy is None else [self.legacy.pool(tag)])
+        texts = await self._call(self._take_all, keys, [])
         return [IdRange.from_text(t) for t in texts]
 
     async def high_water(self, tag: str) -> int:
-        value = await self._plain(self.client.get(self.keys.hwm(tag)))
-        return int(value) if value else 0
+        if self.legacy is None:
+            values = [await self._plain(self.client.get(self.keys.hwm(tag)))]
+        else:  # the old layout's mark counts until every node raises both
+            keys = [self.keys.hwm(tag), self.legacy.hwm(tag)]
+            values = await self._plain(self.client.mget(keys))
+        return max((int(v) for v in values if v), default=0)
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for, it counts only once that many replicas have it: a failover to a replica
         without it would leave ranges already served above the shared mark."""
+        if isinstance(self.client, RedisCluster):
+            return await self._raise_on_shard(self.client, tag, value)
+        keys = [self.keys.hwm(tag)] + ([] if self.legacy is None else [self.legacy.hwm(tag)])
         if not self._mark_replicas:
-            mark, _ = await self._call(self._raise_hwm, [self.keys.hwm(tag)], [str(value)])
+            mark, _ = await self._call(self._raise_hwm, keys, [str(value)])
             return int(mark)
-        return int(await self._plain(self._raise_and_wait(tag, value)))
+        return int(await self._plain(self._raise_and_wait(keys, value)))
 
-    async def _raise_and_wait(self, tag: str, value: int) -> str:
+    def _wait_ms(self) -> int:
+        return max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
+
+    async def _raise_and_wait(self, keys: list[str], value: int) -> str:
         # WAIT counts only the writes of its own connection: a WAIT sent on another
         # pooled connection would answer for that one's writes, not the raise. So
         # both run on one connection, held from the pool (one slot, see _plain).
         # A plain Redis: its aclose gives the connection back and closes nothing else.
+        assert isinstance(self.client, aioredis.Redis)
         one = aioredis.Redis(
             connection_pool=self.client.connection_pool, single_connection_client=True
         )
         try:
-            mark, online = await self._raise_hwm(
-                keys=[self.keys.hwm(tag)], args=[str(value)], client=one
-            )
+            mark, online = await run_script(one, self._raise_hwm, keys, [str(value)])
             # Only replicas that are online count: with none (the replica was just
             # promoted, or is down) there is nothing a failover could promote, and
             # waiting for one would stop every claim until a new replica has synced.
             wanted = min(self._mark_replicas, int(online))
             if wanted:
-                # half the store timeout: WAIT answers first
-                ms = max(1, int(self._slot_wait * 500))
+                ms = self._wait_ms()
                 acked = int(await one.wait(wanted, ms))
                 if acked < wanted:
-                    raise StoreUnavailable(
-                        "redis",
-                        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-                        "(IDPOOL_REDIS_MARK_REPLICAS)",
-                    )
+                    raise _not_acknowledged(acked, wanted, ms)
         finally:
             await one.aclose()
         return str(mark)
+
+    async def _raise_on_shard(self, client: RedisCluster, tag: str, value: int) -> int:
+        """The raise, then its WAIT, on one connection to the primary of the tag's
+        shard: WAIT counts the replicas that have this connection's writes."""
+        key = self.keys.hwm(tag)
+        mark, online, acked, wanted = await self._plain(
+            on_one_connection(
+                client,
+                key,
+                self._raise_hwm,
+                [key],
+                [str(value)],
+                self._mark_replicas,
+                self._wait_ms(),
+            )
+        )
+        if acked < wanted:
+            raise _not_acknowledged(acked, wanted, self._wait_ms())
+        return int(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
         """Add IDs a node handed out to each tag's ``issued`` count (the consumption
@@ -349,12 +481,85 @@ class RedisPool:
             pipe.sadd(self.keys.moved, *counts)
             await self._plain(pipe.execute())
 
+    def _mark_moved(self, tag: str) -> None:
+        """Add the tag to the moved set soon: one SADD for all pops meanwhile, never
+        in the pop's way (a lost mark costs a tick, the next report sends it again)."""
+        if self._closed:
+            return
+        self._moved_pending.add(tag)
+        if self._moved_task is None or self._moved_task.done():
+            self._moved_task = asyncio.ensure_future(self._send_moved())
+
+    async def _send_moved(self) -> None:
+        while self._moved_pending:
+            tags, self._moved_pending = self._moved_pending, set()
+            with contextlib.suppress(StoreUnavailable):
+                await self._plain(self.client.sadd(self.keys.moved, *tags))
+
     async def take_moved(self) -> Moved:
         """The tags that moved since the last call (read and emptied at once)."""
-        keys, args = self._pool_args("")
-        keys[2] = self.keys.moved
-        dropped, tags = await self._call(self._take_moved, keys, args)
-        return Moved(sorted(tags), tagged_ranges(dropped))
+        if self._moved_task is not None and not self._moved_task.done():
+            # this process's own marks first (they are sent apart from the pops)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._moved_task), self._slot_wait)
+        tags = await self._call(self._take_moved, [self.keys.moved], [])
+        return Moved(sorted(tags), tagged_ranges(await self._clean_new_incarnations()))
+
+    async def _clean_new_incarnations(self) -> list[str]:
+        """Clean every list of a server that is a new incarnation since the last
+        look (a restart, a failover; any server at the first look): nodes may live
+        on their reserve for a while, and a list not cleaned yet would read as full.
+
+        One small script per primary each tick; a SCAN of the server's lists and
+        a GET of each one's marker only when its incarnation changed."""
+        dropped: list[str] = []
+        servers: list[Any] = (
+            self.client.get_primaries() if isinstance(self.client, RedisCluster) else [None]
+        )
+        for server in servers:
+            name = "" if server is None else server.name
+            here = str(await self._plain(self._incarnation_of(server)))
+            if self._seen.get(name) == here:
+                continue
+            dropped += await self._clean_server(server, here)
+            self._seen[name] = here
+        return dropped
+
+    async def _scan(self, match: str, server: Any = None) -> set[str]:
+        """Every key matching ``match`` (on one server of a cluster, or on all)."""
+        options: dict[str, Any] = {} if server is None else {"target_nodes": server}
+        return {key async for key in self.client.scan_iter(match=match, count=1000, **options)}
+
+    async def _incarnation_of(self, server: Any) -> Any:
+        """The incarnation script on one server (by SHA; its text only after NOSCRIPT)."""
+        options: dict[str, Any] = {} if server is None else {"target_nodes": server}
+        script = self._incarnation
+        try:
+            return await self.client.execute_command("EVALSHA", script.sha, 0, **options)
+        except NoScriptError:
+            return await self.client.execute_command("EVAL", script.text, 0, **options)
+
+    async def _clean_server(self, server: Any, here: str) -> list[str]:
+        head, tail = len(self.keys.tag_prefix) + 1, len("}:pool")
+        lists = await self._plain(self._scan(self.keys.pool("*"), server))
+        tags = {key[head : len(key) - tail] for key in lists}
+        old_tags: set[str] = set()
+        if self.legacy is not None:  # the old layout's lists move in when touched
+            start = len(self.legacy.pool(""))
+            old_tags = {key[start:] for key in await self._plain(self._scan(self.legacy.pool("*")))}
+        dropped: list[str] = []
+        ordered = sorted(tags | old_tags)
+        for first in range(0, len(ordered), 500):
+            chunk = ordered[first : first + 500]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tag in chunk:
+                    pipe.get(self.keys.clean(tag))
+                markers = await self._plain(pipe.execute())
+            for tag, marker in zip(chunk, markers, strict=True):
+                if marker != here or tag in old_tags:
+                    keys, old, args = self._tag_args(tag)
+                    dropped += await self._call(self._touch, keys + old, args)
+        return dropped
 
     async def depths(self, tags: Sequence[str]) -> dict[str, int]:
         """Each list's depth: one LLEN per tag, in one round trip."""
@@ -432,10 +637,7 @@ class RedisPool:
 
     async def take_lifetime(self, tag: str) -> tuple[int, float] | None:
         """Read and clear the last reported range lifetime: one observation, one decision."""
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hmget(self.keys.stats(tag), ["lifetime_ids", "lifetime_s"])
-            pipe.hdel(self.keys.stats(tag), "lifetime_ids", "lifetime_s")
-            (ids, seconds), _ = await self._plain(pipe.execute())
+        ids, seconds = await self._call(self._take_lifetime, [self.keys.stats(tag)], [])
         if ids is None or seconds is None:
             return None
         return int(ids), float(seconds)
@@ -449,8 +651,8 @@ class RedisPool:
     async def resign(self, owner: str) -> None:
         await self._call(self._resign, [self.keys.preloader], [owner])
 
-    async def _call(self, script: Any, keys: list[str], args: list[str]) -> Any:
-        return await self._plain(script(keys=keys, args=args))
+    async def _call(self, script: Lua, keys: list[str], args: list[str]) -> Any:
+        return await self._plain(run_script(self.client, script, keys, args))
 
     async def _plain(self, awaitable: Any) -> Any:
         try:
@@ -467,9 +669,10 @@ class RedisPool:
         try:
             return await awaitable
         except _ERRORS as e:
-            if isinstance(e, RedisConnectionError):
+            if isinstance(e, RedisConnectionError) and isinstance(self.client, aioredis.Redis):
                 # The others in the pool likely lead to the same gone server (a
                 # restart, a failover): drop them now rather than fail once each.
+                # (A cluster client does this itself, per shard.)
                 with contextlib.suppress(*_ERRORS):
                     await self.client.connection_pool.disconnect(inuse_connections=False)
             if _never_sent(e):
@@ -484,10 +687,31 @@ class RedisPool:
         return await self._plain(awaitable)
 
 
+async def run_script(client: Client, script: Lua, keys: list[str], args: list[str]) -> Any:
+    """EVALSHA, then EVAL only after NOSCRIPT (which means it did not run): never a
+    second run. On a cluster both go to the shard of the keys' slot."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return await client.eval(script.text, len(keys), *keys, *args)
+
+
+def _not_acknowledged(acked: int, wanted: int, ms: int) -> StoreUnavailable:
+    return StoreUnavailable(
+        "redis",
+        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
+        "(IDPOOL_REDIS_MARK_REPLICAS)",
+    )
+
+
 def _never_sent(e: BaseException) -> bool:
-    """redis-py failed to open the connection, so the command was never written:
-    its connect errors read "Error N connecting to ..." or "Timeout connecting to"."""
-    return isinstance(e, RedisConnectionError) and "connecting to" in str(e)
+    """The command was never run: redis-py failed to open the connection (its
+    connect errors read "Error N connecting to ..." or "Timeout connecting to"), a
+    cluster client found no node for it, or the shard refused it unread
+    (CLUSTERDOWN, and MOVED/ASK/TRYAGAIN left after redis-py followed 16 of them)."""
+    if isinstance(e, RedisConnectionError) and "connecting to" in str(e):
+        return True
+    return isinstance(e, RedisClusterException | ClusterDownError | AskError | TryAgainError)
 
 
 def _describe(e: BaseException) -> str:

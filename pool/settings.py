@@ -47,6 +47,23 @@ class SentinelParams:
     sentinel_password: str | None = field(default=None, repr=False)  # of the Sentinels
 
 
+@dataclass(frozen=True)
+class ClusterParams:
+    """A ``redis+cluster://`` URL: seed nodes of a Redis Cluster, and its credentials."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False  # rediss+cluster://
+
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+CLUSTER_PORT = 6379
+_CLUSTER_FORM = (
+    "IDPOOL_REDIS_URL: a Redis Cluster URL looks like "
+    "redis+cluster://[:password@]host1:6379,host2:6379 (rediss+cluster:// for TLS)"
+)
+
 SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
 _SENTINEL_FORM = (
@@ -64,11 +81,14 @@ class Settings:
     mysql_url: str = field(default="mysql://root@127.0.0.1:3306/idpool", repr=False)
     # IDPOOL_REDIS_URL: the shared pool; redis://[:password@]host:port/db, or behind
     # Sentinel: redis+sentinel://[:password@]host1:26379,host2:26379/mymaster/db
-    # (password: the data nodes'; ?sentinel_password=...: the Sentinels', if they have one)
+    # (password: the data nodes'; ?sentinel_password=...: the Sentinels', if they have one),
+    # or a Redis Cluster: redis+cluster://[:password@]host1:6379,host2:6379 (seed nodes;
+    # rediss+cluster:// for TLS)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     # IDPOOL_REDIS_MARK_REPLICAS: replicas that must acknowledge (WAIT) a raised
     # high-water mark before the range it covers is served; 0 does not wait. Set it
-    # to 1 under Sentinel so a failover to a lagging replica cannot lose a mark.
+    # to 1 under Sentinel or on a Redis Cluster (each mark waits for its own shard's replica)
+    # so a failover to a lagging replica cannot lose a mark.
     redis_mark_replicas: int = 0
     # IDPOOL_REDIS_PREFIX: first part of every Redis key (see pool/keys.py)
     redis_prefix: str = "idpool"
@@ -208,9 +228,12 @@ class Settings:
         scheme = _split_redis_url(self.redis_url).scheme
         if scheme == SENTINEL_SCHEME:
             self.sentinel_params()  # raises ConfigError on a bad URL
+        elif scheme in CLUSTER_SCHEMES:
+            self.cluster_params()  # raises ConfigError on a bad URL
         elif scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(
-                "IDPOOL_REDIS_URL must start with redis://, rediss://, unix:// or redis+sentinel://"
+                "IDPOOL_REDIS_URL must start with redis://, rediss://, unix://, "
+                "redis+sentinel:// or redis+cluster://"
             )
         else:
             _port("IDPOOL_REDIS_URL", _split_redis_url(self.redis_url))  # redis-py reads it too
@@ -262,6 +285,37 @@ class Settings:
         if _split_redis_url(self.redis_url).scheme != SENTINEL_SCHEME:
             return None
         return parse_sentinel_url(self.redis_url)
+
+    def cluster_params(self) -> ClusterParams | None:
+        """The seed nodes of a ``redis+cluster://`` URL, else None."""
+        if _split_redis_url(self.redis_url).scheme not in CLUSTER_SCHEMES:
+            return None
+        return parse_cluster_url(self.redis_url)
+
+
+def parse_cluster_url(text: str) -> ClusterParams:
+    """``redis+cluster://[[user]:password@]host[:port],host[:port][/0]``.
+
+    Raises ConfigError naming IDPOOL_REDIS_URL. Ports default to 6379; a cluster
+    has only database 0, and the URL takes no query parameters.
+    """
+    url = _split_redis_url(text)
+    if url.scheme not in CLUSTER_SCHEMES or url.fragment or url.query:
+        raise ConfigError(_CLUSTER_FORM)
+    userinfo, _, hostlist = url.netloc.rpartition("@")
+    username = password = None
+    if userinfo:
+        user, _, secret = userinfo.partition(":")
+        username, password = unquote(user) or None, unquote(secret) or None
+    if url.path.strip("/") not in ("", "0"):
+        raise ConfigError(_CLUSTER_FORM + ": a Redis Cluster has only database 0")
+    if not hostlist:
+        raise ConfigError(_CLUSTER_FORM + ": name at least one seed node")
+    nodes = tuple(
+        _host_port(part, _shown(part, text), CLUSTER_PORT, _CLUSTER_FORM)
+        for part in hostlist.split(",")
+    )
+    return ClusterParams(nodes, username, password, url.scheme == "rediss+cluster")
 
 
 def parse_sentinel_url(text: str) -> SentinelParams:
@@ -329,20 +383,23 @@ def _port(name: str, url: SplitResult) -> int | None:
         raise ConfigError(f"{name}: the port is not a number 1-65535; {_ENCODE_HINT}") from None
 
 
-def _host_port(text: str, shown: str) -> tuple[str, int]:
+def _host_port(
+    text: str, shown: str, default: int = SENTINEL_PORT, form: str = _SENTINEL_FORM
+) -> tuple[str, int]:
+    what = "Sentinel address" if form == _SENTINEL_FORM else "seed node address"
     host, port_text = text, ""
     if text.startswith("["):  # [::1]:26379
         host, _, rest = text[1:].partition("]")
         if rest and not rest.startswith(":"):
-            raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {shown}")
+            raise ConfigError(form + f": bad {what} {shown}")
         port_text = rest[1:]
     elif ":" in text:
         host, _, port_text = text.rpartition(":")
     if not host or (port_text and not port_text.isdigit()):
-        raise ConfigError(_SENTINEL_FORM + f": bad Sentinel address {shown}")
-    port = int(port_text) if port_text else SENTINEL_PORT
+        raise ConfigError(form + f": bad {what} {shown}")
+    port = int(port_text) if port_text else default
     if not 0 < port < 65536:
-        raise ConfigError(_SENTINEL_FORM + f": bad port in {shown}")
+        raise ConfigError(form + f": bad port in {shown}")
     return host, port
 
 

@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS idpool_pool (
     last_id  INTEGER NOT NULL,  -- inclusive, as in Redis
     PRIMARY KEY (tag, seq)
 );
--- What Redis keeps in idpool:stats:{tag}, idpool:hwm:{tag} and idpool:lease:{tag}.
+-- What Redis keeps in idpool:{tag}:stats, idpool:{tag}:hwm and idpool:preloader.
 CREATE TABLE IF NOT EXISTS idpool_pool_stats (
     tag   TEXT NOT NULL,
     field TEXT NOT NULL,

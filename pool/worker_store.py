@@ -1,6 +1,6 @@
 """Worker IDs of snowflake tags, leased in Redis: one holder per worker ID.
 
-One hash per tag (``idpool:workers:{tag}``, see ``keys.py``) and one script for
+One hash per tag (``idpool:{tag}:workers``, in the tag's slot; see ``keys.py``) and one script for
 every change, so grant, renew and release are atomic on the server and timed by
 its clock (``TIME``). A grant carries a *generation* claimed from the ledger
 first (the tag's ``max_id``, fenced by the high-water mark like any claim): it

@@ -156,7 +156,7 @@ async def lease(request: Request) -> Response:
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.
     ranges, rest = (taken, []) if count is None else cut(taken, count)
-    leases = [(*new_lease(), r) for r in ranges]
+    leases = [(*new_lease(tag), r) for r in ranges]
     try:
         recorded = await store.record(sequence, leases, rest)
     except (StoreUnavailable, LeaseClash) as e:

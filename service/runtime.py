@@ -64,7 +64,7 @@ class Runtime:
         if self._leases is None and isinstance(self.pool, RedisPool):
             pool = self.pool
             self._leases = LeaseStore(
-                pool.client, pool.keys, self.settings.client_lease_seconds, pool.send
+                pool.client, pool.keys, self.settings.client_lease_seconds, pool.send, pool.legacy
             )
         return self._leases
 

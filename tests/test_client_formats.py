@@ -248,3 +248,85 @@ def test_threads_drawing_a_formatted_tag_never_get_one_id_twice() -> None:
     assert all(isinstance(v, str) and v.startswith("F") for v in everything)
     numbers = sorted(int(str(v)[1:]) for v in everything)
     assert numbers == list(range(1, len(numbers) + 1))  # none skipped while drawn
+
+
+class LaggingTransport(FakeTransport):
+    """A node whose clock is five seconds behind the client's; it refuses to lease
+    more than 20 times (a client that kept asking would otherwise never stop)."""
+
+    def lease(self, tag: str, count: int) -> list[object]:
+        if self.calls["lease"] >= 20:
+            raise RuntimeError("leased 20 times: the client keeps asking")
+        real = self.now[0]
+        self.now[0] = real - 5
+        try:
+            return super().lease(tag, count)
+        finally:
+            self.now[0] = real
+
+
+def test_a_node_clock_behind_at_midnight_costs_one_lease_not_a_storm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The client's clock is past midnight, the node's not yet: the node's leases are
+    # of the old period. They are used, rendered at its last moment (unique: numbers
+    # of that period's row), rather than cut off and leased again until the clocks
+    # agree (a lease storm, each one twice the last, that stalled next_id and used up
+    # a bounded tag's period).
+    import idpool_client.aio
+    import idpool_client.sync
+    from idpool_client import AsyncIdPoolClient, IdPoolClient
+
+    fmt = TagFormat("{date:%Y%m%d}-{id}", reset="daily")
+    now = [datetime(2026, 11, 25, 0, 0, 1, tzinfo=UTC).timestamp()]
+    monkeypatch.setattr(idpool_client.sync.time, "time", lambda: now[0])
+    client = IdPoolClient("http://127.0.0.1:9", return_at_exit=False)
+    transport = LaggingTransport(fmt, now)
+    client.transport = transport  # type: ignore[assignment]
+    assert client.next_id("inv") == "20261124-1"
+    assert list(client.next_ids("inv", 2)) == ["20261124-2", "20261124-3"]
+    assert transport.calls["lease"] <= 2  # the lease and the prefetch of the next
+    client.close()
+
+    async def run() -> tuple[list[object], int]:
+        now[0] = datetime(2026, 11, 27, 0, 0, 1, tzinfo=UTC).timestamp()
+        aclient = AsyncIdPoolClient("http://127.0.0.1:9", return_at_exit=False)
+        aclient.transport = atransport = LaggingTransport(fmt, now)  # type: ignore[assignment]
+        got = [await aclient.next_id("inv"), *await aclient.next_ids("inv", 2)]
+        await aclient.aclose()
+        return got, atransport.calls["lease"]
+
+    got, leases = asyncio.run(run())
+    assert got == ["20261126-1", "20261126-2", "20261126-3"] and leases <= 2
+
+
+class MidnightAnswer(FakeTransport):
+    """A lease asked for at 23:59:59 whose answer comes in after midnight."""
+
+    def lease(self, tag: str, count: int) -> list[object]:
+        leases = super().lease(tag, count)
+        self.now[0] += 2 if self.calls["lease"] == 1 else 0
+        return leases
+
+
+def test_a_lease_asked_before_midnight_and_answered_after_is_still_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not late (the node's clock is not behind): its numbers are not rendered with
+    # yesterday's date for the rest of its life; the next lease is of the new day.
+    import idpool_client.sync
+    from idpool_client import IdPoolClient
+
+    fmt = TagFormat("{date:%Y%m%d}-{id}", reset="daily")
+    now = [datetime(2026, 11, 24, 23, 59, 59, tzinfo=UTC).timestamp()]
+    monkeypatch.setattr(idpool_client.sync.time, "time", lambda: now[0])
+    client = IdPoolClient("http://127.0.0.1:9", return_at_exit=False)
+    client.transport = MidnightAnswer(fmt, now)  # type: ignore[assignment]
+    # Asked for at 23:59:59, handed out once its lease came in, after midnight:
+    # that lease is not late, so it is cut off, never rendered with the new date
+    # nor used for the rest of its life with the old one; the ID is the new day's.
+    assert client.next_id("inv") == "20261125-1"
+    assert client.next_id("inv") == "20261125-2"
+    client.close()
+    # the cut-off lease went back whole to yesterday's row: none of it was used
+    assert ("inv@20261124", 1, 11) in client.transport.returned  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 from idpool.pool import lease_store
 from idpool.pool.errors import StoreUnavailable
 from idpool.pool.keys import Keys
+from idpool.pool.redis_pool import Lua
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from ops.toolkit import RedisServer
@@ -48,8 +49,9 @@ def give_back(
 def snapshot(settings: Settings, tag: str) -> tuple[list[str], dict[str, str]]:
     """The tag's list and every lease record: what a refused return must not change."""
     plain = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    prefix = Keys(settings.redis_prefix).leased_prefix
-    records = {k: str(plain.get(k)) for k in plain.scan_iter(prefix + "*")}
+    pattern = Keys(settings.redis_prefix).leased_prefix("*") + "*"
+    records = {k: str(plain.get(k)) for k in plain.scan_iter(pattern)}
+    assert all(":{" in k for k in records)
     return pool_ranges(settings, tag), records
 
 
@@ -151,14 +153,14 @@ def test_unrecorded_lease_is_not_handed_out(settings: Settings, tag: str) -> Non
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise redis.ConnectionError("cut")
 
-        # every script the lease store registers fails; the node's pop still works
-        original = run_pool.client.register_script
+        # every script of the lease store fails; the node's pop still works
+        original = run_pool.client.evalsha
+        shas = {Lua.of(lease_store._RECORD).sha, Lua.of(lease_store._RETURN).sha}
 
-        def failing(script: str) -> Any:
-            registered = original(script)
-            return broken if script in (lease_store._RECORD, lease_store._RETURN) else registered
+        def failing(sha: str, *args: Any) -> Any:
+            return broken() if sha in shas else original(sha, *args)
 
-        run_pool.client.register_script = failing
+        run_pool.client.evalsha = failing
         r = client.post(f"/lease/{tag}")
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
         wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]
@@ -318,13 +320,13 @@ def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings,
         async def broken(*args: Any, **kwargs: Any) -> Any:
             raise redis.TimeoutError("no answer")
 
-        original = run_pool.client.register_script
+        original = run_pool.client.evalsha
+        record = Lua.of(lease_store._RECORD).sha
 
-        def failing(script: str) -> Any:
-            registered = original(script)
-            return broken if script == lease_store._RECORD else registered
+        def failing(sha: str, *args: Any) -> Any:
+            return broken() if sha == record else original(sha, *args)
 
-        run_pool.client.register_script = failing
+        run_pool.client.evalsha = failing
         r = client.post(f"/lease/{tag}?count=100")
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
         wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]

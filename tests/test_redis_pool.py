@@ -331,8 +331,7 @@ async def test_the_preloaders_tick_cleans_a_new_incarnation(
     # from an old snapshot: the active preloader's read of the moved set cleans it.
     await redis_pool.push(tag, [R("1-10"), R("11-20")], head=False)
     client = redis_pool.client
-    marker = await client.get(redis_pool.keys.incarnation)
-    await client.delete(marker)  # as if this Redis had never been cleaned
+    await client.delete(redis_pool.keys.clean(tag))  # as if this Redis had never been cleaned
     moved = await redis_pool.take_moved()
     assert moved.dropped == [dropped(tag, "1-10"), dropped(tag, "11-20")]
     assert await redis_pool.depth(tag) == 0
@@ -414,3 +413,25 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
         replica.resume()
         replica.kill9()
         primary.kill9()
+
+
+async def test_a_preloaders_push_checks_its_lease_in_the_push_script(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    """On one Redis the lease is read in the push script itself, no GET apart: a
+    preloader frozen between a look and its push cannot land it."""
+
+    async def no_get(*args: object) -> None:
+        raise AssertionError("the lease was read apart from the push")
+
+    redis_pool.client.get = no_get  # type: ignore[method-assign]
+    r = IdRange.from_text
+    owner = f"{tag}-a"
+    try:
+        assert (await redis_pool.push(tag, [r("1-10")], head=False, leader=owner)).lease_lost
+        assert await redis_pool.lead(owner, 10)
+        assert not (await redis_pool.push(tag, [r("11-20")], head=False, leader=owner)).lease_lost
+        assert (await redis_pool.push(tag, [r("21-30")], head=False, leader="b")).lease_lost
+        assert await redis_pool.ranges(tag) == [r("11-20")]
+    finally:
+        await redis_pool.resign(owner)

@@ -73,6 +73,33 @@ def test_passwords_and_tokens_stay_out_of_repr() -> None:
     assert s.mysql_params().password == "s3cret-m"
 
 
+def test_a_cluster_url_names_seeds_credentials_and_tls() -> None:
+    s = Settings.from_env({"IDPOOL_REDIS_URL": "redis+cluster://u:s3cret@10.0.0.1:7000,[::1],h2"})
+    params = s.cluster_params()
+    assert params is not None and s.sentinel_params() is None
+    assert params.nodes == (("10.0.0.1", 7000), ("::1", 6379), ("h2", 6379))
+    assert (params.username, params.password, params.tls) == ("u", "s3cret", False)
+    assert "s3cret" not in repr(params) and "s3cret" not in repr(s)
+    tls = Settings(redis_url="rediss+cluster://h:7000/0").validated().cluster_params()
+    assert tls is not None and tls.tls
+    assert Settings().cluster_params() is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+cluster://",
+        "redis+cluster://h:7000/1",
+        "redis+cluster://h:port",
+        "redis+cluster://h:7000?read_from_replicas=1",
+        "redis+cluster://h:70000",
+    ],
+)
+def test_malformed_cluster_urls_are_refused_naming_the_variable(url: str) -> None:
+    with pytest.raises(ConfigError, match="IDPOOL_REDIS_URL"):
+        Settings(redis_url=url).validated()
+
+
 def test_better_and_old_names_are_read_when_the_setting_is_unset() -> None:
     s = Settings.from_env({"IDPOOL_LEDGER_URL": "sqlite:///tmp/x.db", "IDPOOL_LEASE_SECONDS": "4"})
     assert s.embedded and s.mysql_url == "sqlite:///tmp/x.db" and s.leader_seconds == 4.0
@@ -94,6 +121,9 @@ def test_better_and_old_names_are_read_when_the_setting_is_unset() -> None:
         ("IDPOOL_REDIS_URL", "redis://:Zq9#s3cret@127.0.0.1:6379/0"),
         ("IDPOOL_REDIS_URL", "redis+sentinel://:Zq9/s3cret@127.0.0.1:26379/mymaster"),
         ("IDPOOL_REDIS_URL", "redis+sentinel://127.0.0.1/m?sentinel_password=Zq9&s3cret=1"),
+        ("IDPOOL_REDIS_URL", "redis+cluster://:Zq9/s3cret@127.0.0.1:7000"),
+        ("IDPOOL_REDIS_URL", "redis+cluster://:Zq9#s3cret@127.0.0.1:7000"),
+        ("IDPOOL_REDIS_URL", "redis+cluster://u:Zq9s3cret@h1:7000,h2:port"),
         ("IDPOOL_MYSQL_URL", "mysql://root:Zq9?s3cret@127.0.0.1:3306/idpool"),
         ("IDPOOL_MYSQL_URL", "mysql://root:Zq9#s3cret@127.0.0.1/idpool"),
     ],

@@ -119,7 +119,12 @@ class AsyncIdPoolClient:
                 raise IdPoolClosed("the client is closed")
             # No await from here to the increment: atomic on the loop.
             lease = t.lease
-            if lease is not None and t.cur < t.stop and time.time() >= lease.until:
+            if (
+                lease is not None
+                and t.cur < t.stop
+                and time.time() >= lease.until
+                and not lease.late
+            ):
                 # Its reset period is over by this clock: never rendered with a later
                 # date. Its tail goes back at close.
                 t.ended.append((lease, t.cur))
@@ -179,6 +184,7 @@ class AsyncIdPoolClient:
         t.fetch.add_done_callback(_consume)
 
     async def _fetch(self, t: _Tag, wish: int) -> None:
+        asked = time.time()  # a lease whose period had ended by then is late
         try:
             leases = await asyncio.to_thread(self.transport.lease, t.tag, wish)
         except IdPoolError as e:
@@ -193,7 +199,7 @@ class AsyncIdPoolClient:
         if self._closed:
             await asyncio.to_thread(self._give_back, [(x, x.start) for x in leases])
             return
-        t.pending.extend(leases)
+        t.pending.extend(lease.asked_at(asked) for lease in leases)
         if t.cur >= t.stop:
             self._switch(t)
 

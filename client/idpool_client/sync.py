@@ -225,7 +225,7 @@ class IdPoolClient:
             try:
                 while n > 0:
                     lease = self._holding(t)
-                    if now >= lease.until:
+                    if now >= lease.until and not lease.late:
                         self._period_ended(t, lease)
                         continue
                     take = min(n, lease.end - t.rest)
@@ -286,7 +286,7 @@ class IdPoolClient:
         Called with the lock held."""
         while True:
             now = time.time()
-            if now < lease.until:
+            if now < lease.until or lease.late:
                 break
             self._period_ended(t, lease)
             lease = self._holding(t)
@@ -384,6 +384,7 @@ class IdPoolClient:
         while True:
             leases: list[Lease] = []
             error: IdPoolError | None = None
+            asked = time.time()  # a lease whose period had ended by then is late
             try:
                 leases = self.transport.lease(t.tag, min(t.wish, self.max_count))
             except IdPoolError as e:
@@ -396,7 +397,7 @@ class IdPoolClient:
                 if error is None:
                     t.fetcher = None
                     if not self._closed:
-                        t.pending.extend(leases)
+                        t.pending.extend(lease.asked_at(asked) for lease in leases)
                         return
                     break  # close() ran meanwhile: these go straight back
                 t.retry_at = time.monotonic() + RETRY_BACKOFF

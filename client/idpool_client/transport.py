@@ -16,7 +16,7 @@ import http.client
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -45,6 +45,16 @@ class Lease:
     since: float = -math.inf
     until: float = math.inf
     secret: str = field(default="", repr=False, compare=False)
+    # True when its period had already ended by this client's clock when it was
+    # asked for (the node's clock is behind): used, rendered at the period's last
+    # moment, never cut off, or the client would lease again and again while the
+    # clocks differ. (A lease asked for before the end and answered after it is not
+    # late: it is cut off, and the next one asked for.)
+    late: bool = False
+
+    def asked_at(self, asked: float) -> Lease:
+        """This lease, answering a request sent at ``asked`` (by the client's clock)."""
+        return replace(self, late=True) if asked >= self.until else self
 
     def __len__(self) -> int:
         return self.end - self.start

@@ -18,6 +18,7 @@ from redis import Redis
 
 from ops.toolkit import (
     GaleraCluster,
+    LocalCluster,
     MariaPair,
     MariaServer,
     NodeProcess,
@@ -82,6 +83,7 @@ class Cluster:
     redis_mode: str = "aof"
     nodes: int = 3
     sentinel: bool = False  # Redis as primary + replica + three Sentinels
+    redis_cluster: bool = False  # a Redis Cluster of 3 primaries + 3 replicas
     # A database per scenario: a preloader fills every tag of its database, and
     # must not refill the tags of scenarios that are over.
     database: str = "idpool_faults"
@@ -89,7 +91,7 @@ class Cluster:
     idle_tags: int = 0  # tags nobody asks for, beside the scenario's
     kind: str = "segment"  # the scenario tag's kind
     step: int = STEP  # the scenario's tag's range size
-    redis: RedisServer | RedisSentinelGroup = field(init=False)
+    redis: RedisServer | RedisSentinelGroup | LocalCluster = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
     preloader: PreloaderProcess = field(init=False)
     killed_logs: set[Path] = field(init=False, default_factory=set)
@@ -101,7 +103,9 @@ class Cluster:
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = REDIS_MODES[self.redis_mode]
-        if self.sentinel:
+        if self.redis_cluster:
+            self.redis = LocalCluster(self.directory / "redis")
+        elif self.sentinel:
             self.redis = RedisSentinelGroup(self.directory / "redis", *args)
         else:
             self.redis = RedisServer(self.directory / "redis", *args)
@@ -188,8 +192,15 @@ class Cluster:
     # -- store faults ---------------------------------------------------------
 
     def redis_client(self) -> Redis:
-        """A client of the (current master) Redis."""
+        """A client of the (current master) Redis; on a cluster, of the primary
+        that serves the scenario's tag now."""
+        if isinstance(self.redis, LocalCluster):
+            return self.redis.primary_of(f"{{{self.tag}}}").client()
         return Redis(port=self.redis.port, socket_timeout=5)
+
+    def redis_cluster_of(self) -> LocalCluster:
+        assert isinstance(self.redis, LocalCluster), "a Redis Cluster scenario's fault"
+        return self.redis
 
     def sentinel_group(self) -> RedisSentinelGroup:
         assert isinstance(self.redis, RedisSentinelGroup), "a Sentinel scenario's fault"
@@ -231,10 +242,14 @@ class Cluster:
         """After a fault went wrong: both stores running again, so the scenario can end."""
         if isinstance(self.redis, RedisSentinelGroup):
             self.redis.ensure_up()
+        if isinstance(self.redis, LocalCluster):
+            for node in self.redis.nodes:
+                if node.proc is None:
+                    node.start()
         if isinstance(self.maria, GaleraCluster):
             self.maria.ensure_up()
         for name, server in (("redis", self.redis), ("mariadb", self.maria)):
-            if isinstance(server, RedisSentinelGroup | GaleraCluster):
+            if isinstance(server, RedisSentinelGroup | LocalCluster | GaleraCluster):
                 continue
             if server.proc is None:
                 self.store(name, "start")
@@ -315,7 +330,7 @@ class Cluster:
                     proc.proc.kill()
                 proc.proc.wait()
                 proc.proc = None
-        if isinstance(self.redis, RedisSentinelGroup):
+        if isinstance(self.redis, RedisSentinelGroup | LocalCluster):
             self.redis.stop()
         elif self.redis.proc is not None:
             self.redis.resume()  # a paused server ignores SIGTERM until it runs again

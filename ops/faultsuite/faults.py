@@ -57,7 +57,7 @@ def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
     # The hazard needs ranges in the list (nodes fetch their reserve in large pops,
     # so it is often empty): wait for some, so the restart has ranges to drop.
     redis = cluster.redis_client()
-    wait_for(lambda: bool(redis.llen(f"idpool:pool:{cluster.tag}")), 20.0)
+    wait_for(lambda: bool(redis.llen(f"idpool:{{{cluster.tag}}}:pool")), 20.0)
     cluster.store("redis", "kill9")
     time.sleep(min(hold, 1.0))
     cluster.store("redis", "start")
@@ -65,7 +65,7 @@ def redis_kill9_aof(cluster: Cluster, rng: random.Random, hold: float) -> None:
 
 def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
     redis = cluster.redis_client()
-    key = f"idpool:pool:{cluster.tag}"
+    key = f"idpool:{{{cluster.tag}}}:pool"
     # The hazard needs a snapshot that lists ranges nodes pop afterwards. Nodes
     # fetch their reserve in large pops, so the list is often empty: wait for one.
     wait_for(lambda: bool(redis.llen(key)), 20.0)
@@ -149,7 +149,7 @@ def redis_sentinel_return(cluster: Cluster, rng: random.Random, hold: float) -> 
 
 def _redis_failover(cluster: Cluster, hold: float, back_during_failover: bool) -> None:
     group = cluster.sentinel_group()
-    key = f"idpool:pool:{cluster.tag}"
+    key = f"idpool:{{{cluster.tag}}}:pool"
     # The hazard needs ranges in the replica's copy of the list, which the promoted
     # replica must drop (range_abandoned). Nodes fetch their reserve in large pops, so
     # the list is often empty: lag the replica only once its copy holds ranges.
@@ -351,6 +351,52 @@ def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
+def cluster_primary_kill9(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """kill -9 of the primary serving the tag (its list holding ranges); the
+    cluster promotes its replica; the old primary comes back ``hold`` s later, a
+    replica with no data."""
+    group = cluster.redis_cluster_of()
+    redis = cluster.redis_client()
+    wait_for(lambda: bool(redis.llen(f"idpool:{{{cluster.tag}}}:pool")), 20.0)
+    primary = group.primary_of(f"{{{cluster.tag}}}")
+    replica = group.replicas_of(primary)[0]
+    primary.kill9()
+    cluster.note(f"redis cluster primary :{primary.port} (the tag's shard) kill -9")
+    took = group.wait_promoted(replica, 60.0)
+    cluster.note(f"replica :{replica.port} promoted, cluster ok {took:.1f}s after the kill")
+    time.sleep(hold)
+    group.restart(primary)
+    group.wait_ok(60.0)
+    cluster.note(f"old primary :{primary.port} restarted empty, back as a replica")
+
+
+def cluster_failover(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """CLUSTER FAILOVER on the replica of the tag's shard: a planned switch."""
+    group = cluster.redis_cluster_of()
+    redis = cluster.redis_client()
+    wait_for(lambda: bool(redis.llen(f"idpool:{{{cluster.tag}}}:pool")), 20.0)
+    replica = group.replicas_of(group.primary_of(f"{{{cluster.tag}}}"))[0]
+    group.failover(replica)
+    cluster.note(f"CLUSTER FAILOVER: replica :{replica.port} is the tag's primary")
+    time.sleep(hold)
+
+
+def cluster_shard_restart_empty(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """The tag's whole shard (primary and replica) kill -9, down ``hold`` s, then
+    both restarted with no data: the list and the high-water mark are gone."""
+    group = cluster.redis_cluster_of()
+    primary = group.primary_of(f"{{{cluster.tag}}}")
+    shard = [primary, *group.replicas_of(primary)]
+    for node in shard:
+        node.kill9()
+    cluster.note(f"redis cluster shard {[n.port for n in shard]} (the tag's) kill -9")
+    time.sleep(hold)
+    for node in shard:
+        group.restart(node)
+    group.wait_ok(60.0)
+    cluster.note("the shard restarted empty; cluster ok")
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -365,8 +411,9 @@ class Scenario:
     names_down: tuple[str, ...] = ()
     # Stores of the scenario: "single" (one Redis, the run's MariaDB), "sentinel"
     # (Redis primary + replica + three Sentinels), "mysql-replica" (a MariaDB
-    # primary + binlog replica of the scenario's own, behind a TCP proxy) or
-    # "galera" (3 Galera members of the scenario's own; node i on member i).
+    # primary + binlog replica of the scenario's own, behind a TCP proxy), "galera"
+    # (3 Galera members of the scenario's own; node i on member i) or "cluster" (a
+    # Redis Cluster of 3 primaries and 3 replicas).
     topology: str = "single"
     # Seconds in a row that requests may fail on every node (a failover); 0: none may
     failure_budget: float = 0.0
@@ -557,6 +604,38 @@ SCENARIOS = (
             ("IDPOOL_POOL_DEPTH", "2"),
             ("IDPOOL_MAX_POOL_DEPTH", "2"),
         ),
+    ),
+    Scenario(
+        "cluster-primary-kill9",
+        "Redis Cluster 3+3: kill -9 of the primary serving the tag, its replica promoted; "
+        "the old primary back HOLD s later",
+        (cluster_primary_kill9,),
+        expect_events=("range_abandoned",),
+        topology="cluster",
+        tolerated=frozenset({"503 unavailable"}),
+        failure_budget=5.0,
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
+    ),
+    Scenario(
+        "cluster-failover",
+        "Redis Cluster 3+3: CLUSTER FAILOVER of the tag's shard (a planned switch)",
+        (cluster_failover,),
+        expect_events=("range_abandoned",),
+        topology="cluster",
+        tolerated=frozenset({"503 unavailable"}),
+        failure_budget=5.0,
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
+    ),
+    Scenario(
+        "cluster-shard-empty",
+        "Redis Cluster 3+3: the tag's whole shard (primary and replica) kill -9, down "
+        "HOLD s, restarted empty",
+        (cluster_shard_restart_empty,),
+        expect_events=("store_down",),
+        topology="cluster",
+        tolerated=frozenset({"503 unavailable"}),
+        failure_budget=5.0,
+        env=(("IDPOOL_REDIS_MARK_REPLICAS", "1"),),
     ),
     Scenario(
         "mixed",

@@ -90,6 +90,7 @@ def run_scenario(
         scenario.redis_mode,
         args.nodes,
         sentinel=scenario.topology == "sentinel",
+        redis_cluster=scenario.topology == "cluster",
         database="faults_" + scenario.name.replace("-", "_"),
         env_overrides=dict(scenario.env),
         idle_tags=args.idle_tags,
@@ -158,12 +159,14 @@ def run_scenario(
 
 
 def read_pool(cluster: Cluster) -> tuple[list[tuple[int, int]], bool]:
-    """The tag's list, and whether this Redis incarnation was cleaned (its lists count)."""
+    """The tag's list, and whether the server holding it cleaned it in its current
+    incarnation (only then do its ranges count)."""
     client = cluster.redis_client()
     run_id = client.info("server")["run_id"]
     replid = client.info("replication")["master_replid"]
-    clean = bool(client.exists(f"idpool:clean:{run_id}:{replid}"))
-    texts = client.lrange(f"idpool:pool:{cluster.tag}", 0, -1)
+    marker = client.get(f"idpool:{{{cluster.tag}}}:clean")
+    clean = (marker.decode() if isinstance(marker, bytes) else marker) == f"{run_id}:{replid}"
+    texts = client.lrange(f"idpool:{{{cluster.tag}}}:pool", 0, -1)
     ranges = [r for t in texts for r in parse_ranges(t.decode() if isinstance(t, bytes) else t)]
     return ranges, clean
 

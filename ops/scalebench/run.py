@@ -45,6 +45,7 @@ class Plan:
     lowrate_nodes: int
     lowrate_step: int
     json: Path | None
+    redis_cluster: bool = False
 
     def command(self) -> str:
         """Every choice spelled out, so the line reproduces this run whatever the defaults."""
@@ -73,6 +74,8 @@ class Plan:
                 f"--lowrate-step={self.lowrate_step}",
             ]
         args += [f"--fill-limit={self.fill_limit:g}"]
+        if self.redis_cluster:
+            args += ["--redis-cluster"]
         return "ops/scale " + shlex.join(args)
 
 
@@ -121,6 +124,11 @@ def parse(argv: Sequence[str] | None) -> Plan:
     p.add_argument("--lowrate-nodes", type=int, default=2, help="lowrate: nodes")
     p.add_argument("--lowrate-step", type=int, default=1000, help="lowrate: the tag's step")
     p.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    p.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="idle: the pool on a Redis Cluster of 3 primaries + 3 replicas (ops/redis_cluster.py)",
+    )
     a = p.parse_args(argv)
     if a.busy_rounds < 1 or a.lowrate_nodes < 1 or a.busy_idle_tags < 10:
         p.error("--busy-rounds and --lowrate-nodes at least 1, --busy-idle-tags at least 10")
@@ -145,6 +153,7 @@ def parse(argv: Sequence[str] | None) -> Plan:
         lowrate_nodes=a.lowrate_nodes,
         lowrate_step=a.lowrate_step,
         json=a.json,
+        redis_cluster=a.redis_cluster,
     )
 
 
@@ -235,6 +244,7 @@ def _idle_row(plan: Plan, workdir: Path, tags: int, nodes: int) -> dict[str, Any
             settle=plan.settle,
             fill_limit=plan.fill_limit,
             depth=plan.depth,
+            redis_cluster=plan.redis_cluster,
         )
     except Exception as e:
         print(f"   FAILED: {e!r}", flush=True)
@@ -258,11 +268,13 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
     if "idle" in r:
         lines += [
             "",
-            f"idle: private Redis, fresh database, tags of step {scenarios.IDLE_STEP}; "
+            "idle: "
+            + ("Redis Cluster 3+3" if plan.redis_cluster else "private Redis")
+            + f", fresh database, tags of step {scenarios.IDLE_STEP}; "
             f"{plan.window:g} s window after the lists filled (+{plan.settle:g} s)",
-            "| tags | nodes | node CPU at idle | Redis commands/s at idle | "
-            "seconds to fill every list | Redis CPU | load avg |",
-            "|---|---|---|---|---|---|---|",
+            "| tags | nodes | node CPU at idle | per node | "
+            "Redis commands/s at idle | seconds to fill every list | Redis CPU | load avg |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for row in r["idle"]:
             if "error" in row:
@@ -276,6 +288,7 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
             )
             lines.append(
                 f"| {row['tags']:,} | {row['nodes']} | {_pct(row['node_cpu_pct'])} | "
+                f"{_pct(row['node_cpu_pct_per_node'])} | "
                 f"{row['redis_cmds_per_s']:,.0f} | {fill} | {_pct(row['redis_cpu_pct'])} | "
                 f"{row['load_avg_1m_before']} |"
             )

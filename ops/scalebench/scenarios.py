@@ -39,13 +39,15 @@ def idle(
     settle: float,
     fill_limit: float,
     depth: int,
+    redis_cluster: bool = False,
 ) -> dict[str, Any]:
     """T tags, N nodes, nothing requested: time to fill every list, then CPU and
-    Redis traffic over ``window`` seconds."""
+    Redis traffic over ``window`` seconds (on a Redis Cluster 3+3 if asked)."""
     specs = _idle_tags(tags)
     names = [t.name for t in specs]
-    print(f"== idle: {tags} tags, {nodes} node(s)", flush=True)
-    with World(workdir, f"idle-{tags}x{nodes}") as world:
+    where = " on a Redis Cluster of 3 primaries" if redis_cluster else ""
+    print(f"== idle: {tags} tags, {nodes} node(s){where}", flush=True)
+    with World(workdir, f"idle-{tags}x{nodes}", redis_cluster=redis_cluster) as world:
         world.add_tags(specs)
         world.start_nodes(nodes)
         fill_s = world.wait_filled(names, depth, fill_limit)
@@ -82,6 +84,8 @@ def idle(
         "fill_limit_s": fill_limit,
         "short_lists_after_window": short,
         "node_cpu_pct": round(cpu_percent(cpu0, cpu1, seconds), 1),
+        "node_cpu_pct_per_node": round(cpu_percent(cpu0, cpu1, seconds) / nodes, 1),
+        "redis_cluster": redis_cluster,
         # minus the INFO call that closes the window
         "redis_cmds_per_s": round((cmds1 - cmds0 - 1) / seconds, 1),
         "redis_cpu_pct": round(100 * (rcpu1 - rcpu0) / seconds, 1),
@@ -92,7 +96,8 @@ def idle(
     }
     top = ", ".join(f"{k} {v:g}" for k, v in list(row["redis_calls_per_s"].items())[:8])
     print(
-        f"   node CPU {row['node_cpu_pct']}%  Redis {row['redis_cmds_per_s']} cmd/s "
+        f"   node CPU {row['node_cpu_pct']}% ({row['node_cpu_pct_per_node']}% per node)  "
+        f"Redis {row['redis_cmds_per_s']} cmd/s "
         f"(Redis CPU {row['redis_cpu_pct']}%)  load {row['load_avg_1m_before']}\n"
         f"   Redis calls/s by command: {top or '-'}",
         flush=True,

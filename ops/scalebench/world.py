@@ -24,7 +24,7 @@ from typing import Any
 import pymysql
 import redis
 
-from ops.toolkit import NodeProcess, RedisServer, env_with, wait_ready
+from ops.toolkit import LocalCluster, NodeProcess, RedisServer, env_with, wait_ready
 
 MYSQL_HOST, MYSQL_PORT, MYSQL_USER = "127.0.0.1", 3306, "root"
 TABLE = "idpool_tags"
@@ -33,11 +33,11 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pool_key(tag: str) -> str:
-    return f"{PREFIX}:pool:{tag}"
+    return f"{PREFIX}:{{{tag}}}:pool"
 
 
 def stats_key(tag: str) -> str:
-    return f"{PREFIX}:stats:{tag}"
+    return f"{PREFIX}:{{{tag}}}:stats"
 
 
 def database_name() -> str:
@@ -75,14 +75,23 @@ class TagSpec:
 class World:
     """Private Redis + fresh database + nodes, for one scenario (or one round of it)."""
 
-    def __init__(self, workdir: Path, label: str, node_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        label: str,
+        node_env: dict[str, str] | None = None,
+        redis_cluster: bool = False,
+    ) -> None:
         self.dir = workdir / label
         self.dir.mkdir(parents=True, exist_ok=True)
         self.database = database_name()
         self.redis_server: RedisServer | None = None
+        self.cluster: LocalCluster | None = None  # a Redis Cluster 3+3 instead of one Redis
+        self.use_cluster = redis_cluster
+        self._servers: list[redis.Redis] = []
         self.nodes: list[NodeProcess] = []
         self.extra_env = node_env or {}
-        self._redis: redis.Redis | None = None
+        self._redis: Any = None
         self.started_at = 0.0  # monotonic time the first node was started
         # close() and a restart in another thread: no node may start once closing began
         self._lock = threading.Lock()
@@ -92,9 +101,12 @@ class World:
 
     def __enter__(self) -> World:
         try:
-            self.redis_server = RedisServer(
-                self.dir / "redis", "--save", "", "--appendonly", "no"
-            ).start()
+            if self.use_cluster:
+                self.cluster = LocalCluster(self.dir / "redis").start()
+            else:
+                self.redis_server = RedisServer(
+                    self.dir / "redis", "--save", "", "--appendonly", "no"
+                ).start()
             conn = mysql()
             try:
                 with conn.cursor() as cur:
@@ -135,6 +147,12 @@ class World:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.stop()
             server.kill9()
+        for client in self._servers:
+            client.close()
+        self._servers = []
+        if self.cluster is not None:
+            cluster, self.cluster = self.cluster, None
+            cluster.stop()
         with contextlib.suppress(pymysql.err.MySQLError):
             conn = mysql()
             try:
@@ -147,17 +165,32 @@ class World:
 
     @property
     def redis_url(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.url
         assert self.redis_server is not None
         return self.redis_server.url
+
+    def servers(self) -> list[redis.Redis]:
+        """A client of each primary (the one Redis, or every shard's primary)."""
+        if self.cluster is None:
+            return [self.redis]
+        if not self._servers:  # the primaries do not change in a measurement
+            self._servers = [n.client() for n in self.cluster.shard_primaries()]
+        return self._servers
 
     @property
     def mysql_url(self) -> str:
         return f"mysql://{MYSQL_USER}@{MYSQL_HOST}:{MYSQL_PORT}/{self.database}"
 
     @property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> Any:
+        """A client of the pool: a ``redis.Redis``, or a ``RedisCluster`` (same calls)."""
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=10)
+            if self.cluster is not None:
+                port = self.cluster.nodes[0].port
+                self._redis = redis.RedisCluster(host="127.0.0.1", port=port, socket_timeout=10)
+            else:
+                self._redis = redis.Redis.from_url(self.redis_url, socket_timeout=10)
         return self._redis
 
     def _create_table(self) -> None:
@@ -213,20 +246,27 @@ class World:
         return {"max_id": int(row[0]), "start_id": int(row[1]), "step": int(row[2])}
 
     def commands_processed(self) -> int:
-        return int(self.redis.info("stats")["total_commands_processed"])
+        """Commands so far, summed over the primaries."""
+        return sum(int(c.info("stats")["total_commands_processed"]) for c in self.servers())
 
     def command_calls(self) -> dict[str, int]:
-        """Calls so far by command (``INFO commandstats``; commands run by scripts included)."""
-        stats = self.redis.info("commandstats")
-        return {
-            name.removeprefix("cmdstat_"): int(value["calls"])
-            for name, value in stats.items()
-            if isinstance(value, dict) and "calls" in value
-        }
+        """Calls so far by command (``INFO commandstats``; commands run by scripts
+        included), summed over the primaries."""
+        calls: dict[str, int] = {}
+        for client in self.servers():
+            for name, value in client.info("commandstats").items():
+                if isinstance(value, dict) and "calls" in value:
+                    key = name.removeprefix("cmdstat_")
+                    calls[key] = calls.get(key, 0) + int(value["calls"])
+        return calls
 
     def redis_cpu_seconds(self) -> float:
-        info = self.redis.info("cpu")
-        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        """CPU seconds so far, summed over the primaries."""
+        total = 0.0
+        for client in self.servers():
+            info = client.info("cpu")
+            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        return total
 
     def short_lists(self, tags: list[str], depth: int) -> int:
         """How many of the tags' pool lists hold fewer than ``depth`` ranges."""

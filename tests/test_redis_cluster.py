@@ -1,0 +1,416 @@
+"""idpool on a real Redis Cluster: 3 primaries and 3 replicas this module starts
+on free ports (ops/redis_cluster.py), once for all its tests, and stops by PID.
+
+The faults: a primary killed with -9 under load, a replica promoted by
+``CLUSTER FAILOVER``, a whole shard (primary and replica) restarted empty.
+Every ID handed out is checked for duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from idpool.pool.claims import LedgerClaims
+from idpool.pool.errors import IdPoolError, LeaseRefused, StoreUnavailable
+from idpool.pool.keys import Keys, route_of
+from idpool.pool.lease_store import LeaseStore, new_lease
+from idpool.pool.ledger import Ledger
+from idpool.pool.preloader import Preloader
+from idpool.pool.ranges import IdRange
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.pool.values import PopResult
+from idpool.pool.waste import Reason
+from idpool.service.node import Node
+from idpool.service.source import RangeSource
+from ops.toolkit import LocalCluster, free_port
+
+from .conftest import new_name
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(Path(tmp_path_factory.mktemp("cluster")))
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def cs(settings: Settings, cluster: LocalCluster) -> Iterator[Settings]:
+    """Settings on the cluster; every key of the test's prefix is removed after."""
+    yield settings.with_changes(redis_url=cluster.url, store_timeout=1.0)
+    for node in cluster.shard_primaries():
+        with node.client() as c:
+            for key in c.scan_iter(f"{settings.redis_prefix}:*"):
+                c.delete(key)
+
+
+def tags_over_shards(cluster: LocalCluster, per_shard: int, prefix: str) -> list[str]:
+    """``per_shard`` new tag names on each primary."""
+    by_port: dict[int, list[str]] = {n.port: [] for n in cluster.shard_primaries()}
+    while any(len(v) < per_shard for v in by_port.values()):
+        tag = new_name(prefix)
+        found = by_port[cluster.primary_of(Keys().pool(tag)).port]
+        if len(found) < per_shard:
+            found.append(tag)
+    return [t for v in by_port.values() for t in v]
+
+
+def R(text: str) -> IdRange:
+    return IdRange.from_text(text)
+
+
+def test_a_tags_keys_share_one_slot() -> None:
+    keys = Keys("idpool")
+    tag = "orders"
+    slots = {key_slot(k.encode()) for k in (keys.pool(tag), keys.clean(tag), keys.hwm(tag))}
+    slots.add(key_slot(keys.stats(tag).encode()))
+    slots.add(key_slot(keys.lease_route(route_of(tag)).encode()))
+    slots.add(key_slot(keys.leased(route_of(tag), "run:repl", "x").encode()))
+    assert slots == {key_slot(b"orders")}
+    assert keys.pool(tag) == "idpool:{orders}:pool"
+
+
+async def test_the_cluster_client_runs_every_command_at_most_once(cs: Settings) -> None:
+    pool = RedisPool.from_settings(cs)
+    try:
+        await pool.check()
+        assert pool.clustered and pool.legacy is None
+        assert pool.client.retry.get_retries() == 0  # type: ignore[union-attr]
+        node = pool.client.get_default_node()  # type: ignore[union-attr]
+        conn = node.acquire_connection()
+        try:
+            assert conn.retry.get_retries() == 0  # each node's connections: no retry either
+        finally:
+            node.release(conn)
+    finally:
+        await pool.close()
+
+
+async def test_a_seed_that_is_down_or_not_a_cluster_is_a_clear_error(cs: Settings) -> None:
+    for url, says in [
+        (f"redis+cluster://127.0.0.1:{free_port()}", "cannot be connected"),
+        ("redis+cluster://127.0.0.1:6379", "Cluster mode is not enabled"),
+    ]:
+        pool = RedisPool.from_settings(cs.with_changes(redis_url=url))
+        try:
+            with pytest.raises(StoreUnavailable) as e:
+                await pool.check()
+            assert "IDPOOL_REDIS_URL" in str(e.value) and says in str(e.value)
+            assert "\n" not in str(e.value)
+        finally:
+            await pool.close()
+
+
+async def test_pool_scripts_leases_and_marks_on_every_shard(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    pool = RedisPool.from_settings(cs.with_changes(redis_mark_replicas=1))
+    store = LeaseStore(pool.client, pool.keys, 60, pool.send, pool.legacy)
+    try:
+        for tag in tags_over_shards(cluster, 1, "pc"):
+            await pool.push(tag, [R("1-10"), R("11-20")], head=False)
+            assert (await pool.pop(tag)).ranges == [R("1-10")]
+            # the raise is acknowledged by the shard's replica (WAIT on its connection)
+            assert await pool.raise_high_water(tag, 100) == 100
+            replica = cluster.replicas_of(cluster.primary_of(pool.keys.hwm(tag)))[0]
+            with replica.client() as c:
+                c.execute_command("READONLY")
+                assert c.get(pool.keys.hwm(tag)) == "100"
+            lease_id, secret = new_lease(tag)
+            # the lease holds 21-25; its rest goes back to the head in the same script
+            await store.record(tag, [(lease_id, secret, R("21-25"))], [R("26-30")])
+            assert await pool.ranges(tag) == [R("26-30"), R("11-20")]
+            with pytest.raises(LeaseRefused) as refused:
+                await store.give_back(lease_id, "not-" + secret, 23)
+            assert refused.value.code == "wrong_secret"
+            returned = await store.give_back(lease_id, secret, 23)  # names only the lease
+            assert returned.tag == tag and returned.tail == R("23-25")
+            with pytest.raises(LeaseRefused) as refused:
+                await store.give_back(lease_id, secret, 23, tag)
+            assert refused.value.code == "already_returned"
+            assert await pool.take_all(tag) == [R("23-25"), R("26-30"), R("11-20")]
+        assert len(await pool.take_moved()) == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_preloaders_push_lands_only_while_it_holds_the_lease(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    """The lease is in another slot than the tag's list: asked right before the push."""
+    pool = RedisPool.from_settings(cs)
+    try:
+        for tag in tags_over_shards(cluster, 1, "pl"):
+            assert (await pool.push(tag, [R("1-10")], head=False, leader="a")).lease_lost
+            assert await pool.lead("a", 10)
+            assert not (await pool.push(tag, [R("11-20")], head=False, leader="a")).lease_lost
+            assert (await pool.push(tag, [R("21-30")], head=False, leader="b")).lease_lost
+            assert not (await pool.push(tag, [R("5-10")], head=True)).lease_lost  # a node's
+            assert await pool.ranges(tag) == [R("5-10"), R("11-20")]
+            await pool.resign("a")
+    finally:
+        await pool.close()
+
+
+async def test_a_failover_fences_the_tags_of_that_shard_only(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    pool = RedisPool.from_settings(cs)
+    try:
+        tags = tags_over_shards(cluster, 2, "fo")
+        for tag in tags:
+            await pool.push(tag, [R("1-10"), R("11-20")], head=False)
+        primary = cluster.primary_of(pool.keys.pool(tags[0]))
+        on_shard = [t for t in tags if cluster.primary_of(pool.keys.pool(t)) is primary]
+        await asyncio.to_thread(cluster.failover, cluster.replicas_of(primary)[0])
+        for tag in tags:
+            popped = await _pop_after_failover(pool, tag)
+            if tag in on_shard:  # a new incarnation of that shard: dropped, unread
+                assert popped.ranges == []
+                assert popped.dropped == [(tag, R("1-10")), (tag, R("11-20"))]
+            else:
+                assert popped.ranges == [R("1-10")] and popped.dropped == []
+        assert len(on_shard) == 2
+    finally:
+        await pool.close()
+
+
+async def _pop_after_failover(pool: RedisPool, tag: str) -> PopResult:
+    for _ in range(50):
+        try:
+            return await pool.pop(tag)
+        except StoreUnavailable:
+            await asyncio.sleep(0.1)  # a connection to the demoted primary fails once
+    raise AssertionError("no pop succeeded after the failover")
+
+
+@dataclass
+class Rig:
+    """Two in-process nodes and a preloader on the cluster, and consumers that
+    record every ID they get."""
+
+    settings: Settings
+    tags: list[str]
+    nodes: list[Node] = field(default_factory=list)
+    pools: list[RedisPool] = field(default_factory=list)
+    ledger: Ledger | None = None
+    preloader: Preloader | None = None
+    ids: list[tuple[str, int]] = field(default_factory=list)  # (tag, ID): unique per tag
+    served_at: dict[str, list[float]] = field(default_factory=dict)
+    failures: Counter[str] = field(default_factory=Counter)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    errors: list[str] = field(default_factory=list)
+    raised_at: dict[str, list[float]] = field(default_factory=dict)  # marks raised: claims
+
+    async def start(self) -> None:
+        self.ledger = await Ledger.connect(self.settings)
+        for tag in self.tags:
+            await self.ledger.add_tag(tag, step=50, start=1)
+        for _ in range(2):
+            pool = RedisPool.from_settings(self.settings)
+            self.pools.append(pool)
+            pool.raise_high_water = self._timed(pool.raise_high_water)  # type: ignore[method-assign]
+            source = RangeSource(LedgerClaims(self.ledger, pool), pool)
+            self.nodes.append(Node(source, prefetch_at=0.5, reserve_seconds=0.0))
+        self.preloader = Preloader(self.settings, self.ledger, self.pools[0])
+        self.preloader.start()
+
+    def _timed(self, raise_mark: Any) -> Any:
+        async def timed(tag: str, value: int) -> int:
+            mark = int(await raise_mark(tag, value))
+            self.raised_at.setdefault(tag, []).append(time.monotonic())
+            return mark
+
+        return timed
+
+    async def consume(self, n: int) -> None:
+        rng = random.Random(n)
+        while not self.stop.is_set():
+            tag = rng.choice(self.tags)
+            node = self.nodes[n % len(self.nodes)]
+            try:
+                got = await node.next_ids(tag, rng.choice((1, 7, 30)))
+            except IdPoolError as e:
+                self.failures[type(e).__name__] += 1
+                self.errors.append(f"{tag} {e}")
+                await asyncio.sleep(0.02)
+                continue
+            self.ids.extend((tag, i) for i in got)
+            self.served_at.setdefault(tag, []).append(time.monotonic())
+            await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        if self.preloader is not None:
+            await self.preloader.close()
+        for node in self.nodes:
+            await node.shutdown()
+            await node.source.close()
+        for pool in self.pools:
+            await pool.close()
+        if self.ledger is not None:
+            await self.ledger.close()
+
+    def assert_no_duplicate(self) -> None:
+        seen = Counter(self.ids)
+        repeated = [i for i, k in seen.items() if k > 1]
+        assert not repeated, f"{len(repeated)} IDs handed out twice, e.g. {repeated[:5]}"
+
+
+@pytest.fixture
+async def rig(cs: Settings, cluster: LocalCluster) -> AsyncIterator[Rig]:
+    settings = cs.with_changes(redis_mark_replicas=1, preload_interval=0.2)
+    r = Rig(settings, tags_over_shards(cluster, 4, "cv"))
+    await r.start()
+    try:
+        yield r
+    finally:
+        await r.close()
+
+
+async def _run(rig: Rig, seconds: float, fault: object = None) -> None:
+    consumers = [asyncio.ensure_future(rig.consume(i)) for i in range(16)]
+    try:
+        await asyncio.sleep(seconds)
+        if fault is not None:
+            await fault  # type: ignore[misc]
+    finally:
+        rig.stop.set()
+        await asyncio.gather(*consumers)
+
+
+async def test_conservation_many_consumers_many_tags(rig: Rig) -> None:
+    await _run(rig, 4.0)
+    rig.assert_no_duplicate()
+    assert len(rig.ids) > 5_000 and set(rig.served_at) == set(rig.tags)
+
+
+async def test_a_primary_killed_under_load_repeats_nothing(rig: Rig, cluster: LocalCluster) -> None:
+    keys = rig.pools[0].keys
+    victim = cluster.primary_of(keys.pool(rig.tags[0]))
+    replica = cluster.replicas_of(victim)[0]
+    on_victim = [t for t in rig.tags if cluster.primary_of(keys.pool(t)).port == victim.port]
+
+    async def kill_and_promote() -> None:
+        await asyncio.to_thread(victim.kill9)
+        killed = time.monotonic()
+        await asyncio.to_thread(cluster.wait_promoted, replica, 30.0)
+        promoted = time.monotonic()
+        await asyncio.sleep(6.0)  # load goes on after the promotion
+        # every tag of the failed shard was served again, within 5 s of the promotion
+        for tag in on_victim:
+            after = [t for t in rig.served_at[tag] if t > promoted]
+            assert after, f"{tag} not served after the promotion"
+        # and the other shards' tags were claimed while the shard was down
+        others = [t for t in rig.tags if t not in on_victim]
+        assert any(killed < t < promoted for tag in others for t in rig.raised_at.get(tag, []))
+        # the claims of the failed shard's tags resumed within 5 s of the promotion
+        for tag in on_victim:
+            claimed = [t for t in rig.raised_at.get(tag, []) if t > promoted]
+            assert claimed, f"no claim of {tag} after the promotion"
+            resumed.append(min(claimed) - promoted)
+
+    resumed: list[float] = []
+    try:
+        await _run(rig, 2.0, kill_and_promote())
+    finally:
+        await asyncio.to_thread(cluster.restart, victim)  # back as a replica
+        await asyncio.to_thread(cluster.wait_ok, 30.0)
+    rig.assert_no_duplicate()
+    assert max(resumed) < 5.0, resumed
+
+
+async def test_a_replica_promoted_by_cluster_failover_repeats_nothing(
+    rig: Rig, cluster: LocalCluster
+) -> None:
+    keys = rig.pools[0].keys
+    primary = cluster.primary_of(keys.pool(rig.tags[-1]))
+
+    async def failover() -> None:
+        await asyncio.to_thread(cluster.failover, cluster.replicas_of(primary)[0])
+        await asyncio.sleep(3.0)
+
+    await _run(rig, 2.0, failover())
+    rig.assert_no_duplicate()
+    assert rig.preloader is not None
+    why = Reason.REDIS_NEW_INCARNATION
+    recorders = [rig.preloader.waste, *(node.waste for node in rig.nodes)]
+    dropped = sum(n for w in recorders for (_, reason), n in w.totals().items() if reason == why)
+    assert dropped > 0  # the promoted replica's lists were dropped, not served
+
+
+async def test_a_whole_shard_restarted_empty_repeats_nothing(
+    rig: Rig, cluster: LocalCluster, cs: Settings
+) -> None:
+    keys = rig.pools[0].keys
+    primary = cluster.primary_of(keys.pool(rig.tags[0]))
+    shard = [primary, *cluster.replicas_of(primary)]
+
+    async def restart_shard() -> None:
+        for node in shard:
+            await asyncio.to_thread(node.kill9)
+        await asyncio.sleep(2.5)  # the cluster marks the shard failed
+        # a node starting now is refused, naming the variable
+        fresh = RedisPool.from_settings(cs)
+        try:
+            with pytest.raises(StoreUnavailable) as e:
+                await fresh.check()
+            assert "IDPOOL_REDIS_URL" in str(e.value)
+        finally:
+            await fresh.close()
+        for node in shard:
+            await asyncio.to_thread(cluster.restart, node)
+        await asyncio.to_thread(cluster.wait_ok, 30.0)
+        back.append(time.monotonic())
+        await asyncio.sleep(6.0)
+
+    back: list[float] = []
+    await _run(rig, 2.0, restart_shard())
+    rig.assert_no_duplicate()
+    for tag in rig.tags:  # every tag is served again, within 5 s of the shard's return
+        after = [t for t in rig.served_at[tag] if t > back[0]]
+        assert after and min(after) - back[0] < 5.0, (tag, rig.errors[-3:])
+
+
+async def test_a_mark_waits_for_the_replica_of_its_own_shard(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    # WAIT counts the writes of the connection it is sent on: sent anywhere else it
+    # answers at once, and a raise the replica lacks would count.
+    pool = RedisPool.from_settings(cs.with_changes(redis_mark_replicas=1))
+    try:
+        await pool.check()
+        # a tag away from the node redis-py sends keyless commands (WAIT) to
+        default = pool.client.get_default_node().port  # type: ignore[union-attr]
+        tag = next(
+            t
+            for t in tags_over_shards(cluster, 1, "mw")
+            if cluster.primary_of(pool.keys.hwm(t)).port != default
+        )
+        assert await pool.raise_high_water(tag, 100) == 100
+        replica = cluster.replicas_of(cluster.primary_of(pool.keys.hwm(tag)))[0]
+        replica.pause()  # online for the primary still, but acknowledges nothing
+        try:
+            with pytest.raises(StoreUnavailable) as e:
+                await pool.raise_high_water(tag, 200)
+            assert "IDPOOL_REDIS_MARK_REPLICAS" in str(e.value)
+        finally:
+            replica.resume()
+        await asyncio.to_thread(cluster.wait_ok, 30.0)
+        assert await pool.raise_high_water(tag, 300) == 300
+    finally:
+        await pool.close()
