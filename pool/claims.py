@@ -164,6 +164,7 @@ async def create_tag(
     description: str = "",
     end_id: int = MAX_ID,
     kind: str = "segment",
+    layout: str = "",
     options: str = "",
     secret: str = "",
 ) -> TagRow:
@@ -188,6 +189,7 @@ async def create_tag(
         floor=floor,
         end_id=end_id,
         kind=kind,
+        layout=layout,
         options=options,
         secret=secret,
     )

@@ -80,6 +80,16 @@ tick's work, never an ID):
     read by the push script on a single Redis; on a cluster (another slot than
     the tag's keys) by a GET right before the push.
 
+``idpool:{orders}:workers``  HASH of a snowflake tag's worker IDs
+    (``pool/worker_store.py``), in the tag's slot like its other keys: ``inc``
+    (the incarnation, ``run_id:master_replid``, of the server its holders were
+    granted on: the per-tag check ``:clean`` makes for the list), ``q`` and
+    ``f`` (no grant before server ms ``q`` after a new incarnation; the time
+    floor of a worker ID never held since), and
+    ``w:{n}`` = ``"generation expires_ms last_ms holder"`` per worker ID.
+    Written and read only by the worker script (grant, renew, release), on
+    nodes; ``idpool tag list`` reads how many are held.
+
 ``idpool:nodes``  ZSET of node ids scored by the unix time of their last
     heartbeat (ZADD by each node every ``IDPOOL_REPORT_SECONDS``; entries older
     than the heartbeat TTL are dropped by the next heartbeat). Read by
@@ -149,6 +159,9 @@ class Keys:
     @property
     def preloader(self) -> str:
         return f"{self.prefix}:preloader"
+
+    def workers(self, tag: str) -> str:
+        return self._of(tag, "workers")
 
     @property
     def nodes(self) -> str:

@@ -28,7 +28,7 @@ T = TypeVar("T")
 TABLE = "idpool_tags"
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind, options, secret"
+    "kind, layout, options, secret"
 )
 
 SCHEMA = f"""
@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
                              COMMENT 'first ID never handed out: the tag bound (--max) + 1',
     disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
     kind        VARCHAR(16)  NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made',
+    layout      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag',
     options     VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate',
     secret      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown',
     description VARCHAR(255) NOT NULL DEFAULT '',
@@ -83,6 +84,7 @@ _MIGRATIONS = [
     ),
     ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
     ("kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
+    ("layout", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag'"),
     ("options", "VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate'"),
     ("secret", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown'"),
 ]
@@ -114,7 +116,7 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
     tag, max_id, step, start_id, description, updated, min_step, max_step, end, off, kind = values[
         :11
     ]
-    options, secret = values[11:13]
+    layout, options, secret = values[11:14]
     return TagRow(
         tag,
         max_id,
@@ -127,6 +129,7 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
         end,
         bool(off),
         kind,
+        layout,
         options,
         secret,
     )
@@ -265,6 +268,7 @@ class Ledger:
         max_step: int | None = None,
         end_id: int = MAX_ID,
         kind: str = "segment",
+        layout: str = "",
         options: str = "",
         secret: str = "",
     ) -> TagRow:
@@ -296,8 +300,22 @@ class Ledger:
                 await cur.execute(
                     f"INSERT INTO {TABLE} "
                     "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind, "
-                    "options, secret) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (tag, first, step, start, description, lo, hi, end_id, kind, options, secret),
+                    "layout, options, secret) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        tag,
+                        first,
+                        step,
+                        start,
+                        description,
+                        lo,
+                        hi,
+                        end_id,
+                        kind,
+                        layout,
+                        options,
+                        secret,
+                    ),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None

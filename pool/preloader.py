@@ -240,12 +240,16 @@ class Preloader:
         report = RefillReport(tag)
         if row.kind != "segment":
             # Only segment tags are served from the pool: a strict tag's IDs come from
-            # its sequence in Redis (pool/strict.py), claimed by the nodes as needed.
+            # its sequence in Redis (pool/strict.py), claimed by the nodes as needed;
+            # a snowflake tag's are made in memory from a leased worker ID.
             report.skipped = f"kind {row.kind}"
             return report
         if row.disabled or not row.left:
             # Nothing to claim (the ledger refuses it anyway): no warning every tick.
+            # A snowflake tag's max_id counts worker-ID grants: it has no pool list.
             report.skipped = "disabled" if row.disabled else "exhausted"
+            if row.kind != "segment":
+                report.skipped = f"kind {row.kind}"
             return report
         if tag in self._refilling:
             report.skipped = "being refilled"

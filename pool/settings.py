@@ -156,6 +156,13 @@ class Settings:
     # IDPOOL_CLIENT_MAX_COUNT: most IDs one lease call hands out (the client's wish is
     # clamped to it); at 1M IDs/s the default lasts a client 10 s
     client_max_count: int = 10_000_000
+    # IDPOOL_WORKER_LEASE_SECONDS: a snowflake worker ID's lease (renewed every
+    # quarter of it); also the quarantine after a new Redis incarnation. Its holder
+    # stops issuing IDPOOL_WORKER_MARGIN_SECONDS before the lease can expire, by its
+    # own monotonic clock (the margin covers clock rate drift and wall-clock skew
+    # between machines; docs/design.md, "Snowflake tags")
+    worker_lease_seconds: float = 10.0
+    worker_margin_seconds: float = 2.0
     # IDPOOL_MAX_BODY_BYTES: largest request body a node reads (admin calls, lease
     # returns: a few hundred bytes); a larger one is refused with 413 unread
     max_body_bytes: int = 65_536
@@ -205,6 +212,11 @@ class Settings:
             (self.redis_prefix.isidentifier(), "IDPOOL_REDIS_PREFIX must be a plain word"),
             (self.client_lease_seconds >= 1, "IDPOOL_CLIENT_LEASE_SECONDS must be at least 1"),
             (self.client_max_count >= 1, "IDPOOL_CLIENT_MAX_COUNT must be at least 1"),
+            (
+                0 < 2 * self.worker_margin_seconds < self.worker_lease_seconds,
+                "IDPOOL_WORKER_MARGIN_SECONDS must be positive and under half of "
+                "IDPOOL_WORKER_LEASE_SECONDS",
+            ),
             (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
             (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
         ]

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS idpool_tags (
     end_id      INTEGER NOT NULL DEFAULT 9223372036854775807,  -- the bound (--max) + 1
     disabled    INTEGER NOT NULL DEFAULT 0,  -- 1: no claim until enabled
     kind        TEXT    NOT NULL DEFAULT 'segment',  -- how its IDs are made
+    layout      TEXT    NOT NULL DEFAULT '',  -- bit layout of a snowflake tag
     options     TEXT    NOT NULL DEFAULT '',  -- JSON: format, reset, obfuscate
     secret      TEXT    NOT NULL DEFAULT '',  -- obfuscation key (hex); never shown
     description TEXT    NOT NULL DEFAULT '',
@@ -99,6 +100,7 @@ MIGRATIONS = [
     ("end_id", "INTEGER NOT NULL DEFAULT 9223372036854775807"),
     ("disabled", "INTEGER NOT NULL DEFAULT 0"),
     ("kind", "TEXT NOT NULL DEFAULT 'segment'"),
+    ("layout", "TEXT NOT NULL DEFAULT ''"),
     ("options", "TEXT NOT NULL DEFAULT ''"),
     ("secret", "TEXT NOT NULL DEFAULT ''"),
 ]

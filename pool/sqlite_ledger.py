@@ -24,7 +24,7 @@ from .values import TagRow, check_bound, cut, period_rows_between, step_bounds
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
-    "kind, options, secret"
+    "kind, layout, options, secret"
 )
 
 
@@ -33,7 +33,7 @@ def _row(values: Any) -> TagRow:
         values[:11]
     )
     updated = datetime.fromtimestamp(updated_at, UTC)
-    options, secret = values[11:13]
+    layout, options, secret = values[11:14]
     return TagRow(
         tag,
         max_id,
@@ -46,6 +46,7 @@ def _row(values: Any) -> TagRow:
         end,
         bool(off),
         kind,
+        layout,
         options,
         secret,
     )
@@ -120,6 +121,7 @@ class SqliteLedger:
         max_step: int | None = None,
         end_id: int = MAX_ID,
         kind: str = "segment",
+        layout: str = "",
         options: str = "",
         secret: str = "",
     ) -> TagRow:
@@ -138,8 +140,8 @@ class SqliteLedger:
             try:
                 conn.execute(
                     "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, end_id, kind, options, secret, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "min_step, max_step, end_id, kind, layout, options, secret, created_at, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         tag,
                         first,
@@ -150,6 +152,7 @@ class SqliteLedger:
                         hi,
                         end_id,
                         kind,
+                        layout,
                         options,
                         secret,
                         now,

@@ -41,6 +41,7 @@ class LedgerStore(Protocol):
         max_step: int | None = None,
         end_id: int = ...,
         kind: str = ...,
+        layout: str = ...,
         options: str = ...,
         secret: str = ...,
     ) -> TagRow: ...

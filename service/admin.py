@@ -25,10 +25,11 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
-from .decode import decode
+from .decode import decode, snowflake_fields
 from .errors import HttpRefusal, error, json_response
 from .formats import describe, split_periods
 from .runtime import Runtime
+from .snowflake import check_removable
 from .tag_fields import check_int, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
@@ -49,6 +50,7 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
         "ids_left": row.left,
         "disabled": row.disabled,
         "description": row.description,
+        **snowflake_fields(row),
         "format": describe(row),  # null for a plain tag; never the obfuscation key
     }
 
@@ -148,6 +150,7 @@ async def decode_id(request: Request) -> Response:
 async def remove(request: Request) -> Response:
     run = _admitted(request)
     tag = check_tag(request.path_params["tag"])
+    check_removable(await run.ledger.get_tag(tag))  # a tag's kind never changes
     row, drained = await remove_tag(run.ledger, run.pool, tag)
     run.node.waste.record(tag, drained, Reason.TAG_REMOVED)
     await run.node.refresh_tags(tag)  # this node stops at once; others within a reload

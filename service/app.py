@@ -32,7 +32,7 @@ from idpool.pool.ranges import TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
-from . import admin, auth, leases, metrics, status_page
+from . import admin, auth, decode, leases, metrics, status_page, workers
 from .errors import (
     ERROR_HEADER_RAW,
     HttpRefusal,
@@ -256,9 +256,10 @@ class NodeApp(Starlette):
                 return self._formatted(node, tag, formats[tag], query)
             buf = node.buffers.get(tag)  # only valid tags (no "/") have a buffer
             digits = query[6:]  # after b"count="; any other query form goes to the route
+            if buf is None:
+                return _snowflakes(node, tag, query, self.max_count)
             if (
-                buf is None
-                or (guarded and tag in guarded)
+                (guarded and tag in guarded)
                 or not query.startswith(b"count=")
                 or not (digits.isdigit() and len(digits) <= 6)
                 or not 1 <= (count := int(digits)) <= min(self.max_count, buf.in_memory)
@@ -276,7 +277,15 @@ class NodeApp(Starlette):
         if formats and tag in formats:
             return self._formatted(node, tag, formats[tag], None)
         buf = node.buffers.get(tag)  # "/id/a/b" finds none
-        value = None if buf is None else buf.take()
+        if buf is not None:
+            value = buf.take()
+        elif (gen := node.snowflakes.get(tag)) is not None:
+            try:
+                value = gen.take()  # synchronous too: no two requests get the same ID
+            except IdPoolError:
+                return None  # the route answers it (503 naming the cause), and logs it
+        else:
+            return None
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
     def _strict(self, node: Node, path: str, query: bytes) -> tuple[str, str, int] | None:
@@ -368,6 +377,25 @@ class NodeApp(Starlette):
             return None
         ids = node.formatted.take_now(tag, fmt, count)
         return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
+
+
+def _snowflakes(node: Node, tag: str, query: bytes, max_count: int) -> Answer | None:
+    """``/ids`` of a snowflake tag from memory, when it can be made without waiting."""
+    gen = node.snowflakes.get(tag)
+    digits = query[6:]
+    if (
+        gen is None
+        or (node.tags.tokens and tag in node.tags.tokens)
+        or not query.startswith(b"count=")
+        or not (digits.isdigit() and len(digits) <= 6)
+        or not 1 <= (count := int(digits)) <= max_count
+    ):
+        return None
+    try:
+        ids = gen.take_many(count)  # all or none: a partial batch is skipped, never served
+    except IdPoolError:
+        return None
+    return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
 
 
 def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
@@ -499,6 +527,8 @@ ROUTES = [
     Route("/openapi.json", openapi_json),
     *admin.ROUTES,
     *leases.ROUTES,
+    *workers.ROUTES,
+    *decode.ROUTES,
 ]
 
 

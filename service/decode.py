@@ -1,9 +1,15 @@
-"""``idpool tag decode`` and ``GET /admin/tags/{tag}/decode?value=``: an ID back to
-what it was made from, for operators.
+"""What an ID says, by the kind of its tag: ``idpool tag decode TAG ID``,
+``GET /admin/tags/{tag}/decode?value=`` and ``GET /decode/{tag}/{id}``.
 
 One decoder per kind of ID (``DECODERS``), chosen by the tag's ``kind`` column:
 a new kind that can decode its IDs adds a line there, and the command and the
-admin call take it as they are.
+admin call take it as they are. A snowflake ID decodes to its time, worker ID
+and sequence (``pool/snowflake.py``); a segment ID to its sequence number,
+through its format (``service/formats.py``: an obfuscated one too).
+
+The public ``GET /decode/{tag}/{id}`` answers only for kinds in ``PUBLIC``: a
+snowflake layout hides nothing, while decoding an obfuscated ID is what its key
+keeps from anyone but an operator (400 ``not_decodable`` for the others).
 """
 
 from __future__ import annotations
@@ -11,11 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from idpool.pool.errors import InvalidInput
+from idpool.pool.snowflake import Layout
 from idpool.pool.values import TagRow
 
+from .errors import json_response
 from .formats import describe, format_of
 from .kinds import SEGMENT
+from .snowflake import SNOWFLAKE
+from .tag_fields import check_tag
 
 Decoder = Callable[[TagRow, str], dict[str, Any]]
 
@@ -41,13 +55,47 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
     return found
 
 
+def decode_snowflake(row: TagRow, value: str) -> dict[str, Any]:
+    """A snowflake tag's ID: its time, worker ID and sequence."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+        raise InvalidInput("bad_id", f"{value[:40]!r} is not an ID of tag {row.tag!r} (digits)")
+    parts = Layout.from_text(row.layout).decode(int(value))
+    return {"tag": row.tag, "kind": row.kind, "value": value, **parts}
+
+
 # Every kind whose IDs can be decoded: its name -> its decoder.
-DECODERS: dict[str, Decoder] = {SEGMENT: decode_segment}
+DECODERS: dict[str, Decoder] = {SEGMENT: decode_segment, SNOWFLAKE: decode_snowflake}
+# Kinds the node's public GET /decode/{tag}/{id} decodes (their IDs hide nothing)
+PUBLIC = frozenset({SNOWFLAKE})
 
 
 def decode(row: TagRow, value: str) -> dict[str, Any]:
-    """What ``value`` was made from; raises InvalidInput (``bad_value``)."""
+    """What ``value`` was made from; raises InvalidInput (``bad_value``, ``bad_id``)."""
     decoder = DECODERS.get(row.kind)
     if decoder is None:
         raise InvalidInput("bad_value", f"IDs of kind {row.kind!r} cannot be decoded")
     return decoder(row, value)
+
+
+def snowflake_fields(row: TagRow) -> dict[str, Any]:
+    """A snowflake tag's layout, for the admin API and the CLI's list; {} for others."""
+    if row.kind != SNOWFLAKE or not row.layout:
+        return {}
+    layout = Layout.from_text(row.layout)
+    return {"layout": layout.describe(), "bits": layout.bits}
+
+
+async def decode_id(request: Request) -> Response:
+    tag = check_tag(request.path_params["tag"])
+    row = await request.state.run.node.tags.lookup(tag)
+    if row.kind not in PUBLIC:
+        raise InvalidInput(
+            "not_decodable",
+            f"tag {row.tag!r} is a {row.kind} tag: its IDs are decoded only for an operator "
+            f"(`idpool tag decode {row.tag} ID`, GET /admin/tags/{row.tag}/decode?value=ID); "
+            f"here: {', '.join(sorted(PUBLIC))} tags",
+        )
+    return json_response(decode(row, request.path_params["id"]))
+
+
+ROUTES = [Route("/decode/{tag}/{id}", decode_id, methods=["GET"])]

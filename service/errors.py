@@ -32,6 +32,7 @@ from idpool.pool.errors import (
     TagExists,
     UnknownTag,
 )
+from idpool.pool.snowflake import ClockBehind, WorkerLeaseLost
 
 logger = logging.getLogger("idpool.app")
 
@@ -62,7 +63,22 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("bad_step", 400, "step is not an integer in range"),
     ErrorRow("bad_start", 400, "start is not an integer in range"),
     ErrorRow("bad_max", 400, "max is not an integer in range, or below start"),
-    ErrorRow("bad_kind", 400, "kind is not a kind of ID this node knows (segment, strict)"),
+    ErrorRow(
+        "bad_kind", 400, "kind is not a kind of ID this node knows (segment, strict, snowflake)"
+    ),
+    ErrorRow(
+        "bad_layout",
+        400,
+        "a snowflake layout field is out of range, its bits add up past 63, its epoch is "
+        "in the future, or it lasts less than a year",
+    ),
+    ErrorRow("bad_id", 400, "the ID is not an integer of the tag's layout"),
+    ErrorRow(
+        "not_decodable", 400, "GET /decode decodes snowflake IDs only (others: admin decode)"
+    ),
+    ErrorRow(
+        "wrong_kind", 400, "the call is for another kind of tag (e.g. a lease of a snowflake tag)"
+    ),
     ErrorRow("bad_description", 400, "description is not a string of at most 255"),
     ErrorRow(
         "bad_format",
@@ -102,6 +118,7 @@ ERRORS: tuple[ErrorRow, ...] = (
     ),
     ErrorRow("tag_exists", 409, "the tag exists", TagExists),
     ErrorRow("start_below_issued", 409, "a start may only move forward", StartBelowIssued),
+    ErrorRow("worker_lost", 409, "the worker ID's lease is gone: stop making IDs with it"),
     ErrorRow(
         "start_above_max", 409, "a start past the tag's max would leave it no ID", StartAboveMax
     ),
@@ -128,6 +145,19 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("draining", 503, "the node is shutting down; retry on another node", Draining),
     ErrorRow("not_ready", 503, "the node is starting or stopping, or has no IDs and no pool"),
     ErrorRow("leases_unavailable", 503, "leases need Redis; this node runs embedded"),
+    ErrorRow(
+        "worker_unavailable",
+        503,
+        "a snowflake tag has no worker ID here: not granted (Redis down, every worker ID "
+        "held, or the quarantine after a Redis restart), or its lease could not be renewed",
+        WorkerLeaseLost,
+    ),
+    ErrorRow(
+        "clock_behind",
+        503,
+        "this node's clock is behind the last time its snowflake worker ID used",
+        ClockBehind,
+    ),
     ErrorRow(
         "unavailable",
         503,

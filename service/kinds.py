@@ -7,7 +7,8 @@ tag to the object of the tag's kind. A kind implements ``IdKind``. ``segment``:
 ranges from the pool or the ledger, served from the node's double buffers
 (``buffer.py``), answered from memory by NodeApp's fast path. ``strict``
 (``strict_tags.py``): every request takes from one sequence in Redis, so IDs
-increase in real time across every node. A new kind is a module beside this
+increase in real time across every node. ``snowflake`` (``snowflake.py``):
+time-ordered IDs made in memory from a leased worker ID. A new kind is a module beside this
 one with a class implementing ``IdKind``, added to ``KINDS`` below
 (docs/design.md, "Kinds of ID").
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .snowflake import SNOWFLAKE, SnowflakeKind
 from .strict_tags import STRICT, StrictKind
 
 if TYPE_CHECKING:
@@ -44,6 +46,14 @@ class IdKind(Protocol):
     def describe(self, tag: str) -> dict[str, Any] | None:
         """What this node holds for the tag, shown as ``buffer`` in /status.json
         (None: nothing held here)."""
+        ...
+
+    def not_ready(self) -> str | None:
+        """Why this node must not get requests because of this kind, or None."""
+        ...
+
+    async def close(self) -> None:
+        """Give back what the kind holds (a graceful stop); safe twice."""
         ...
 
 
@@ -98,6 +108,16 @@ class SegmentKind:
             "fetching": buf.fetching,
         }
 
+    def not_ready(self) -> str | None:
+        return None  # Node.not_ready decides from the stores and buffers
+
+    async def close(self) -> None:
+        return None  # Node.shutdown drains the buffers
+
 
 # Every kind a tag may have: its name -> how a node makes its object.
-KINDS: dict[str, Callable[[Node], IdKind]] = {SEGMENT: SegmentKind, STRICT: StrictKind}
+KINDS: dict[str, Callable[[Node], IdKind]] = {
+    SEGMENT: SegmentKind,
+    STRICT: StrictKind,
+    SNOWFLAKE: SnowflakeKind,
+}

@@ -62,7 +62,12 @@ async def lease_ranges(run: Runtime, tag: str, count: int) -> list[IdRange]:
     counting it would size the pool for a burst (the client's own prefetch
     follows its use instead).
     """
-    await run.node.tags.lookup(tag)
+    row = await run.node.tags.lookup(tag)
+    if row.kind != "segment":
+        raise InvalidInput(
+            "wrong_kind",
+            f"tag {tag!r} is a {row.kind} tag: lease a worker ID with POST /worker/{tag}",
+        )
     return await run.node.source.fetch(tag, count)
 
 

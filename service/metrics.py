@@ -101,6 +101,38 @@ class _SnapshotCollector:
                     rate.add_metric([tag, "cluster"], t["rate"]["cluster_ids_per_s"])
         yield from (issued, taken, returned, wasted, depth, pool_ids, target, supply, step, rate)
         yield runway
+        yield from self._snowflake_metrics()
+
+    def _snowflake_metrics(self) -> Iterator[Metric]:
+        """Per snowflake tag served here: its worker ID, lease and clock."""
+        worker = GaugeMetricFamily(
+            "idpool_snowflake_worker", "Worker ID this process holds for the tag", labels=["tag"]
+        )
+        lease = GaugeMetricFamily(
+            "idpool_snowflake_lease_seconds",
+            "Seconds until this process stops issuing unless the lease is renewed",
+            labels=["tag"],
+        )
+        behind = GaugeMetricFamily(
+            "idpool_snowflake_clock_behind_ms",
+            "How far the clock is behind the last time used (0: not; above 0: not issuing)",
+            labels=["tag"],
+        )
+        episodes = CounterMetricFamily(
+            "idpool_snowflake_clock_behind_events",
+            "Large steps back of the clock that stopped the tag here",
+            labels=["tag"],
+        )
+        for t in self.snap["tags"]:
+            held = t["buffer"]
+            if not held or held.get("kind") != "snowflake" or held.get("worker") is None:
+                continue
+            tag = t["tag"]
+            worker.add_metric([tag], held["worker"])
+            lease.add_metric([tag], max(0.0, held["lease_left_s"]))
+            behind.add_metric([tag], held["clock_behind_ms"])
+            episodes.add_metric([tag], held["clock_behind_events"])
+        yield from (worker, lease, behind, episodes)
 
     def _node_metrics(self) -> Iterator[Metric]:
         """The node's stores, errors, latencies, requests and version."""

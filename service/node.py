@@ -25,6 +25,7 @@ from idpool.pool.errors import (
     UnknownTag,
 )
 from idpool.pool.ranges import IdRange
+from idpool.pool.snowflake import Generator
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
@@ -56,6 +57,8 @@ class Node:
         tag_reload_seconds: float = 5.0,
         node_id: str = "",
         identity: dict[str, str] | None = None,
+        worker_lease_seconds: float = 10.0,
+        worker_margin_seconds: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -74,6 +77,10 @@ class Node:
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
+        # snowflake tags served here: tag -> its generator (service/snowflake.py)
+        self.snowflakes: dict[str, Generator] = {}
+        self.worker_lease_seconds = worker_lease_seconds
+        self.worker_margin_seconds = worker_margin_seconds
         # one object per kind of ID: how a tag of that kind is served (kinds.py)
         self.kinds: dict[str, IdKind] = {name: make(self) for name, make in KINDS.items()}
         self.formatted = FormattedTags(self)  # tags whose rows carry a format (formats.py)
@@ -97,6 +104,10 @@ class Node:
         """
         if self.draining:
             return "node is draining or shutting down"
+        for kind in self.kinds.values():
+            why = kind.not_ready()
+            if why is not None:
+                return why
         if self.health.is_up(self.health.pool_name):
             return None
         if any(buf.in_memory for buf in self.buffers.values()):
@@ -111,7 +122,7 @@ class Node:
     def served(self) -> set[str]:
         """Every tag served here, of every kind."""
         kept = (k.served() for k in self.kinds.values() if isinstance(k, KeepsTags))
-        return set(self.buffers).union(*kept)
+        return set(self.buffers).union(self.snowflakes, *kept)
 
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, created on first use for a tag the ledger has."""
@@ -239,6 +250,11 @@ class Node:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:
             return  # the copy stands; tried again next time
+        for tag in self.tags.disabled() & set(self.snowflakes):
+            self.snowflakes.pop(tag).lost = "an operator disabled the tag"
+        # A removed tag (idpool tag remove): no generator serves it from memory any more.
+        for tag in set(self.snowflakes) - set(self.tags.rows):
+            self.snowflakes.pop(tag).lost = "an operator removed the tag"
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
         for tag in set(self.buffers) - set(self.tags.rows):
@@ -378,6 +394,8 @@ class Node:
         self.draining = True
         buffers = list(self.buffers.items())
         remainders = await asyncio.gather(*(buf.drain() for _, buf in buffers))
+        for kind in self.kinds.values():
+            await kind.close()  # e.g. snowflake worker IDs, released with their last time
         # Many tags at once: one at a time, 300 tags behind a slow Redis outlasted a
         # 30 s grace period, and what was not pushed by the SIGKILL was waste.
         slots = asyncio.Semaphore(_RETURNS_AT_ONCE)

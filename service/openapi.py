@@ -14,6 +14,7 @@ from typing import Any
 from idpool_client.formats import MAX_TEMPLATE, RESETS
 
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
+from idpool.pool.snowflake import LAYOUT_RANGES, LAYOUTS
 
 from . import metrics
 from .errors import BY_CODE
@@ -50,7 +51,8 @@ _TAG_ROW: Schema = {
         "kind": {
             "type": "string",
             "description": "how its IDs are made: segment (trend-increasing, served from "
-            "memory) or strict (strictly increasing in real time across every node)",
+            "memory), strict (strictly increasing in real time across every node) or "
+            "snowflake (time-ordered, made in memory from a leased worker ID)",
         },
         "max_id": {"type": "integer", "description": "first ID not yet claimed"},
         "step": {"type": "integer", "description": "IDs per range"},
@@ -65,6 +67,12 @@ _TAG_ROW: Schema = {
         "ids_left": {"type": "integer", "description": "IDs not yet claimed below the max"},
         "disabled": {"type": "boolean"},
         "description": {"type": "string"},
+        "layout": {
+            "type": "object",
+            "description": "a snowflake tag's layout (only on snowflake tags); its max_id "
+            "counts worker-ID grants",
+        },
+        "bits": {"type": "integer", "description": "a snowflake tag's ID size in bits"},
         "format": {
             "type": "object",
             "nullable": True,
@@ -134,7 +142,7 @@ _ID_ERRORS = [
     _error("404", "unknown_tag", "not_found"),
     _error("405", "method_not_allowed"),
     _error("410", "tag_disabled"),
-    _error("503", "unavailable", "tag_exhausted", "draining"),
+    _error("503", "unavailable", "tag_exhausted", "draining", "worker_unavailable", "clock_behind"),
 ]
 _ADMIN_ERRORS = [
     _error("401", "unauthorized"),
@@ -306,7 +314,13 @@ def document(max_count: int) -> Schema:
             "description": "Distributed 64-bit IDs: unique across every node, roughly "
             "increasing. Errors are JSON {error, message}.",
         },
-        "paths": {**_id_paths(max_count), **_lease_paths(), **_operator_paths(), **_admin_paths()},
+        "paths": {
+            **_id_paths(max_count),
+            **_lease_paths(),
+            **_snowflake_paths(),
+            **_operator_paths(),
+            **_admin_paths(),
+        },
         "components": _COMPONENTS,
     }
 
@@ -366,7 +380,8 @@ def _lease_paths() -> Schema:
                         "application/json",
                         _LEASES,
                     ),
-                    *_ID_ERRORS[:-1],
+                    _error("400", "bad_tag", "bad_count", "wrong_kind"),
+                    *_ID_ERRORS[1:-1],
                     _error("408", "body_too_slow"),
                     _error("409", "strict_tag"),
                     _error("413", "body_too_large"),
@@ -434,6 +449,82 @@ def _lease_paths() -> Schema:
     }
 
 
+_WORKER: Schema = {
+    "type": "object",
+    "required": ["worker", "generation", "last_ms"],
+    "properties": {
+        "worker": {"type": "integer", "minimum": 0},
+        "generation": {"type": "integer", "minimum": 0},
+        "last_ms": {"type": "integer", "minimum": 0, "description": "last unix ms used"},
+    },
+}
+
+
+def _snowflake_paths() -> Schema:
+    change_errors = [
+        _error("400", "bad_tag", "bad_body", "wrong_kind"),
+        _error("401", "unauthorized"),
+        _error("404", "unknown_tag", "not_found"),
+        _error("405", "method_not_allowed"),
+        _error("409", "worker_lost"),
+        _error("410", "tag_disabled"),
+        _error("503", "unavailable", "draining", "worker_unavailable"),
+    ]
+    grant: Schema = {"type": "object", "required": ["tag", "worker", "generation", "ttl_ms"]}
+    changed: Schema = {"type": "object", "required": ["tag", "worker", "ttl_ms"]}
+    return {
+        "/worker/{tag}": {
+            "post": _op(
+                "Lease a worker ID of a snowflake tag, for a client that makes IDs in-process",
+                [
+                    _ok("the worker ID, its time floor and lease", "application/json", grant),
+                    _error("400", "bad_tag", "wrong_kind"),
+                    *change_errors[1:4],
+                    change_errors[5],
+                    _error("503", "unavailable", "draining", "worker_unavailable"),
+                ],
+                security=_TAG_SECURITY,
+                parameters=[_TAG_PARAM, _TOKEN_PARAM],
+            )
+        },
+        "/worker/{tag}/renew": {
+            "post": _op(
+                "Renew a worker ID's lease, with the last time used",
+                [_ok("renewed", "application/json", changed), *change_errors],
+                security=_TAG_SECURITY,
+                parameters=[_TAG_PARAM, _TOKEN_PARAM],
+                requestBody=_body(_WORKER),
+            )
+        },
+        "/worker/{tag}/release": {
+            "post": _op(
+                "Give a worker ID back, with the last time used",
+                [_ok("released", "application/json", changed), *change_errors],
+                security=_TAG_SECURITY,
+                parameters=[_TAG_PARAM, _TOKEN_PARAM],
+                requestBody=_body(_WORKER),
+            )
+        },
+        "/decode/{tag}/{id}": {
+            "get": _op(
+                "What an ID says: a snowflake ID's time, worker ID and sequence",
+                [
+                    _ok("the parts", "application/json", {"type": "object"}),
+                    _error("400", "bad_tag", "bad_id", "not_decodable"),
+                    _error("404", "unknown_tag", "not_found"),
+                    _error("405", "method_not_allowed"),
+                    _error("410", "tag_disabled"),
+                    _error("503", "unavailable"),
+                ],
+                parameters=[
+                    _TAG_PARAM,
+                    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+                ],
+            )
+        },
+    }
+
+
 def _operator_paths() -> Schema:
     return {
         "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
@@ -485,6 +576,17 @@ def _admin_paths() -> Schema:
                 "description": "true: kind strict (IDs strictly increasing in real time "
                 "across every node; no client leases)",
             },
+            "layout": {
+                "type": "string",
+                "enum": list(LAYOUTS),
+                "description": "snowflake tags: default (41 bits of ms, 10 worker, 12 "
+                "sequence) or js53 (37 bits of 10 ms, 8 worker, 8 sequence; below 2^53); "
+                "the fields below override it",
+            },
+            **{
+                field: {"type": "integer", "minimum": low, "maximum": high}
+                for field, (low, high) in LAYOUT_RANGES.items()
+            },
             "format": {
                 "type": "string",
                 "nullable": True,
@@ -535,6 +637,7 @@ def _admin_paths() -> Schema:
                         "bad_max",
                         "bad_description",
                         "bad_kind",
+                        "bad_layout",
                         "bad_format",
                         "bad_reset",
                         "bad_obfuscate",
@@ -585,7 +688,7 @@ def _admin_tag_paths() -> Schema:
                         "application/json",
                         _REMOVED,
                     ),
-                    _error("400", "bad_tag"),
+                    _error("400", "bad_tag", "wrong_kind"),
                 ],  # fmt: skip
                 parameters=[_TAG_PARAM],
             ),
@@ -608,7 +711,7 @@ def _admin_tag_paths() -> Schema:
                             },
                         },
                     ),
-                    _error("400", "bad_tag", "bad_value"),
+                    _error("400", "bad_tag", "bad_value", "bad_id"),
                 ],  # fmt: skip
                 parameters=[
                     _TAG_PARAM,

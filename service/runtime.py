@@ -141,6 +141,8 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
         reserve_seconds=settings.reserve_seconds,
         report_seconds=settings.report_seconds,
         tag_reload_seconds=settings.tag_reload_seconds,
+        worker_lease_seconds=settings.worker_lease_seconds,
+        worker_margin_seconds=settings.worker_margin_seconds,
         node_id=f"{socket.gethostname()}-{os.getpid()}",
         identity={
             "addr": settings.advertise or socket.gethostname(),

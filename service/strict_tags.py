@@ -193,6 +193,11 @@ class StrictKind:
         first = await self.tags.take(tag, count)
         return list(range(first, first + count))
 
+    def not_ready(self) -> str | None:
+        """Strict tags need Redis per request: a node without it answers their
+        requests 503 by itself, and its readiness is the stores' (service/health.py)."""
+        return None
+
     def describe(self, tag: str) -> dict[str, Any] | None:
         queue = self.tags.queues.get(tag)
         if queue is None:

@@ -14,16 +14,22 @@ from dataclasses import dataclass, field
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from idpool.pool.snowflake import LAYOUT_FIELDS, check_layout, wall_ms
 from idpool.pool.stores import HighWaterMarks, LedgerStore
 from idpool.pool.values import TagRow
 
 from .formats import options_for
 from .kinds import KINDS, SEGMENT
+from .snowflake import SNOWFLAKE, prepare_tag
 from .strict_tags import STRICT
 
 Spell = Callable[[str], str]
-NEW_TAG_FIELDS = frozenset(
-    {"tag", "step", "start", "description", "max", "kind", "strict", "format", "reset", "obfuscate"}
+# A snowflake tag's layout: a preset (``layout``) and overrides of its fields
+SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})
+NEW_TAG_FIELDS = (
+    frozenset({"tag", "step", "start", "description", "max", "kind", "strict"})
+    | frozenset({"format", "reset", "obfuscate"})  # a segment tag's format (formats.py)
+    | SNOWFLAKE_FIELDS
 )
 
 
@@ -62,12 +68,14 @@ class NewTag:
     end_id: int  # first ID never handed out (max + 1; MAX_ID: no bound)
     description: str = ""
     kind: str = SEGMENT
+    layout: str = ""  # a snowflake tag's Layout.to_text()
     options: str = ""  # JSON: format, reset, obfuscate (service/formats.py)
     secret: str = field(default="", repr=False)  # the obfuscation key, hex
 
     async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
-        """Add the tag (claims.create_tag: above any ID ever issued under its name)."""
-        return await create_tag(
+        """Add the tag (claims.create_tag: above any ID ever issued under its name);
+        a snowflake tag gets its worker hash (snowflake.prepare_tag)."""
+        row = await create_tag(
             ledger,
             pool,
             self.tag,
@@ -76,9 +84,12 @@ class NewTag:
             description=self.description,
             end_id=self.end_id,
             kind=self.kind,
+            layout=self.layout,
             options=self.options,
             secret=self.secret,
         )
+        await prepare_tag(pool, row)
+        return row
 
 
 def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_is) -> NewTag:
@@ -132,7 +143,20 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
             f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
             f"{SEGMENT} tags only, not to kind {kind!r}",
         )
-    return NewTag(tag, step, start, end_id, description, kind, options, secret)
+    given = sorted(f for f in SNOWFLAKE_FIELDS if fields.get(f) is not None)
+    if kind != SNOWFLAKE:
+        if given:
+            raise InvalidInput("bad_layout", f"{name(given[0])} is for snowflake tags only")
+        return NewTag(
+            tag, step, start, end_id, description, kind, options=options, secret=secret
+        )
+    if "step" in fields or top is not None:
+        raise InvalidInput(
+            "bad_body", f"a snowflake tag takes no {name('step')} or {name('max')}: give a layout"
+        )
+    layout = check_layout({f: fields.get(f) for f in given}, wall_ms(), name)
+    # The ledger row counts worker-ID grants (max_id: one generation per grant).
+    return NewTag(tag, 1, start, MAX_ID, description, kind, layout.to_text())
 
 
 def _spelled(message: str, name: Spell) -> str:

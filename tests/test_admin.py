@@ -174,9 +174,7 @@ def test_a_bounded_tag_is_created_with_max(admin: TestClient, tag: str) -> None:
     ids = [int(admin.get(f"/id/{tag}").text) for _ in range(25)]
     assert ids == list(range(1, 26))
     assert admin.get(f"/id/{tag}").json()["error"] == "tag_exhausted"
-    low = admin.post(
-        "/admin/tags", json={"tag": tag + "x", "start": 10, "max": 9}, headers=AUTH
-    )
+    low = admin.post("/admin/tags", json={"tag": tag + "x", "start": 10, "max": 9}, headers=AUTH)
     assert low.status_code == 400 and low.json()["error"] == "bad_max"
 
 
@@ -255,9 +253,9 @@ def test_a_tag_has_a_kind_and_only_known_kinds_are_taken(admin: TestClient, tag:
     assert made.status_code == 201 and made.json()["kind"] == "segment"
     listed = admin.get("/admin/tags", headers=AUTH).json()["tags"]
     assert [t["kind"] for t in listed if t["tag"] == tag] == ["segment"]
-    bad = admin.post("/admin/tags", json={"tag": tag + "x", "kind": "snowflake"}, headers=AUTH)
+    bad = admin.post("/admin/tags", json={"tag": tag + "x", "kind": "uuid7"}, headers=AUTH)
     assert bad.status_code == 400 and bad.json()["error"] == "bad_kind"
-    assert "'snowflake'" in bad.json()["message"] and "segment" in bad.json()["message"]
+    assert "'uuid7'" in bad.json()["message"] and "segment" in bad.json()["message"]
 
 
 def test_remove_a_tag_for_good_and_add_it_again_above_all_it_issued(

@@ -23,9 +23,7 @@ PROMTOOL = shutil.which("promtool")
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     assert PROMTOOL, "promtool is not installed: `make promtool` (apt-get install prometheus)"
-    return subprocess.run(
-        [PROMTOOL, *args], capture_output=True, text=True, timeout=120, cwd=OPS
-    )
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, cwd=OPS)
 
 
 def test_rules_are_valid() -> None:

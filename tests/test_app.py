@@ -533,6 +533,12 @@ def test_a_tag_is_served_by_the_object_of_its_kind(
         def describe(self, tag: str) -> dict[str, int]:
             return {"last": self.last}
 
+        def not_ready(self) -> None:
+            return None
+
+        async def close(self) -> None:
+            return None
+
     add_tag_of_kind(settings, tag, "counting")
     node = client.app.node  # type: ignore[attr-defined]
     node.kinds["counting"] = Counting()

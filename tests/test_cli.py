@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.settings import Settings
+from idpool.pool.snowflake import Layout
 from ops.toolkit import env_with, free_port
 
 
@@ -325,8 +326,8 @@ def test_tag_remove_needs_yes_and_the_name_comes_back_above_all_it_issued(
 def test_tag_kind_is_checked_as_the_admin_api_checks_it_and_listed(
     settings: Settings, tag: str
 ) -> None:
-    bad = idpool(settings, "tag", "add", tag, "--kind", "snowflake")
-    assert bad.returncode == 2 and "--kind 'snowflake' is not a kind of ID" in bad.stderr
+    bad = idpool(settings, "tag", "add", tag, "--kind", "uuid7")
+    assert bad.returncode == 2 and "--kind 'uuid7' is not a kind of ID" in bad.stderr
     assert idpool(settings, "tag", "add", tag, "--kind", "segment").returncode == 0
     listed = idpool(settings, "tag", "list").stdout.splitlines()
     row = next(i for i, line in enumerate(listed) if line.startswith(tag))
@@ -343,3 +344,24 @@ def test_tag_add_strict_makes_a_strict_tag_and_list_shows_it(settings: Settings,
     row = next(i for i, line in enumerate(listed) if line.startswith(tag))
     groups = [line for line in listed[:row] if line.startswith("-- kind ")]
     assert groups[-1].startswith("-- kind strict: ")
+
+
+def test_snowflake_tag_add_list_and_decode(settings: Settings, tag: str) -> None:
+    added = idpool(settings, "tag", "add", tag, "--snowflake", "--layout", "js53")
+    assert added.returncode == 0, added.stderr
+    assert "kind snowflake, 37 bits of 10 ms" in added.stdout and "(53-bit IDs)" in added.stdout
+    listed = idpool(settings, "tag", "list")
+    assert "-- kind snowflake" in listed.stdout and tag in listed.stdout
+    layout = Layout(37, 8, 8, 10, int(added.stdout.split(" since ")[1].split(",")[0]))
+    value = layout.encode(1234, 5, 6)
+    decoded = idpool(settings, "tag", "decode", tag, str(value))
+    assert decoded.returncode == 0, decoded.stderr
+    assert "worker     5" in decoded.stdout and "sequence   6" in decoded.stdout
+    bad = idpool(settings, "tag", "add", tag + "b", "--snowflake", "--time-bits", "50")
+    assert bad.returncode == 2 and "add up to 72" in bad.stderr
+    wrong = idpool(settings, "tag", "add", tag + "c", "--unit-ms", "10")
+    assert wrong.returncode == 2 and "--unit-ms is for snowflake tags only" in wrong.stderr
+    # Added again, a new epoch would repeat its IDs: it is disabled, never removed.
+    refused = idpool(settings, "tag", "remove", tag, "--yes")
+    assert refused.returncode == 2 and "idpool tag disable" in refused.stderr
+    assert tag in idpool(settings, "tag", "list").stdout

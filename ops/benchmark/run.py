@@ -51,6 +51,7 @@ DATABASE = os.environ.get("IDPOOL_BENCH_DATABASE", "idpool_bench")
 MYSQL_SERVER = "mysql://root@127.0.0.1:3306"
 REDIS_PREFIX = "idpool_bench"
 BATCH = 1000
+SNOWFLAKE_TAG = "sf"  # a snowflake tag (issue 25): its /id against the segment tag's
 FORMAT = "INV-{date:%Y%m%d}-{id:06d}"  # the formatted contender's template
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # units of /proc/<pid>/stat CPU times
 MAX_REDO = 2  # runs done again when one uvicorn worker got nearly all connections
@@ -112,6 +113,7 @@ MAIN = [
     Contender("bare ASGI (info)", "bare_asgi", "/id/bench"),
     Contender("idpool /id", "idpool", "/id/bench"),
     Contender("idpool /ids x1000", "idpool", f"/ids/bench?count={BATCH}", BATCH),
+    Contender("idpool /id snowflake", "idpool", f"/id/{SNOWFLAKE_TAG}"),
     # a formatted tag (issue 24): the same node, the same fast path, plus rendering
     Contender("idpool /id formatted", "idpool", "/id/invoice"),
     Contender("idpool /id obfuscated (info)", "idpool", "/id/hidden"),
@@ -165,14 +167,16 @@ class Bench:
         }
         self.add_tag("bench", self.plan.step)
         self.add_tag("leaf", self.plan.step)
+        self.add_tag(SNOWFLAKE_TAG, 0)
         self.add_tag("invoice", self.plan.step, "--format", FORMAT)
         self.add_tag("hidden", self.plan.step, "--obfuscate")
 
     def add_tag(self, tag: str, step: int, *options: str) -> None:
+        """A segment tag of ``step`` (with ``options``), or (step 0) a snowflake tag."""
         command = [sys.executable, "-m", "idpool.service.cli", "--log-level", "warning"]
         command += ["tag", "add"]
         subprocess.run(
-            [*command, tag, "--step", str(step), *options],
+            [*command, tag, *(["--step", str(step)] if step else ["--snowflake"]), *options],
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env},
             cwd=ROOT,
             check=True,
@@ -445,7 +449,10 @@ def check_targets(
         for peer, factor in (("redis INCR", 3), ("mysql ticket", 30)):
             x = one["req_per_s"] / rows[peer]["req_per_s"]
             target(f"{w}w: /id >= {factor}x {peer}", f"{x:.1f}x", x >= factor)
-        errors = one["errors"] + batch["errors"]
+        flake = rows["idpool /id snowflake"]
+        x = flake["req_per_s"] / one["req_per_s"]
+        target(f"{w}w: /id snowflake >= 0.9x /id segment", f"{x:.3f}x", x >= 0.9)
+        errors = one["errors"] + batch["errors"] + flake["errors"]
         target(f"{w}w: idpool errors == 0", str(errors), errors == 0)
         ids = batch["ids_per_s"]
         target(f"{w}w: batch of {BATCH} >= 10M IDs/s", f"{ids / 1e6:.1f}M", ids >= 10e6)

@@ -91,6 +91,7 @@ class Cluster:
     env_overrides: dict[str, str] = field(default_factory=dict)
     idle_tags: int = 0  # tags nobody asks for, beside the scenario's
     strict: bool = False  # the scenario's tag is created --strict
+    kind: str = "segment"  # the scenario tag's kind
     step: int = STEP  # the scenario's tag's range size
     redis: RedisServer | RedisSentinelGroup | LocalCluster = field(init=False)
     node_procs: list[NodeProcess] = field(init=False, default_factory=list)
@@ -135,8 +136,11 @@ class Cluster:
         self.redis.start()
         subprocess.run(
             [sys.executable, "-m", "idpool.service.cli", "tag", "add", self.tag]
-            + ["--step", str(self.step)]
-            + (["--strict"] if self.strict else []),
+            + (
+                ["--step", str(self.step)] + (["--strict"] if self.strict else [])
+                if self.kind == "segment"
+                else ["--kind", self.kind]
+            ),
             env=self.env,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -158,9 +162,7 @@ class Cluster:
     def add_idle_tags(self, count: int) -> None:
         """Tags nobody asks for, in the ledger beside the scenario's tag (issue 11:
         the suite must pass with a thousand of them configured)."""
-        rows = ", ".join(
-            f"('idle-{i:05d}', 1, {STEP}, {STEP}, 1000000, 1)" for i in range(count)
-        )
+        rows = ", ".join(f"('idle-{i:05d}', 1, {STEP}, {STEP}, 1000000, 1)" for i in range(count))
         insert = (
             "INSERT INTO idpool_tags (tag, max_id, step, min_step, max_step, start_id) "
             f"VALUES {rows}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from redis import Redis
 
 from .cluster import Cluster
+from .snowflake import SNOWFLAKE_ENV
 
 Fault = Callable[[Cluster, random.Random, float], None]
 
@@ -85,6 +86,16 @@ def redis_old_rdb(cluster: Cluster, rng: random.Random, hold: float) -> None:
     if not wait_for(lambda: _supply(redis, cluster.tag)[1] != head, 20.0):
         cluster.note("the snapshot's head range (or strict next) was not taken before the restart")
     cluster.redis_restart_from(snapshot)
+
+
+def redis_restart_empty(cluster: Cluster, rng: random.Random, hold: float) -> None:
+    """kill -9 of a Redis that saves nothing: it comes back empty (a new incarnation).
+    Then waits out the quarantine of snowflake tags (one lease) and a renewal."""
+    cluster.store("redis", "kill9")
+    time.sleep(min(hold, 1.0))
+    cluster.store("redis", "start")
+    lease = float(cluster.env_overrides.get("IDPOOL_WORKER_LEASE_SECONDS", "10"))
+    time.sleep(lease * 1.5)
 
 
 def redis_hang(cluster: Cluster, rng: random.Random, hold: float) -> None:
@@ -420,6 +431,7 @@ class Scenario:
     topology: str = "single"
     # Seconds in a row that requests may fail on every node (a failover); 0: none may
     failure_budget: float = 0.0
+    kind: str = "segment"  # the tag's kind: snowflake scenarios check IDs, not ranges
     step: int = 0  # the tag's step; 0: the suite's (cluster.STEP)
 
 
@@ -546,6 +558,44 @@ SCENARIOS = (
         (mysql_replica_failover,),
         expect_events=("stale_ledger",),
         topology="mysql-replica",
+    ),
+    # Snowflake tags (issue 25): no ranges, so the check is on the IDs themselves
+    # (ops/faultsuite/snowflake.py): no duplicate, time-ordered at the scale of a second.
+    Scenario(
+        "snowflake-node-kill9",
+        "snowflake tag: kill -9 of a random node, restarted a second later on its port",
+        (node_kill9,),
+        tolerated=NODE_GONE,
+        kind="snowflake",
+        env=SNOWFLAKE_ENV,
+        expect_events=("worker_granted",),
+    ),
+    Scenario(
+        "snowflake-redis-empty",
+        "snowflake tag: kill -9 of a Redis that saves nothing, restarted empty: every "
+        "holder loses its worker ID, nothing is granted for one lease (3 s)",
+        (redis_restart_empty,),
+        redis_mode="rdb",
+        tolerated=frozenset({"503 worker_unavailable"}),
+        failure_budget=8.0,
+        kind="snowflake",
+        env=SNOWFLAKE_ENV,
+        expect_events=("worker_lease_lost",),
+    ),
+    Scenario(
+        "snowflake-redis-hang",
+        "snowflake tag: Redis SIGSTOP for HOLD seconds (under the lease less its margin), "
+        "then SIGCONT: renewals fail, holders serve on",
+        (redis_hang,),
+        kind="snowflake",
+        # renewals every 2 s that give up after 1 s: one fails within any 3 s hang,
+        # while the lease (8 s less 1 s) outlasts it
+        env=(
+            ("IDPOOL_WORKER_LEASE_SECONDS", "8"),
+            ("IDPOOL_WORKER_MARGIN_SECONDS", "1"),
+            ("IDPOOL_STORE_TIMEOUT", "1"),
+        ),
+        expect_events=("worker_renew_failed",),
     ),
     Scenario(
         "galera",

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ops.toolkit import NodeConnections
 
@@ -30,6 +31,12 @@ REQUEST_TIMEOUT = 15.0  # longer than any store timeout a node waits out
 # uvicorn closes a keep-alive connection idle for 5 s; a request sent on it as it
 # closes fails with RemoteDisconnected. Like a pooling client, open a new one instead.
 IDLE_REUSE = 4.0
+
+
+class IdSink(Protocol):
+    """Where clients put the IDs they receive (IdBitmap; snowflake.SnowflakeIds)."""
+
+    def add(self, ids: list[int]) -> None: ...
 
 
 class IdBitmap:
@@ -160,7 +167,7 @@ class Clients:
         self,
         ports: list[int],
         tag: str,
-        bitmap: IdBitmap,
+        bitmap: IdSink,
         *,
         threads: int,
         rate: float,

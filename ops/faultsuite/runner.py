@@ -27,6 +27,7 @@ from .cluster import STEP, Cluster
 from .faults import SCENARIOS, Scenario
 from .order import OrderLog, OrderReport
 from .recorder import Clients, IdBitmap, Tally
+from .snowflake import SnowflakeIds, account_snowflake
 
 # Short form: each scenario warms up, takes one fault (three in "mixed"), recovers.
 CI_WARMUP = 1.5
@@ -106,6 +107,7 @@ def run_scenario(
         env_overrides=env,
         idle_tags=args.idle_tags,
         strict=args.strict,
+        kind=scenario.kind,
         step=scenario.step or STEP,
     )
     order = OrderLog() if args.strict else None
@@ -114,11 +116,12 @@ def run_scenario(
             ledger.start()
         cluster.start()
         start_id, _ = cluster.ledger_row()
+        snowflakes = SnowflakeIds() if scenario.kind == "snowflake" else None
         bitmap = IdBitmap(start_id)
         clients = Clients(
             cluster.ports,
             tag,
-            bitmap,
+            bitmap if snowflakes is None else snowflakes,
             threads=args.clients,
             rate=args.rate,
             seed=rng.randrange(2**31),
@@ -145,10 +148,16 @@ def run_scenario(
             clients.stop()
             cluster.note("clients stopped")
         problems = cluster.problems + cluster.stop()
-        start_id, max_id = cluster.ledger_row()
-        pool, clean = read_pool(cluster)
-        pool += read_strict_state(cluster)
-        result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
+        if snowflakes is not None:
+            result = account_snowflake(snowflakes, cluster.runs(), tag)
+            bad, examples = snowflakes.order_violations(clients.tally.max_request_latency)
+            if bad:
+                problems.append(f"{bad} batches not above IDs received a second before: {examples}")
+        else:
+            start_id, max_id = cluster.ledger_row()
+            pool, clean = read_pool(cluster)
+            pool += read_strict_state(cluster)
+            result = account(bitmap, start_id, max_id, pool, clean, cluster.runs(), tag)
     finally:
         cluster.close()
         if isinstance(ledger, MariaPair | GaleraCluster):
@@ -266,7 +275,10 @@ def render(outcome: Outcome, hold_note: str) -> str:
         "   timeline (s from cluster start):",
         *(f"     {t:7.2f}  {what}" for t, what in outcome.events),
         f"   ledger: start_id={acc.start_id} max_id={acc.max_id}: {acc.claimed:,} IDs claimed"
-        + (f" (step {sc.step})" if sc.step else ""),
+        + (f" (step {sc.step})" if sc.step else "")
+        if sc.kind == "segment"
+        else "   snowflake tag: no ranges; every ID checked for duplicates and time order "
+        "(one received over a second after another is larger)",
         f"   handed out: {acc.issued:,} IDs in {tally.requests:,} requests; "
         f"duplicates: {acc.total_duplicates}",
         *([f"   strict tag: {outcome.order.summary()}"] if outcome.order is not None else []),
@@ -300,22 +312,33 @@ def render(outcome: Outcome, hold_note: str) -> str:
         f"{tally.max_request_latency:.3f} s",
         f"   attempt latency: p50 <= {tally.quantile(0.5) * 1000:g} ms, "
         f"p99 <= {tally.quantile(0.99) * 1000:g} ms, p99.9 <= {tally.quantile(0.999) * 1000:g} ms",
-        "   log events: "
-        + ", ".join(
-            f"{e}={acc.log_events[e]}"
-            for e in (
-                "range_abandoned",
-                "stale_ledger",
-                "pool_pop_failed",
-                "request_failed",
-                "preload_failed",
-                "preload_skipped",
-                "store_down",
-            )
-        ),
+        "   log events: " + ", ".join(f"{e}={acc.log_events[e]}" for e in _EVENTS[sc.kind]),
         f"   took {outcome.seconds:.1f} s",
     ]
     return "\n".join(lines)
+
+
+# The log events a scenario's report counts, by the kind of its tag.
+_EVENTS = {
+    "segment": (
+        "range_abandoned",
+        "stale_ledger",
+        "pool_pop_failed",
+        "request_failed",
+        "preload_failed",
+        "preload_skipped",
+        "store_down",
+    ),
+    "snowflake": (
+        "worker_granted",
+        "worker_renew_failed",
+        "worker_lease_lost",
+        "worker_released",
+        "clock_behind",
+        "request_failed",
+        "store_down",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: 
 
 def flag(field: str) -> str:
     """A tag field as the command line spells it (tag_fields' messages)."""
-    return f"--{field}"
+    return f"--{field.replace('_', '-')}"
 
 
 def tag_arg(value: str) -> str:

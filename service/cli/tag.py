@@ -24,14 +24,16 @@ from idpool.pool.errors import (
 )
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.settings import Settings
+from idpool.pool.snowflake import LAYOUT_FIELDS
 from idpool.pool.stores import LedgerStore, open_ledger, open_pool
 from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
-from ..decode import decode
+from ..decode import decode, snowflake_fields
 from ..formats import split_periods, tag_list_entry
 from ..kinds import KINDS, SEGMENT
+from ..snowflake import SNOWFLAKE, check_removable
 from ..status import runway_seconds, runway_text
 from ..tag_fields import check_int, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, flag, integer, show, tag_arg
@@ -63,6 +65,25 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         "(each request needs Redis; no client leases); chosen now, never changed",
     )
     add.add_argument(
+        "--snowflake",
+        action="store_true",
+        help="time-ordered IDs made in memory from leased worker IDs (same as --kind snowflake)",
+    )
+    add.add_argument(
+        "--layout",
+        default=None,
+        help="snowflake layout: default (41 bits of ms, 10 worker, 12 sequence bits) or js53 "
+        "(37 bits of 10 ms, 8 worker, 8 sequence: every ID below 2^53)",
+    )
+    for field, what in (
+        ("time_bits", "bits of time since the epoch"),
+        ("worker_bits", "bits of worker ID (how many holders at once)"),
+        ("sequence_bits", "bits of sequence within a time unit"),
+        ("unit_ms", "time unit in ms (1 to 1000)"),
+        ("epoch_ms", "unix ms of time 0 (default: now); not in the future"),
+    ):
+        add.add_argument(flag(field), dest=field, type=integer, default=None, help=what)
+    add.add_argument(
         "--format",
         default=None,
         help="render IDs with a template: one {id} ({id:06d}, {id:b36}, {id:b62}) and any "
@@ -81,7 +102,10 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         "1..--max (default 2^63-2)",
     )
     decode = tag.add_parser(
-        "decode", parents=[embedded], help="an ID of a tag back to its sequence number"
+        "decode",
+        parents=[embedded],
+        help="what an ID says: a segment ID's sequence number (through its format), a "
+        "snowflake ID's time, worker ID and sequence",
     )
     decode.add_argument("tag", type=tag_arg)
     decode.add_argument("value")
@@ -151,7 +175,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields = {"tag": args.tag, "start": args.start, "description": args.description}
-    fields.update(max=args.max, kind=args.kind)
+    fields.update(max=args.max, kind="snowflake" if args.snowflake else args.kind)
     fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
     if args.strict:
         fields["strict"] = True
@@ -159,6 +183,9 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
             del fields["kind"]  # the default: --strict alone decides
     if args.step is not None:
         fields["step"] = args.step
+    for field in ("layout", *LAYOUT_FIELDS):
+        if getattr(args, field) is not None:
+            fields[field] = getattr(args, field)
     try:
         spec = new_tag(fields, settings.default_step, flag)
     except InvalidInput as e:
@@ -180,10 +207,23 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
     bound = "" if row.max is None else f", max {row.max}"
     kind = "" if row.kind == SEGMENT else f", kind {row.kind}"
+    if row.kind == SNOWFLAKE:
+        print(f"added {row.tag}: kind snowflake, {_layout_text(row)}")
+        return 0
     shown = tag_list_entry(row)
     formatted = f", format {shown}" if shown else ""
     print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{formatted}{note}")
     return 0
+
+
+def _layout_text(row: TagRow) -> str:
+    shown = snowflake_fields(row)
+    layout = shown["layout"]
+    return (
+        f"{layout['time_bits']} bits of {layout['unit_ms']} ms since {layout['epoch_ms']}, "
+        f"{layout['worker_bits']} worker bits, {layout['sequence_bits']} sequence bits "
+        f"({shown['bits']}-bit IDs)"
+    )
 
 
 async def _list(settings: Settings, ledger: LedgerStore) -> int:
@@ -205,6 +245,13 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
         group = [row for row in rows if row.kind == kind]
         print(f"-- kind {kind}: {len(group)} tags")
         for row in group:
+            if row.kind == SNOWFLAKE:
+                print(
+                    f"{row.tag:<24} {'grants ' + str(row.max_id - row.start_id):>20} "
+                    f"{_layout_text(row)}  "
+                    f"{'disabled' if row.disabled else 'enabled'}  {row.description}"
+                )
+                continue
             found = pooled.get(row.tag)
             rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
             runway = runway_seconds(row, found.ids if found else 0, rate)
@@ -227,6 +274,10 @@ async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
     except InvalidInput as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if found["kind"] == SNOWFLAKE:  # time, worker ID, sequence: one line each
+        for key, value in found.items():
+            print(f"{key:<10} {value}")
+        return 0
     note = f" ({found['note']})" if "note" in found else ""
     print(f"{found['tag']} {found['value']}: sequence number {found['sequence']}{note}")
     return 0
@@ -312,6 +363,12 @@ async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
 
 
 async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    with contextlib.suppress(UnknownTag):  # (removed before: the list may need emptying)
+        try:
+            check_removable(await ledger.get_tag(args.tag))  # a tag's kind never changes
+        except InvalidInput as e:
+            print(f"idpool: {e}", file=sys.stderr)
+            return EXIT_USAGE
     if not args.yes:
         row = await ledger.get_tag(args.tag)
         print(

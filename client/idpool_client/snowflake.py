@@ -1,0 +1,313 @@
+"""Snowflake IDs made in this process: no network call per ID.
+
+``SnowflakeClient.next_id(tag)`` leases a worker ID of a snowflake tag from a
+node once (``POST /worker/{tag}``), then makes time-ordered IDs from the wall
+clock, the worker ID and a sequence, under a lock. A thread renews the lease
+every quarter of its TTL with the last time used (``POST /worker/{tag}/renew``,
+any node). The client stops making IDs ``margin_ms`` before the lease could
+expire, by its own monotonic clock counted from when the last successful
+renewal was *sent*, and at once when a renewal is refused (409
+``worker_lost``): it then asks for a new worker ID, whose time floor is above
+everything the old one used. So no worker ID is ever used by two holders, and
+no ID is made twice (docs/design.md, "Snowflake tags").
+
+The generator below mirrors the server's ``idpool.pool.snowflake.Generator``
+(this package depends on nothing of the server); tests/test_client_snowflake.py
+checks that both make the same IDs from the same clocks.
+
+    from idpool_client.snowflake import SnowflakeClient
+    with SnowflakeClient(["http://10.0.0.1:8000"]) as ids:
+        event_id = ids.next_id("events")
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
+from .transport import Transport
+
+MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
+TICK_SECONDS = 0.1  # a run ends this long after it started, at most (see _Run)
+
+
+class SnowflakeStopped(IdPoolError):
+    """No ID now: the worker ID's lease is lost or about to expire, or the clock
+    is far behind the last time used. ``why`` says which."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    time_bits: int
+    worker_bits: int
+    sequence_bits: int
+    unit_ms: int
+    epoch_ms: int
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# The lease deadline's clock: monotonic, and on Linux counting while the machine
+# is suspended too (as the server's pool/snowflake.py lease_clock).
+lease_clock: Callable[[], float] = (
+    functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+    if hasattr(time, "CLOCK_BOOTTIME")
+    else time.monotonic
+)
+
+
+class Generator:
+    """The IDs of one worker ID (see the server's ``pool/snowflake.py``)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        worker: int,
+        floor_ms: int,
+        stop_at: float,
+        clock_ms: Callable[[], int] = _wall_ms,
+        monotonic: Callable[[], float] = lease_clock,
+    ) -> None:
+        self.layout = layout
+        self.worker = worker
+        self.stop_at = stop_at
+        self.lost: str | None = None
+        self._clock_ms = clock_ms
+        self._monotonic = monotonic
+        self._epoch = layout.epoch_ms
+        self._unit = layout.unit_ms
+        self._max_seq = (1 << layout.sequence_bits) - 1
+        self._shift = layout.worker_bits + layout.sequence_bits
+        self._worker_part = worker << layout.sequence_bits
+        self.last = max(0, (floor_ms - self._epoch) // self._unit)  # unit 0 unused: no ID 0
+        self.sequence = self._max_seq
+
+    @property
+    def last_ms(self) -> int:
+        return self._epoch + (self.last + 1) * self._unit - 1
+
+    def take(self) -> int | None:
+        """An ID, or None to wait for the next time unit; raises SnowflakeStopped."""
+        if self.lost is not None:
+            raise SnowflakeStopped(self.lost)
+        if self._monotonic() >= self.stop_at:
+            raise SnowflakeStopped("the worker ID's lease was not renewed in time")
+        now = (self._clock_ms() - self._epoch) // self._unit
+        if now > self.last:
+            if now >> self.layout.time_bits:
+                raise SnowflakeStopped("the layout's time bits are used up")
+            self.last, self.sequence = now, 0
+        else:
+            if (self.last - now) * self._unit > MAX_WAIT_BACK_MS:
+                raise SnowflakeStopped(
+                    f"the clock is {(self.last - now) * self._unit} ms behind the last time "
+                    "used; no ID until it catches up (check NTP)"
+                )
+            if self.sequence >= self._max_seq:
+                return None
+            self.sequence += 1
+        return (self.last << self._shift) | self._worker_part | self.sequence
+
+    def wait_seconds(self) -> float:
+        next_ms = self._epoch + (self.last + 1) * self._unit
+        return max(0.0005, (next_ms - self._clock_ms()) / 1000)
+
+    def take_unit(self) -> tuple[int, int] | None:
+        """An ID and the end of its unit's IDs: the rest of the unit's sequence
+        is the caller's to hand out (this generator moves past it). None: wait
+        for the next unit."""
+        value = self.take()
+        if value is None:
+            return None
+        limit = value - self.sequence + self._max_seq + 1
+        self.sequence = self._max_seq
+        return value, limit
+
+
+class _Run:
+    """The rest of one time unit's sequence: what ``next_id`` reads without a lock.
+
+    ``ids`` counts through the unit's IDs (one C call under the GIL: two threads
+    never draw the same); below ``limit`` no check is needed. The ticker sets
+    ``limit`` to 0 every TICK_SECONDS, so a run never hands out a time more
+    than about that old: the next ID goes through the slow path, which reads
+    the clock and the lease's deadline.
+    """
+
+    __slots__ = ("ids", "limit")
+
+    def __init__(self, first: int, limit: int) -> None:
+        self.ids = itertools.count(first)
+        self.limit = limit
+
+
+class _Held:
+    def __init__(self, tag: str, grant: dict[str, Any], gen: Generator) -> None:
+        self.tag = tag
+        self.worker = int(grant["worker"])
+        self.generation = int(grant["generation"])
+        self.ttl = int(grant["ttl_ms"]) / 1000
+        self.margin = int(grant["margin_ms"]) / 1000
+        self.gen = gen
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+
+class SnowflakeClient:
+    def __init__(
+        self,
+        urls: list[str] | tuple[str, ...] | str,
+        *,
+        timeout: float = 5.0,
+        holder: str | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        self.transport = transport or Transport(
+            [urls] if isinstance(urls, str) else list(urls), timeout
+        )
+        self.transport.calls.setdefault("worker", 0)
+        self.holder = holder or f"{socket.gethostname()}-{os.getpid()}"
+        self._held: dict[str, _Held] = {}
+        self._runs: dict[str, _Run] = {}  # tag -> the current unit's run (the hot path)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stopped = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def next_id(self, tag: str) -> int:
+        """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
+        or the clock far behind), IdPoolUnavailable (no worker ID to be had).
+
+        No lock and no clock while the current run lasts (see _Run)."""
+        try:
+            run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
+        except KeyError:
+            return self._slow_id(tag)
+        i = next(run.ids)
+        if i < run.limit:
+            return i
+        return self._slow_id(tag)  # i is skipped, never handed out
+
+    def next_ids(self, tag: str, n: int) -> list[int]:
+        return [self.next_id(tag) for _ in range(n)]
+
+    def _slow_id(self, tag: str) -> int:
+        """A new run for the current unit, under the tag's lock: the lease's
+        deadline and the clock's steps are checked here (Generator.take), once
+        per run. A unit chosen while the lease held is safe to finish later: a
+        new holder of the worker ID starts above the lease's expiry."""
+        while True:
+            held = self._held.get(tag) or self._grant(tag)
+            try:
+                with held.lock:
+                    got = held.gen.take_unit()
+                    if got is not None:
+                        value, limit = got
+                        # The rest of this unit's sequence goes to the lock-free path.
+                        self._runs[tag] = _Run(value + 1, limit)
+                        self._start_ticker()
+                        return value
+            except SnowflakeStopped:
+                self._runs.pop(tag, None)
+                if held.gen.lost is None or self._closed:
+                    raise
+                # Lost (a renewal refused): forget it; the next round asks for a
+                # new worker ID, whose floor is above what this one used.
+                with self._lock:
+                    if self._held.get(tag) is held:
+                        del self._held[tag]
+                continue
+            time.sleep(held.gen.wait_seconds())  # the next time unit
+
+    def _start_ticker(self) -> None:
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        """Ends every run TICK_SECONDS after it may have started: IDs stay
+        time-ordered at the scale of a second with no clock read per ID."""
+        while not self._stopped.wait(TICK_SECONDS):
+            for run in list(self._runs.values()):
+                run.limit = 0
+
+    def _grant(self, tag: str) -> _Held:
+        with self._lock:
+            if self._closed:
+                raise IdPoolClosed("the client was closed")
+            held = self._held.get(tag)
+            if held is not None:
+                return held
+            sent = lease_clock()
+            path = f"/worker/{quote(tag, safe='')}?holder={quote(self.holder, safe='')}"
+            grant = self.transport._post("worker", path, None, f"worker ID for tag {tag!r}", tag)
+            lay = grant["layout"]
+            layout = Layout(
+                lay["time_bits"], lay["worker_bits"], lay["sequence_bits"], lay["unit_ms"],
+                lay["epoch_ms"],
+            )  # fmt: skip
+            stop_at = sent + (int(grant["ttl_ms"]) - int(grant["margin_ms"])) / 1000
+            gen = Generator(layout, int(grant["worker"]), int(grant["floor_ms"]), stop_at)
+            held = _Held(tag, grant, gen)
+            self._held[tag] = held
+            threading.Thread(target=self._renew, args=(held,), daemon=True).start()
+            return held
+
+    def _body(self, held: _Held) -> dict[str, Any]:
+        with held.lock:
+            last_ms = held.gen.last_ms
+        return {"worker": held.worker, "generation": held.generation, "last_ms": last_ms}
+
+    def _renew(self, held: _Held) -> None:
+        path = f"/worker/{quote(held.tag, safe='')}/renew"
+        while not held.done.wait(held.ttl / 4):
+            sent = lease_clock()
+            try:
+                self.transport._post("worker", path, self._body(held), "renewal", held.tag)
+            except IdPoolRequestError as e:
+                held.gen.lost = f"the worker ID's lease was lost: {e.message}"
+                return
+            except IdPoolError:
+                continue  # not renewed: the generator stops on its own deadline
+            held.gen.stop_at = max(held.gen.stop_at, sent + held.ttl - held.margin)
+
+    def close(self) -> None:
+        """Give every worker ID back with the last time it used; safe twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            held_now = list(self._held.values())
+            self._held.clear()
+            for run in self._runs.values():
+                run.limit = 0
+            self._runs.clear()
+            self._stopped.set()
+        for held in held_now:
+            held.done.set()
+            with held.lock:
+                lost = held.gen.lost
+                held.gen.lost = "the client was closed"
+            if lost is None:
+                try:
+                    path = f"/worker/{quote(held.tag, safe='')}/release"
+                    self.transport._post("worker", path, self._body(held), "release", held.tag)
+                except IdPoolError:
+                    pass  # the lease expires by itself; its floor covers what was used
+
+    def __enter__(self) -> SnowflakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

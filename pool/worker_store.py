@@ -1,0 +1,195 @@
+"""Worker IDs of snowflake tags, leased in Redis: one holder per worker ID.
+
+One hash per tag (``idpool:{tag}:workers``, in the tag's slot; see ``keys.py``) and one script for
+every change, so grant, renew and release are atomic on the server and timed by
+its clock (``TIME``). A grant carries a *generation* claimed from the ledger
+first (the tag's ``max_id``, fenced by the high-water mark like any claim): it
+names the lease (a renewal must show it) and it tells a tag's first grant ever,
+which needs no quarantine. The argument (why no worker ID has two holders, even
+across a Redis that restarts empty or fails over) is in docs/design.md,
+"Snowflake tags".
+
+Fields of the hash:
+
+* ``inc``: the Redis incarnation (``run_id:master_replid``) its holders belong to.
+* ``q``: server unix ms before which nothing is granted (the quarantine after a
+  new incarnation was first seen); ``f``: the time floor of a worker ID with no
+  field of its own (set with ``q``).
+* ``w:{n}``: ``"gen expires_ms last_ms holder"`` for worker ID n: the lease's
+  generation (0: free), when it expires unless renewed, the last time it may
+  have used (renewals raise it; a new grant starts above it), who holds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import StoreUnavailable
+from .keys import Keys
+
+# KEYS[1] = workers hash. ARGV[1] = op (init, grant, renew, release), ARGV[2] = lease
+# TTL ms, ARGV[3] = quarantine ms, ARGV[4] = generation; grant: ARGV[5] = worker
+# IDs, ARGV[6] = holder, ARGV[7] = '1' for the tag's first generation ever;
+# renew, release: ARGV[5] = worker ID, ARGV[6] = last unix ms used.
+_WORKERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local server = redis.call('INFO', 'server')
+local repl = redis.call('INFO', 'replication')
+local inc = string.match(server, 'run_id:(%w+)') .. ':' .. string.match(repl, 'master_replid:(%w+)')
+local seen = redis.call('HGET', KEYS[1], 'inc')
+if seen ~= inc then
+  -- A new Redis incarnation (restart, failover, restore from a snapshot), or a
+  -- hash never made. Holders granted elsewhere may still be issuing, and none is
+  -- known here: keep every floor, drop every holder, and grant nothing for a
+  -- quarantine (every old holder fails to renew here and stops before it ends).
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == 'w:' then
+      local _, exp, last = string.match(fields[i + 1], '(%d+) (%d+) (%d+)')
+      local floor = math.max(tonumber(exp), tonumber(last))
+      redis.call('HSET', KEYS[1], fields[i], '0 0 ' .. floor .. ' -')
+    end
+  end
+  -- Only a tag just made (init) or its very first grant, on a hash that never
+  -- existed, may skip it: no generation was claimed before, so no holder exists.
+  local first = ARGV[1] == 'init' or (ARGV[1] == 'grant' and ARGV[7] == '1')
+  if not (seen == false and #fields == 0 and first) then
+    local q = now + tonumber(ARGV[3])
+    local f = math.max(q, tonumber(redis.call('HGET', KEYS[1], 'f') or '0'))
+    redis.call('HSET', KEYS[1], 'q', q, 'f', f)
+  end
+  redis.call('HSET', KEYS[1], 'inc', inc)
+end
+if ARGV[1] == 'init' then return {'ok'} end
+local ttl = tonumber(ARGV[2])
+if ARGV[1] == 'grant' then
+  local q = tonumber(redis.call('HGET', KEYS[1], 'q') or '0')
+  if now < q then return {'quarantine', tostring(q), tostring(now)} end
+  local base = tonumber(redis.call('HGET', KEYS[1], 'f') or '0')
+  for w = 0, tonumber(ARGV[5]) - 1 do
+    local v = redis.call('HGET', KEYS[1], 'w:' .. w)
+    local floor = nil
+    if not v then
+      floor = base
+    else
+      local _, exp, last = string.match(v, '(%d+) (%d+) (%d+)')
+      exp, last = tonumber(exp), tonumber(last)
+      -- reused only once its lease expired and its last time is past
+      if exp <= now and last < now then floor = math.max(exp, last) end
+    end
+    if floor then
+      local v2 = ARGV[4] .. ' ' .. (now + ttl) .. ' ' .. floor .. ' ' .. ARGV[6]
+      redis.call('HSET', KEYS[1], 'w:' .. w, v2)
+      return {'ok', tostring(w), tostring(floor), tostring(now), tostring(now + ttl)}
+    end
+  end
+  return {'full', tostring(now)}
+end
+local key = 'w:' .. ARGV[5]
+local v = redis.call('HGET', KEYS[1], key)
+if not v then return {'lost', 'no lease of this worker ID in this Redis'} end
+local gen, exp, last, holder = string.match(v, '(%d+) (%d+) (%d+) (%S+)')
+if gen ~= ARGV[4] then
+  return {'lost', 'the lease is gone (a new Redis incarnation, or expired and granted again)'}
+end
+last = math.max(tonumber(last), tonumber(ARGV[6]))
+if tonumber(exp) <= now then
+  redis.call('HSET', KEYS[1], key, gen .. ' ' .. exp .. ' ' .. last .. ' ' .. holder)
+  return {'lost', 'the lease expired before this renewal'}
+end
+if ARGV[1] == 'renew' then
+  redis.call('HSET', KEYS[1], key, gen .. ' ' .. (now + ttl) .. ' ' .. last .. ' ' .. holder)
+  return {'ok', tostring(now + ttl), tostring(now)}
+end
+redis.call('HSET', KEYS[1], key, '0 ' .. now .. ' ' .. last .. ' -')
+return {'ok', tostring(now), tostring(now)}
+"""
+
+
+@dataclass(frozen=True)
+class Grant:
+    worker: int
+    generation: int
+    floor_ms: int  # no ID may use this time or earlier (the previous holder's last)
+    server_ms: int
+    expires_ms: int  # server time; the holder stops earlier by its own clock
+
+
+class WorkerRefused(Exception):
+    """No worker ID now: ``why`` is ``quarantine``, ``full`` or ``lost``."""
+
+    def __init__(self, why: str, message: str, retry_ms: int = 0) -> None:
+        super().__init__(message)
+        self.why = why
+        self.retry_ms = retry_ms
+
+
+class WorkerStore:
+    """The three worker-ID scripts, run at most once each (as every Redis call:
+    ``send`` is RedisPool.send). A call that fails raises StoreUnavailable: a
+    grant whose outcome is unknown leaves a worker ID held until it expires
+    (never used); a renewal whose outcome is unknown counts as not renewed."""
+
+    def __init__(self, client: Any, keys: Keys, send: Any) -> None:
+        self._script = client.register_script(_WORKERS)
+        self._keys = keys
+        self._send = send
+
+    async def _run(self, tag: str, args: list[str]) -> list[str]:
+        reply = await self._send(self._script(keys=[self._keys.workers(tag)], args=args))
+        return [str(x) for x in reply]
+
+    async def init(self, tag: str) -> None:
+        """Make the hash of a tag just created (no generation claimed yet), so its
+        first grants need no quarantine even when several nodes race for them."""
+        await self._run(tag, ["init", "0", "0", "0"])
+
+    async def grant(
+        self,
+        tag: str,
+        *,
+        generation: int,
+        first: bool,
+        workers: int,
+        holder: str,
+        ttl_ms: int,
+        quarantine_ms: int,
+    ) -> Grant:
+        args = ["grant", str(ttl_ms), str(quarantine_ms), str(generation), str(workers)]
+        reply = await self._run(tag, [*args, holder or "-", "1" if first else "0"])
+        if reply[0] == "ok":
+            w, floor, now, expires = (int(x) for x in reply[1:5])
+            return Grant(w, generation, floor, now, expires)
+        if reply[0] == "quarantine":
+            left = int(reply[1]) - int(reply[2])
+            raise WorkerRefused(
+                "quarantine",
+                f"a new Redis incarnation was seen: no worker ID is granted for {left} ms more, "
+                "until every holder granted before it has stopped",
+                left,
+            )
+        raise WorkerRefused("full", f"every one of the tag's {workers} worker IDs is held")
+
+    async def renew(
+        self, tag: str, grant: Grant, last_ms: int, ttl_ms: int, quarantine_ms: int
+    ) -> int:
+        """Extend the lease (server expiry returned); raises WorkerRefused('lost')."""
+        return await self._change("renew", tag, grant, last_ms, ttl_ms, quarantine_ms)
+
+    async def release(self, tag: str, grant: Grant, last_ms: int, quarantine_ms: int) -> None:
+        """Give the worker ID back, with the last time used (a graceful stop)."""
+        await self._change("release", tag, grant, last_ms, 0, quarantine_ms)
+
+    async def _change(
+        self, op: str, tag: str, grant: Grant, last_ms: int, ttl_ms: int, quarantine_ms: int
+    ) -> int:
+        args = [op, str(ttl_ms), str(quarantine_ms), str(grant.generation), str(grant.worker)]
+        reply = await self._run(tag, [*args, str(last_ms)])
+        if reply[0] != "ok":
+            raise WorkerRefused("lost", reply[1])
+        return int(reply[1])
+
+
+__all__ = ["Grant", "StoreUnavailable", "WorkerRefused", "WorkerStore"]

@@ -1,0 +1,112 @@
+"""Worker IDs of snowflake tags for client libraries, which then make IDs
+in-process (``client/idpool_client/snowflake.py``).
+
+``POST /worker/{tag}`` grants a worker ID (the node claims its generation and
+runs the grant script, as for its own); ``POST /worker/{tag}/renew`` and
+``POST /worker/{tag}/release`` with ``{"worker": n, "generation": g,
+"last_ms": t}`` renew it or give it back. A renewal refused (409
+``worker_lost``) means the client must stop making IDs with that worker ID.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
+from idpool.pool.snowflake import WorkerLeaseLost
+from idpool.pool.worker_store import Grant, WorkerRefused
+
+from . import auth
+from .errors import HttpRefusal, json_response
+from .runtime import Runtime
+from .snowflake import SNOWFLAKE, SnowflakeKind
+from .tag_fields import check_tag
+
+
+def _kind(run: Runtime) -> SnowflakeKind:
+    kind = run.node.kinds[SNOWFLAKE]
+    assert isinstance(kind, SnowflakeKind)
+    return kind
+
+
+async def _checked(request: Request) -> tuple[Runtime, str]:
+    tag = check_tag(request.path_params["tag"])
+    run: Runtime = request.state.run
+    if run.node.draining:
+        raise Draining("node is shutting down")
+    await run.node.tags.lookup(tag)  # its tokens are read with it
+    if not auth.allowed(run.node.tags, tag, request):
+        raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    return run, tag
+
+
+async def grant(request: Request) -> Response:
+    run, tag = await _checked(request)
+    holder = request.query_params.get("holder", "client")
+    holder = "".join(c for c in holder[:64] if c.isalnum() or c in "-_.:") or "client"
+    kind = _kind(run)
+    given, layout, _ = await kind.lease_worker(tag, holder)
+    return json_response(
+        {
+            "tag": tag,
+            "worker": given.worker,
+            "generation": given.generation,
+            "floor_ms": given.floor_ms,
+            "server_ms": given.server_ms,
+            "ttl_ms": int(kind.ttl * 1000),
+            "margin_ms": int(kind.margin * 1000),
+            "layout": layout.describe(),
+        }
+    )
+
+
+def _fields(body: Any, tag: str) -> tuple[Grant, int]:
+    example = '{"worker": n, "generation": g, "last_ms": t}'
+    if not isinstance(body, dict) or not all(
+        isinstance(body.get(f), int) and not isinstance(body.get(f), bool) and body[f] >= 0
+        for f in ("worker", "generation", "last_ms")
+    ):
+        raise InvalidInput("bad_body", f"send {example}, as POST /worker/{tag} answered")
+    return Grant(body["worker"], body["generation"], 0, 0, 0), body["last_ms"]
+
+
+async def _change(request: Request, op: str) -> Response:
+    run, tag = await _checked(request)
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        body = None
+    held, last_ms = _fields(body, tag)
+    kind = _kind(run)
+    store = kind.store()
+    ttl_ms = int(kind.ttl * 1000)
+    try:
+        if op == "renew":
+            await store.renew(tag, held, last_ms, ttl_ms, ttl_ms)
+        else:
+            await store.release(tag, held, last_ms, ttl_ms)
+    except WorkerRefused as e:
+        raise HttpRefusal("worker_lost", f"stop using worker {held.worker}: {e}") from None
+    except StoreUnavailable as e:
+        raise WorkerLeaseLost(tag, f"not {op}ed: Redis: {e.detail}") from e
+    return json_response({"tag": tag, "worker": held.worker, op + "ed": True, "ttl_ms": ttl_ms})
+
+
+async def renew(request: Request) -> Response:
+    return await _change(request, "renew")
+
+
+async def release(request: Request) -> Response:
+    return await _change(request, "release")
+
+
+ROUTES = [
+    Route("/worker/{tag}", grant, methods=["POST"]),
+    Route("/worker/{tag}/renew", renew, methods=["POST"]),
+    Route("/worker/{tag}/release", release, methods=["POST"]),
+]

@@ -1,0 +1,137 @@
+"""The client's snowflake generator and SnowflakeClient
+(client/idpool_client/snowflake.py) against real nodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from idpool_client.snowflake import TICK_SECONDS, SnowflakeClient, SnowflakeStopped
+from idpool_client.snowflake import Generator as ClientGenerator
+from idpool_client.snowflake import Layout as ClientLayout
+
+from idpool.pool.settings import Settings
+from idpool.pool.snowflake import ClockBehind, Generator, Layout
+from ops.toolkit import NodeProcess, env_with
+
+from .test_snowflake_cluster import add_snowflake
+
+NOW = 1_764_000_000_000
+
+
+def test_the_client_makes_the_same_ids_as_the_server_from_the_same_clocks() -> None:
+    wall = [NOW]
+    layout = Layout(39, 6, 4, 10, NOW - 10_000)
+    server = Generator("t", layout, 5, NOW - 20, 1e9, clock_ms=lambda: wall[0])
+    mirror = ClientLayout(39, 6, 4, 10, NOW - 10_000)
+    client = ClientGenerator(mirror, 5, NOW - 20, 1e9, clock_ms=lambda: wall[0])
+    steps = [0, 0, 3, 10, 10, 25, -15, -5, 40, 2000, -1500, 0, 700]
+    for step in steps:
+        wall[0] += step
+        for _ in range(20):
+            try:
+                expected: int | None | str = server.take()
+            except ClockBehind:
+                expected = "behind"
+            try:
+                got: int | None | str = client.take()
+            except SnowflakeStopped:
+                got = "behind"
+            assert got == expected
+        assert client.last_ms == server.last_ms
+
+
+@pytest.fixture
+def nodes(settings: Settings, tmp_path: Path) -> Iterator[list[NodeProcess]]:
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+        IDPOOL_WORKER_LEASE_SECONDS="2",
+        IDPOOL_WORKER_MARGIN_SECONDS="0.5",
+    )
+    started = [NodeProcess(env, tmp_path / f"node{i}").start() for i in range(2)]
+    yield started
+    for node in started:
+        if node.proc is not None:
+            node.stop()
+
+
+def test_threads_of_one_client_share_a_worker_id_and_never_repeat(
+    nodes: list[NodeProcess], settings: Settings, tag: str
+) -> None:
+    add_snowflake(settings, tag)
+    seen: list[int] = []
+    lock = threading.Lock()
+    with SnowflakeClient([n.base_url for n in nodes]) as ids:
+
+        def draw() -> None:
+            got = [ids.next_id(tag) for _ in range(5000)]
+            assert got == sorted(got)  # increasing within a thread
+            with lock:
+                seen.extend(got)
+
+        threads = [threading.Thread(target=draw) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(set(seen)) == 20_000
+        assert ids.transport.calls["worker"] == 1  # one grant, no call per ID
+        time.sleep(1.2)  # past two renewal periods: renewed, still serving
+        later = ids.next_id(tag)
+        assert later > max(seen) and ids.transport.calls["worker"] >= 3
+
+
+def test_a_client_that_cannot_renew_stops_before_its_lease_could_expire(
+    nodes: list[NodeProcess], settings: Settings, tag: str
+) -> None:
+    add_snowflake(settings, tag)
+    with SnowflakeClient([n.base_url for n in nodes]) as ids:
+        granted = time.monotonic()
+        ids.next_id(tag)
+        for node in nodes:
+            node.kill9()  # no renewal can reach any node
+        killed = time.monotonic()
+        while time.monotonic() < granted + 1.5 - 0.1:  # lease 2 s less the 0.5 s margin
+            ids.next_id(tag)  # still within its lease
+            time.sleep(0.01)
+        # the deadline, and at most one TICK_SECONDS run past it (a unit chosen in time)
+        time.sleep(max(0.0, killed + 1.5 + TICK_SECONDS + 0.1 - time.monotonic()))
+        with pytest.raises(SnowflakeStopped):
+            ids.next_id(tag)  # stopped before Redis could let the lease go
+
+
+def fake_node(client: SnowflakeClient, epoch_ms: int) -> None:
+    """Answers the client's grant and renewals in-process (no node)."""
+
+    def post(kind: str, path: str, payload: object, what: str, sent: object = None) -> object:
+        if "/renew" in path or "/release" in path:
+            return {}
+        layout = {"time_bits": 41, "worker_bits": 10, "sequence_bits": 12}
+        return {
+            "worker": 7,
+            "generation": 1,
+            "floor_ms": 0,
+            "ttl_ms": 60_000,
+            "margin_ms": 2_000,
+            "layout": {**layout, "unit_ms": 1, "epoch_ms": epoch_ms},
+        }
+
+    client.transport._post = post  # type: ignore[method-assign,assignment]
+
+
+def test_a_client_called_now_and_then_hands_out_the_current_time() -> None:
+    epoch = int(time.time() * 1000) - 1000
+    with SnowflakeClient("http://127.0.0.1:1") as ids:
+        fake_node(ids, epoch)
+        first = ids.next_id("t")
+        time.sleep(3 * TICK_SECONDS)
+        second = ids.next_id("t")  # not the rest of the first one's millisecond
+    layout = Layout(41, 10, 12, 1, epoch)
+    apart = layout.decode(second)["time_ms"] - layout.decode(first)["time_ms"]
+    assert apart >= 2 * TICK_SECONDS * 1000

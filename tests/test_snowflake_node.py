@@ -1,0 +1,247 @@
+"""Snowflake tags on a node: the admin API and CLI make them, /id, /ids and
+Leaf's path serve them from memory, /decode reads them, clients lease worker IDs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from starlette.testclient import TestClient
+
+from idpool.pool.keys import Keys
+from idpool.pool.ledger import Ledger
+from idpool.pool.settings import Settings
+from idpool.service.app import create_app
+from ops.toolkit import TcpProxy
+
+TOKEN = "admin-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def node(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        yield c
+
+
+def add(node: TestClient, tag: str, **fields: object) -> dict[str, object]:
+    made = node.post("/admin/tags", json={"tag": tag, "kind": "snowflake", **fields}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    body: dict[str, object] = made.json()
+    return body
+
+
+def test_a_snowflake_tag_serves_time_ordered_ids_on_every_path(node: TestClient, tag: str) -> None:
+    made = add(node, tag)
+    assert made["kind"] == "snowflake" and made["bits"] == 63
+    first = int(node.get(f"/id/{tag}").text)  # the route: grants the worker ID
+    assert node.app.node.snowflakes[tag] is not None  # type: ignore[attr-defined]
+    leaf = int(node.get(f"/api/segment/get/{tag}").text)  # the fast path from here on
+    batch = node.get(f"/ids/{tag}?count=500").json()["ids"]
+    assert first < leaf < batch[0] and batch == sorted(set(batch))
+    time.sleep(1.0)
+    later = int(node.get(f"/id/{tag}").text)
+    assert later > batch[-1]
+    parts = node.get(f"/decode/{tag}/{later}").json()
+    assert parts["kind"] == "snowflake" and abs(parts["time_ms"] - time.time() * 1000) < 5000
+    assert parts["worker"] == node.get(f"/decode/{tag}/{first}").json()["worker"]
+    status = node.get("/status.json").json()
+    shown = [t for t in status["tags"] if t["tag"] == tag][0]
+    assert shown["kind"] == "snowflake" and shown["buffer"]["worker"] == parts["worker"]
+    assert shown["counters"]["ids_issued"] == 503
+    assert f'idpool_snowflake_worker{{tag="{tag}"}}' in node.get("/metrics").text
+
+
+def test_a_snowflake_tag_cannot_be_removed_and_serves_on(node: TestClient, tag: str) -> None:
+    # Added again, its epoch (the creation time) would restart and repeat its old IDs.
+    first = int(node.get(f"/id/{add(node, tag)['tag']}").text)
+    refused = node.delete(f"/admin/tags/{tag}", headers=AUTH)
+    assert refused.status_code == 400 and refused.json()["error"] == "wrong_kind"
+    assert "idpool tag disable" in refused.json()["message"]
+    assert any(t["tag"] == tag for t in node.get("/admin/tags", headers=AUTH).json()["tags"])
+    assert int(node.get(f"/id/{tag}").text) > first
+
+
+def test_a_snowflake_tag_gone_from_the_ledger_stops_at_once(
+    node: TestClient, settings: Settings, tag: str
+) -> None:
+    async def remove_row() -> None:  # by hand, or by an idpool that allowed it
+        ledger = await Ledger.connect(settings)
+        try:
+            await ledger.remove_tag(tag)
+        finally:
+            await ledger.close()
+
+    add(node, tag)
+    node.get(f"/id/{tag}")  # the route: grants the worker ID; the fast path from here on
+    assert node.app.node.snowflakes[tag] is not None  # type: ignore[attr-defined]
+    asyncio.run(remove_row())
+    node.portal.call(node.app.node.refresh_tags, tag)  # type: ignore[attr-defined,union-attr]
+    for path in (f"/id/{tag}", f"/ids/{tag}?count=3", f"/api/segment/get/{tag}"):
+        gone = node.get(path)  # no generator left serving it from memory
+        assert gone.status_code == 404 and gone.json()["error"] == "unknown_tag", path
+
+
+def test_the_js53_layout_stays_below_2_pow_53(node: TestClient, tag: str) -> None:
+    add(node, tag, layout="js53")
+    answer = node.get(f"/ids/{tag}?count=300")
+    assert answer.status_code == 200, answer.text
+    ids = answer.json()["ids"]
+    assert len(set(ids)) == 300 and max(ids) < 2**53
+
+
+def test_a_bad_layout_is_refused_with_what_to_fix(node: TestClient, tag: str) -> None:
+    bad = node.post(
+        "/admin/tags",
+        json={"tag": tag, "kind": "snowflake", "time_bits": 50, "worker_bits": 10},
+        headers=AUTH,
+    )
+    assert bad.status_code == 400 and bad.json()["error"] == "bad_layout"
+    assert "add up to 72" in bad.json()["message"]
+    future = node.post(
+        "/admin/tags",
+        json={"tag": tag, "kind": "snowflake", "epoch_ms": int(time.time() * 1000) + 10**7},
+        headers=AUTH,
+    )
+    assert future.status_code == 400 and "future" in future.json()["message"]
+    segment = node.post("/admin/tags", json={"tag": tag, "unit_ms": 10}, headers=AUTH)
+    assert segment.status_code == 400 and "snowflake tags only" in segment.json()["message"]
+
+
+def test_a_snowflake_tag_is_never_leased_as_ranges(node: TestClient, tag: str) -> None:
+    add(node, tag)
+    refused = node.post(f"/lease/{tag}?count=10")
+    assert refused.status_code == 400 and refused.json()["error"] == "wrong_kind"
+
+
+def test_a_segment_id_is_not_decodable(node: TestClient, tag: str) -> None:
+    assert node.post("/admin/tags", json={"tag": tag}, headers=AUTH).status_code == 201
+    answer = node.get(f"/decode/{tag}/5")
+    assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
+
+
+def test_one_decoders_table_serves_snowflake_and_obfuscated_tags(
+    node: TestClient, tag: str
+) -> None:
+    add(node, tag)
+    value = node.get(f"/id/{tag}").text
+    public = node.get(f"/decode/{tag}/{value}").json()
+    admin = node.get(f"/admin/tags/{tag}/decode", params={"value": value}, headers=AUTH)
+    assert admin.status_code == 200 and admin.json()["worker"] == public["worker"]
+    assert admin.json()["time_ms"] == public["time_ms"] and admin.json()["value"] == value
+    hidden = tag + "h"
+    made = node.post("/admin/tags", json={"tag": hidden, "obfuscate": True}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    secret = node.get(f"/id/{hidden}").text
+    # An operator decodes it; the public route does not give away what the key hides.
+    by_admin = node.get(f"/admin/tags/{hidden}/decode", params={"value": secret}, headers=AUTH)
+    assert by_admin.status_code == 200 and by_admin.json()["sequence"] == 1
+    refused = node.get(f"/decode/{hidden}/{secret}")
+    assert refused.status_code == 400 and refused.json()["error"] == "not_decodable"
+    assert "idpool tag decode" in refused.json()["message"]
+    flake = node.post(
+        "/admin/tags", json={"tag": tag + "f", "kind": "snowflake", "obfuscate": True}, headers=AUTH
+    )
+    assert flake.status_code == 400 and flake.json()["error"] == "bad_format"
+
+
+def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, tag: str) -> None:
+    add(node, tag)
+    own = int(node.get(f"/id/{tag}").text)
+    got = node.post(f"/worker/{tag}?holder=test").json()
+    node_worker = node.get(f"/decode/{tag}/{own}").json()["worker"]
+    assert got["worker"] != node_worker and got["ttl_ms"] == 10_000
+    body = {"worker": got["worker"], "generation": got["generation"], "last_ms": 1}
+    assert node.post(f"/worker/{tag}/renew", json=body).status_code == 200
+    assert node.post(f"/worker/{tag}/release", json=body).status_code == 200
+    again = node.post(f"/worker/{tag}/renew", json=body)
+    assert again.status_code == 409 and again.json()["error"] == "worker_lost"
+
+
+def test_a_large_step_back_stops_the_tag_and_readiness_says_why(node: TestClient, tag: str) -> None:
+    add(node, tag)
+    node.get(f"/id/{tag}")
+    gen = node.app.node.snowflakes[tag]  # type: ignore[attr-defined]
+    gen.last += 60_000  # as if the clock had just stepped back a minute
+    gen.sequence = gen.layout.max_sequence
+    answer = node.get(f"/id/{tag}")
+    assert answer.status_code == 503 and answer.json()["error"] == "clock_behind"
+    ready = node.get("/readyz")
+    assert ready.status_code == 503 and "clock stepped back" in ready.json()["message"]
+    assert (
+        f'idpool_snowflake_clock_behind_events_total{{tag="{tag}"}} 1.0'
+        in node.get("/metrics").text
+    )
+
+
+def test_a_node_that_cannot_renew_stops_before_the_lease_could_expire_then_recovers(
+    settings: Settings, tag: str
+) -> None:
+    redis = TcpProxy(6379)
+    s = settings.with_changes(
+        redis_url=f"redis://127.0.0.1:{redis.port}/0",
+        store_timeout=0.3,
+        worker_lease_seconds=2.0,
+        worker_margin_seconds=0.5,
+        admin_token=TOKEN,
+    )
+    try:
+        with TestClient(create_app(s)) as c:
+            add(c, tag)
+            granted = time.monotonic()
+            before = int(c.get(f"/id/{tag}").text)
+            redis.cut()
+            cut = time.monotonic()
+            while time.monotonic() < granted + 1.4:  # lease 2 s less the 0.5 s margin
+                assert c.get(f"/id/{tag}").status_code == 200
+                time.sleep(0.02)
+            time.sleep(max(0.0, cut + 1.6 - time.monotonic()))
+            stopped = c.get(f"/id/{tag}")
+            assert stopped.status_code == 503 and stopped.json()["error"] == "worker_unavailable"
+            assert "renewed in time" in stopped.json()["message"]
+            redis.restore()
+            deadline = time.monotonic() + 8
+            while (answer := c.get(f"/id/{tag}")).status_code != 200:
+                assert time.monotonic() < deadline, answer.text
+                time.sleep(0.1)
+            assert int(answer.text) > before
+    finally:
+        redis.cut()
+
+
+def test_a_new_redis_incarnation_stops_the_holder_and_grants_wait_without_claiming(
+    settings: Settings, tag: str
+) -> None:
+    s = settings.with_changes(worker_lease_seconds=2.0, worker_margin_seconds=0.5)
+    with TestClient(create_app(s.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag)
+        before = int(c.get(f"/id/{tag}").text)
+        plain = redis.Redis.from_url(s.redis_url)
+        plain.hset(Keys(s.redis_prefix).workers(tag), "inc", "0:0")  # as after a failover
+        time.sleep(0.8)  # a renewal (every 0.5 s) finds the lease gone
+        refused = c.get(f"/id/{tag}")
+        assert refused.status_code == 503 and refused.json()["error"] == "worker_unavailable"
+        grants = c.get("/admin/tags", headers=AUTH).json()["tags"]
+        claimed = next(t["max_id"] for t in grants if t["tag"] == tag)
+        for _ in range(30):
+            assert c.get(f"/id/{tag}").status_code == 503
+        grants = c.get("/admin/tags", headers=AUTH).json()["tags"]
+        assert next(t["max_id"] for t in grants if t["tag"] == tag) <= claimed + 1
+        deadline = time.monotonic() + 6
+        while (answer := c.get(f"/id/{tag}")).status_code != 200:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.1)
+        assert int(answer.text) > before
+
+
+def test_the_embedded_mode_makes_snowflake_tags_but_says_they_need_redis(
+    sqlite_settings: Settings, tag: str
+) -> None:
+    with TestClient(create_app(sqlite_settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag, layout="js53")
+        answer = c.get(f"/id/{tag}")
+        assert answer.status_code == 503 and answer.json()["error"] == "worker_unavailable"
+        assert "need Redis" in answer.json()["message"]

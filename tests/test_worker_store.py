@@ -1,0 +1,159 @@
+"""The worker-ID script on the real Redis (pool/worker_store.py): one holder per
+worker ID, floors that travel with the lease, the quarantine after a new Redis
+incarnation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from idpool.pool.keys import Keys
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
+from ops.toolkit import RedisServer
+
+pytestmark = pytest.mark.anyio
+TTL = 400  # ms
+
+
+def store_of(pool: RedisPool) -> WorkerStore:
+    return WorkerStore(pool.client, pool.keys, pool.send)
+
+
+async def grant(
+    store: WorkerStore, tag: str, gen: int, *, first: bool = False, workers: int = 4
+) -> Grant:
+    return await store.grant(
+        tag,
+        generation=gen,
+        first=first,
+        workers=workers,
+        holder=f"h{gen}",
+        ttl_ms=TTL,
+        quarantine_ms=TTL,
+    )
+
+
+async def test_each_worker_id_has_one_holder_until_every_one_is_held(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    got = [await grant(store, tag, g, first=g == 1) for g in range(1, 5)]
+    assert sorted(g.worker for g in got) == [0, 1, 2, 3]
+    assert all(g.floor_ms == 0 for g in got)  # a new tag: nothing used before
+    with pytest.raises(WorkerRefused) as e:
+        await grant(store, tag, 5)
+    assert e.value.why == "full"
+
+
+async def test_a_worker_id_comes_back_only_after_expiry_above_its_last_time(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    first = await grant(store, tag, 1, first=True, workers=1)
+    last_used = first.server_ms + 50
+    await store.renew(tag, first, last_used, TTL, TTL)  # renewals carry the last time
+    with pytest.raises(WorkerRefused):
+        await grant(store, tag, 2, workers=1)  # still held
+    await asyncio.sleep(TTL / 1000 + 0.1)  # expired, not renewed (its holder was killed)
+    second = await grant(store, tag, 3, workers=1)
+    assert second.worker == 0
+    assert second.floor_ms >= max(last_used, first.expires_ms)
+    # the old holder may not renew it any more
+    with pytest.raises(WorkerRefused) as e:
+        await store.renew(tag, first, last_used, TTL, TTL)
+    assert e.value.why == "lost"
+
+
+async def test_a_released_worker_id_is_granted_again_above_its_last_time(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    first = await grant(store, tag, 1, first=True, workers=1)
+    ahead = int(time.time() * 1000) - 5  # the holder's last time, just past
+    await store.release(tag, first, ahead, TTL)
+    await asyncio.sleep(0.01)
+    again = await grant(store, tag, 2, workers=1)
+    assert again.worker == 0 and again.floor_ms >= ahead
+    # a worker ID whose last time is still ahead of the server's clock is not reused
+    await store.release(tag, again, int(time.time() * 1000) + 60_000, TTL)
+    with pytest.raises(WorkerRefused):
+        await grant(store, tag, 3, workers=1)
+
+
+async def test_a_new_incarnation_drops_every_holder_and_grants_nothing_for_a_ttl(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True)
+    plain = redis.Redis.from_url(settings.redis_url)
+    # As a snapshot of an older incarnation (restart, failover) would hold it:
+    plain.hset(Keys(settings.redis_prefix).workers(tag), "inc", "0:0")
+    with pytest.raises(WorkerRefused) as lost:
+        await store.renew(tag, held, held.server_ms, TTL, TTL)
+    assert lost.value.why == "lost"  # the old holder stops: it cannot renew here
+    with pytest.raises(WorkerRefused) as q:
+        await grant(store, tag, 2)
+    assert q.value.why == "quarantine" and 0 < q.value.retry_ms <= TTL
+    await asyncio.sleep(TTL / 1000 + 0.05)
+    after = await grant(store, tag, 3)
+    # the floor kept from the old hash: above everything the old holder may have used
+    assert after.floor_ms >= held.expires_ms
+
+
+async def test_an_empty_redis_quarantines_every_tag_but_a_first_grant(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    store = store_of(redis_pool)
+    fresh = await grant(store, tag, 1, first=True)  # a tag's first grant ever: no wait
+    assert fresh.worker == 0
+    redis.Redis.from_url(settings.redis_url).delete(Keys(settings.redis_prefix).workers(tag))
+    # Redis lost the hash; the ledger's generation says grants happened before
+    with pytest.raises(WorkerRefused) as q:
+        await grant(store, tag, 2)
+    assert q.value.why == "quarantine"
+    await asyncio.sleep(TTL / 1000 + 0.05)
+    later = await grant(store, tag, 3)
+    assert later.floor_ms >= fresh.server_ms + TTL  # the quarantine's end is the floor
+
+
+async def test_a_redis_restarted_empty_fences_live_holders(
+    tmp_path: Path, settings: Settings, tag: str
+) -> None:
+    server = RedisServer(tmp_path / "r", "--save", "", "--appendonly", "no").start()
+    try:
+        s = settings.with_changes(redis_url=server.url)
+        pool = RedisPool.from_settings(s)
+        store = store_of(pool)
+        held = await grant(store, tag, 1, first=True, workers=1)
+        server.kill9()
+        server.start()  # empty
+        await pool.close()
+        pool = RedisPool.from_settings(s)
+        store = store_of(pool)
+        with pytest.raises(WorkerRefused) as q:
+            await grant(store, tag, 2, workers=1)  # not the first generation: quarantined
+        assert q.value.why == "quarantine"
+        with pytest.raises(WorkerRefused):
+            await store.renew(tag, held, held.server_ms, TTL, TTL)
+        await asyncio.sleep(TTL / 1000 + 0.05)
+        again = await grant(store, tag, 3, workers=1)
+        assert again.floor_ms > held.server_ms
+        await pool.close()
+    finally:
+        server.kill9()
+
+
+async def test_a_tag_just_made_needs_no_quarantine_whichever_grant_comes_first(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    await store.init(tag)  # idpool tag add: no generation claimed yet
+    second = await grant(store, tag, 2)  # generation 2's script ran before generation 1's
+    first = await grant(store, tag, 1, first=True)
+    assert {second.worker, first.worker} == {0, 1}
