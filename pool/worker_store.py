@@ -76,8 +76,10 @@ if ARGV[1] == 'grant' then
     else
       local _, exp, last = string.match(v, '(%d+) (%d+) (%d+)')
       exp, last = tonumber(exp), tonumber(last)
-      -- reused only once its lease expired and its last time is past
-      if exp <= now and last < now then floor = math.max(exp, last) end
+      -- reused only once its lease expired and its last time is past; never below
+      -- the last quarantine's end (a field from an older snapshot or a lagging
+      -- replica misses the renewals its holder made before the incarnation changed)
+      if exp <= now and last < now then floor = math.max(exp, last, base) end
     end
     if floor then
       local v2 = ARGV[4] .. ' ' .. (now + ttl) .. ' ' .. floor .. ' ' .. ARGV[6]

@@ -106,6 +106,27 @@ async def test_a_new_incarnation_drops_every_holder_and_grants_nothing_for_a_ttl
     assert after.floor_ms >= held.expires_ms
 
 
+async def test_a_snapshot_older_than_the_holders_renewals_floors_at_the_quarantine(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    await asyncio.sleep(0.1)
+    renewed = await store.renew(tag, held, held.server_ms + 100, TTL, TTL)
+    # A snapshot taken before that renewal (restored, or a lagging replica): its
+    # field shows the grant's expiry, below what the live holder may still use.
+    plain = redis.Redis.from_url(settings.redis_url)
+    stale = f"1 {held.expires_ms} {held.floor_ms} h1"
+    plain.hset(Keys(settings.redis_prefix).workers(tag), mapping={"inc": "0:0", "w:0": stale})
+    with pytest.raises(WorkerRefused):
+        await store.renew(tag, held, held.server_ms + 100, TTL, TTL)
+    await asyncio.sleep(TTL / 1000 + 0.05)
+    after = await grant(store, tag, 2, workers=1)
+    # the holder stopped before its renewed expiry: the new one starts above it
+    # (above the quarantine's end), not above the snapshot's older floor
+    assert after.floor_ms >= renewed
+
+
 async def test_an_empty_redis_quarantines_every_tag_but_a_first_grant(
     redis_pool: RedisPool, tag: str, settings: Settings
 ) -> None:
