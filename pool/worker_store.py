@@ -110,6 +110,12 @@ return {'ok', tostring(now), tostring(now)}
 """
 
 
+# The script's numbers print exactly below 10^14 (Lua's %.14g; unix ms of the year
+# 5138): a larger last time would be kept as 9.2e+18, which the fields' pattern
+# reads back as 9 (the worker ID granted again below what its holder claimed).
+MAX_LAST_MS = 10**14 - 1
+
+
 @dataclass(frozen=True)
 class Grant:
     worker: int
@@ -194,4 +200,4 @@ class WorkerStore:
         return int(reply[1])
 
 
-__all__ = ["Grant", "StoreUnavailable", "WorkerRefused", "WorkerStore"]
+__all__ = ["MAX_LAST_MS", "Grant", "StoreUnavailable", "WorkerRefused", "WorkerStore"]

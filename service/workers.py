@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
 from idpool.pool.snowflake import WorkerLeaseLost
-from idpool.pool.worker_store import Grant, WorkerRefused
+from idpool.pool.worker_store import MAX_LAST_MS, Grant, WorkerRefused
 
 from . import auth
 from .errors import HttpRefusal, json_response
@@ -72,6 +72,11 @@ def _fields(body: Any, tag: str) -> tuple[Grant, int]:
         for f in ("worker", "generation", "last_ms")
     ):
         raise InvalidInput("bad_body", f"send {example}, as POST /worker/{tag} answered")
+    if body["last_ms"] > MAX_LAST_MS:
+        raise InvalidInput(
+            "bad_body",
+            f"last_ms {body['last_ms']} is not a unix time in ms (at most {MAX_LAST_MS})",
+        )
     return Grant(body["worker"], body["generation"], 0, 0, 0), body["last_ms"]
 
 

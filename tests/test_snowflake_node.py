@@ -161,6 +161,23 @@ def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, ta
     assert again.status_code == 409 and again.json()["error"] == "worker_lost"
 
 
+def test_a_renewal_with_a_last_time_past_what_the_script_keeps_exactly_is_refused(
+    node: TestClient, tag: str, settings: Settings
+) -> None:
+    add(node, tag, worker_bits=1)
+    got = node.post(f"/worker/{tag}?holder=test").json()
+    body = {"worker": got["worker"], "generation": got["generation"], "last_ms": 2**63 - 1}
+    bad = node.post(f"/worker/{tag}/renew", json=body)
+    # Lua keeps it as 9.2233720368548e+18: the field's numbers no longer parse,
+    # and the next grant of the worker ID read its last time as 9
+    assert bad.status_code == 400 and bad.json()["error"] == "bad_body", bad.text
+    assert "last_ms" in bad.json()["message"]
+    field = redis.Redis.from_url(settings.redis_url).hget(
+        Keys(settings.redis_prefix).workers(tag), f"w:{got['worker']}"
+    )
+    assert field is not None and b"e+" not in field
+
+
 def test_a_large_step_back_stops_the_tag_and_readiness_says_why(node: TestClient, tag: str) -> None:
     add(node, tag)
     node.get(f"/id/{tag}")
