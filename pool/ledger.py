@@ -113,26 +113,7 @@ GALERA_SESSION = "SET SESSION wsrep_sync_wait = 1"
 
 
 def _tag_row(values: Sequence[Any]) -> TagRow:
-    tag, max_id, step, start_id, description, updated, min_step, max_step, end, off, kind = values[
-        :11
-    ]
-    layout, options, secret = values[11:14]
-    return TagRow(
-        tag,
-        max_id,
-        step,
-        start_id,
-        description,
-        updated,
-        min_step,
-        max_step,
-        end,
-        bool(off),
-        kind,
-        layout,
-        options,
-        secret,
-    )
+    return TagRow.from_columns(values, values[5])
 
 
 class Ledger:

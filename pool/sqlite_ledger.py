@@ -29,27 +29,7 @@ _COLUMNS = (
 
 
 def _row(values: Any) -> TagRow:
-    tag, max_id, step, start_id, description, updated_at, min_step, max_step, end, off, kind = (
-        values[:11]
-    )
-    updated = datetime.fromtimestamp(updated_at, UTC)
-    layout, options, secret = values[11:14]
-    return TagRow(
-        tag,
-        max_id,
-        step,
-        start_id,
-        description,
-        updated,
-        min_step,
-        max_step,
-        end,
-        bool(off),
-        kind,
-        layout,
-        options,
-        secret,
-    )
+    return TagRow.from_columns(values, datetime.fromtimestamp(values[5], UTC))
 
 
 def _select(conn: sqlite3.Connection, tag: str) -> TagRow:

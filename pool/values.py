@@ -7,9 +7,10 @@ list's summary.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import TagDisabled, TagExhausted
 from .ranges import MAX_ID, IdRange, TaggedRange
@@ -50,6 +51,18 @@ class TagRow:
     options: str = ""
     # the obfuscation key (hex), made at creation; never in a repr, a log or a page
     secret: str = field(default="", repr=False)
+
+    @classmethod
+    def from_columns(cls, values: Sequence[Any], updated_at: datetime) -> TagRow:
+        """A row as both ledgers select it: tag, max_id, step, start_id, description,
+        (updated_at, converted by the caller), min_step, max_step, end_id, disabled,
+        kind, layout, options, secret."""
+        tag, max_id, step, start_id, description = values[:5]
+        min_step, max_step, end, off, kind, layout, options, secret = values[6:14]
+        return cls(
+            tag, max_id, step, start_id, description, updated_at, min_step, max_step,
+            end, bool(off), kind, layout, options, secret,
+        )  # fmt: skip
 
     @property
     def max(self) -> int | None:

@@ -574,6 +574,18 @@ def test_a_body_over_the_limit_is_refused_with_413(settings: Settings, path: str
         assert r.status_code != 413  # at the limit: read, and answered as usual
 
 
+def _start_node(settings: Settings, tmp_path: Path, **extra: str) -> NodeProcess:
+    """A real node on the test's stores, its preloader off."""
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+        **extra,
+    )
+    return NodeProcess(env, tmp_path / "node").start()
+
+
 def _vm(pid: int, field: str) -> int:
     """A /proc/PID/status figure in bytes (VmHWM: the peak resident memory so far)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -608,13 +620,7 @@ def test_a_large_body_is_refused_unread_and_id_keeps_answering(
 ) -> None:
     # Two 256 MiB bodies took a node from 47 MiB to 1,071 MiB before.
     add_tag(settings, tag)
-    env = env_with(
-        IDPOOL_MYSQL_URL=settings.mysql_url,
-        IDPOOL_REDIS_URL=settings.redis_url,
-        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
-        IDPOOL_PRELOAD="0",
-    )
-    node = NodeProcess(env, tmp_path / "node").start()
+    node = _start_node(settings, tmp_path)
     try:
         assert node.proc is not None
         url = f"{node.base_url}/id/{tag}"
@@ -644,14 +650,7 @@ def test_a_body_that_trickles_in_is_refused_at_its_deadline(
     # 800 connections each sending a body a byte a second held 80 KiB apiece for
     # as long as they liked: a body now has IDPOOL_BODY_SECONDS to arrive whole.
     add_tag(settings, tag)
-    env = env_with(
-        IDPOOL_MYSQL_URL=settings.mysql_url,
-        IDPOOL_REDIS_URL=settings.redis_url,
-        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
-        IDPOOL_PRELOAD="0",
-        IDPOOL_BODY_SECONDS="1",
-    )
-    node = NodeProcess(env, tmp_path / "node").start()
+    node = _start_node(settings, tmp_path, IDPOOL_BODY_SECONDS="1")
     try:
         sock = socket.create_connection(("127.0.0.1", node.port), timeout=10)
         started = time.monotonic()
@@ -742,13 +741,7 @@ def test_a_client_that_hangs_up_while_its_id_is_fetched_wastes_it_counted(
     settings: Settings, tag: str, tmp_path: Path
 ) -> None:
     add_tag(settings, tag)
-    env = env_with(
-        IDPOOL_MYSQL_URL=settings.mysql_url,
-        IDPOOL_REDIS_URL=settings.redis_url,
-        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
-        IDPOOL_PRELOAD="0",
-    )
-    node = NodeProcess(env, tmp_path / "node").start()
+    node = _start_node(settings, tmp_path)
     try:
         # The first request for the tag waits for the ledger (a lookup, a claim):
         # the client is gone by then.
