@@ -237,11 +237,18 @@ class GaleraCluster:
 
     def rejoin(self, index: int, timeout: float = 120.0) -> float:
         """Start a stopped member again (it catches up by IST or SST); returns the
-        seconds until it is Synced."""
+        seconds until it and every peer are Synced in a primary component of all
+        running members (a donor stays Desynced for a while after its joiner is done,
+        and holds writes up while it is)."""
         member = self.members[index]
         started = time.monotonic()
         member.start(self.peers(member))
-        self.wait_synced(member, timeout)
+        deadline = started + timeout
+        running = [m for m in self.members if m.proc is not None]
+        for each in [member, *self.peers(member)]:
+            if each.proc is not None:
+                self.wait_synced(each, max(deadline - time.monotonic(), 0.0))
+        self.wait_size(len(running), max(deadline - time.monotonic(), 1.0))
         return time.monotonic() - started
 
     def sql(self, statement: str, database: str = "", member: int = 0) -> str:

@@ -240,7 +240,8 @@ async def test_a_push_whose_reply_is_lost_lands_once(settings: Settings, tag: st
     plain = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     try:
         url = f"redis://127.0.0.1:{proxy.port}/0"
-        idpool_client = make_client(settings.with_changes(redis_url=url))
+        # 5 s to connect through the proxy's threads: a loaded machine took over 1 s
+        idpool_client = make_client(settings.with_changes(redis_url=url, store_timeout=5.0))
         await _push_with_lost_reply(idpool_client, keys, proxy, tag)
         assert plain.lrange(keys.pool(tag), 0, -1) == ["1-10", "11-20"]
 
@@ -271,8 +272,9 @@ async def test_a_full_connection_pool_waits_rather_than_failing(
 async def test_a_command_that_never_got_a_connection_is_busy_not_unknown(
     redis_server: RedisServer, settings: Settings, tag: str
 ) -> None:
-    private = settings.with_changes(redis_url=redis_server.url, store_timeout=0.5)
-    # a slot is waited for 0.1 s, less than the 0.5 s the hung commands hold theirs
+    private = settings.with_changes(redis_url=redis_server.url, store_timeout=3.0)
+    # a slot is waited for 0.1 s, far less than the 3 s the hung commands hold theirs
+    # (a loaded machine may stall the loop for a good part of a second)
     pool = RedisPool(make_client(private), Keys(private.redis_prefix), slot_wait=0.1)
     try:
         await pool.check()
