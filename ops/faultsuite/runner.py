@@ -76,6 +76,50 @@ def faults_to_inject(
         yield gap, hold
 
 
+def _cluster_for(
+    scenario: Scenario,
+    ledger: MariaServer | MariaPair | GaleraCluster,
+    tag: str,
+    directory: Path,
+    args: argparse.Namespace,
+) -> Cluster:
+    env = dict(scenario.env)
+    if args.strict and scenario.name in STRICT_SOON:
+        # a strict state holds IDPOOL_RESERVE_SECONDS of supply: claims come that often
+        env["IDPOOL_RESERVE_SECONDS"] = "4"
+    return Cluster(
+        directory / scenario.name,
+        ledger,
+        tag,
+        scenario.redis_mode,
+        args.nodes,
+        sentinel=scenario.topology == "sentinel",
+        redis_cluster=scenario.topology == "cluster",
+        database="faults_" + scenario.name.replace("-", "_"),
+        env_overrides=env,
+        idle_tags=args.idle_tags,
+        strict=args.strict,
+        kind=scenario.kind,
+        step=scenario.step or STEP,
+    )
+
+
+def _inject_faults(
+    scenario: Scenario, cluster: Cluster, rng: random.Random, timed: bool, seconds: float
+) -> None:
+    """The scenario's faults at random moments; stops at the first that fails."""
+    for pause, hold in faults_to_inject(timed, seconds, rng, scenario.name == "mixed"):
+        time.sleep(pause)
+        fault = rng.choice(scenario.faults)
+        cluster.note(f"fault {fault.__name__} (hold {hold:.1f}s)")
+        try:
+            fault(cluster, rng, hold)
+        except Exception as e:  # e.g. a node that would not restart: report it
+            cluster.problems.append(f"{fault.__name__} failed: {type(e).__name__}: {e}")
+            cluster.ensure_stores_up()
+            return
+
+
 def run_scenario(
     scenario: Scenario,
     maria: MariaServer,
@@ -91,25 +135,7 @@ def run_scenario(
         ledger = MariaPair(directory / scenario.name / "mariadb")
     elif scenario.topology == "galera":
         ledger = GaleraCluster(3)  # a temp dir of its own, owned by mysql (the rsync SST)
-    env = dict(scenario.env)
-    if args.strict and scenario.name in STRICT_SOON:
-        # a strict state holds IDPOOL_RESERVE_SECONDS of supply: claims come that often
-        env["IDPOOL_RESERVE_SECONDS"] = "4"
-    cluster = Cluster(
-        directory / scenario.name,
-        ledger,
-        tag,
-        scenario.redis_mode,
-        args.nodes,
-        sentinel=scenario.topology == "sentinel",
-        redis_cluster=scenario.topology == "cluster",
-        database="faults_" + scenario.name.replace("-", "_"),
-        env_overrides=env,
-        idle_tags=args.idle_tags,
-        strict=args.strict,
-        kind=scenario.kind,
-        step=scenario.step or STEP,
-    )
+    cluster = _cluster_for(scenario, ledger, tag, directory, args)
     order = OrderLog() if args.strict else None
     try:
         if isinstance(ledger, MariaPair | GaleraCluster):
@@ -130,19 +156,7 @@ def run_scenario(
         )
         clients.start()
         try:
-            plan = faults_to_inject(
-                args.duration is not None, seconds, rng, scenario.name == "mixed"
-            )
-            for pause, hold in plan:
-                time.sleep(pause)
-                fault = rng.choice(scenario.faults)
-                cluster.note(f"fault {fault.__name__} (hold {hold:.1f}s)")
-                try:
-                    fault(cluster, rng, hold)
-                except Exception as e:  # e.g. a node that would not restart: report it
-                    cluster.problems.append(f"{fault.__name__} failed: {type(e).__name__}: {e}")
-                    cluster.ensure_stores_up()
-                    break
+            _inject_faults(scenario, cluster, rng, args.duration is not None, seconds)
             time.sleep(CI_RECOVER)
         finally:
             clients.stop()

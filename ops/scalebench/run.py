@@ -255,6 +255,97 @@ def _pct(value: float) -> str:
     return f"{value:.1f}%"
 
 
+def _render_idle(plan: Plan, r: dict[str, Any]) -> list[str]:
+    """The idle table."""
+    lines: list[str] = []
+    lines += [
+        "",
+        "idle: "
+        + ("Redis Cluster 3+3" if plan.redis_cluster else "private Redis")
+        + f", fresh database, tags of step {scenarios.IDLE_STEP}; "
+        f"{plan.window:g} s window after the lists filled (+{plan.settle:g} s)",
+        "| tags | nodes | node CPU at idle | per node | "
+        "Redis commands/s at idle | seconds to fill every list | Redis CPU | load avg |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r["idle"]:
+        if "error" in row:
+            lines.append(f"| {row['tags']:,} | {row['nodes']} | failed: {row['error']} |")
+            continue
+        fill = (
+            f"{row['fill_s']:.1f}"
+            if row["fill_s"] is not None
+            else f"not within {row['fill_limit_s']:g} "
+            f"({row['short_lists_after_window']} short after the window)"
+        )
+        lines.append(
+            f"| {row['tags']:,} | {row['nodes']} | {_pct(row['node_cpu_pct'])} | "
+            f"{_pct(row['node_cpu_pct_per_node'])} | "
+            f"{row['redis_cmds_per_s']:,.0f} | {fill} | {_pct(row['redis_cpu_pct'])} | "
+            f"{row['load_avg_1m_before']} |"
+        )
+    return lines
+
+
+def _render_busy(plan: Plan, r: dict[str, Any]) -> list[str]:
+    """Busy tag beside idle tags."""
+    lines: list[str] = []
+    b = r["busy"]
+    lines += [
+        "",
+        f"busy beside idle: GET /id/busy on one node, {plan.connections} connections, "
+        f"{plan.busy_seconds:g} s per run, median of {b['rounds']} round(s)",
+    ]
+    for key, label in (("small", "10 tags"), ("large", f"{b['idle_tags']} idle tags + busy")):
+        for run in b[key]["runs"]:
+            lines.append(
+                f"  {label:<24} {run['req_per_s']:>9,.0f} req/s  p50 {run['p50_ms']:.2f} ms  "
+                f"p99 {run['p99_ms']:.2f} ms  max {run['max_ms']:.1f} ms  "
+                f"errors {run['errors']}  node CPU {_pct(run['node_cpu_pct'])} "
+                f"= {run['cpu_us_per_req']:.0f} us/req  "
+                f"load {run['load_avg_1m_before']}"
+            )
+    lines.append(
+        f"  ratio {b['idle_tags']} idle / 10 tags: throughput {b['ratio_req_per_s']:.3f}x "
+        f"[{'met' if b['throughput_target_met'] else 'MISS'} >= 0.95x], "
+        f"p99 {b['ratio_p99']:.2f}x [{'met' if b['p99_target_met'] else 'MISS'} <= 1.1x]; "
+        f"node CPU per request {b['ratio_cpu_per_req']}x (info)"
+    )
+    return lines
+
+
+def _render_lowrate(plan: Plan, r: dict[str, Any]) -> list[str]:
+    """Low rate with a restart."""
+    lines: list[str] = []
+    lr = r["lowrate"]
+    pub = lr["published"]
+    rs, st, su = pub["redis_rate"], pub["status_cluster_ids_per_s"], pub["supply_seconds"]
+    rst = lr["restart"]
+    error = f", error {rst['error']}" if "error" in rst else ""
+    lines += [
+        "",
+        f"low rate: {lr['rate_asked']:g} IDs/s on one tag for {lr['duration_s']:g} s over "
+        f"{lr['nodes']} node(s), node 1 restarted half-way (stop {rst.get('stop_s')} s, "
+        f"ready {rst.get('ready_s')} s, returned {rst.get('returned')} "
+        f"abandoned {rst.get('abandoned')}{error})",
+        f"  handed out {lr['handed_out']:,} IDs (duplicates {lr['duplicates']}, retried "
+        f"{lr['requests_retried']}, failed {lr['requests_failed']}); step "
+        f"{lr['step_at_start']} -> {lr['step_at_end']}",
+        f"  claimed from MySQL {lr['claimed_from_mysql']:,} IDs: excess {lr['excess_ids']:,} "
+        f"= {lr['excess_ranges']} ranges of {lr['step_at_start']} vs bound "
+        f"{lr['bound_ranges']} (min depth {plan.depth} + 2 x {lr['nodes']} nodes) "
+        f"[{'met' if lr['bound_met'] else 'MISS'}]; of it in the pool "
+        f"{lr['in_pool_ids']:,}, in node buffers {lr['held_by_nodes_ids']:,}",
+        "  published rate over the second half (asked "
+        f"{lr['rate_asked']:g}): Redis stats `rate` {_range(rs)} "
+        f"[{'met' if rs['within_0.5x_2x'] else 'MISS'} 0.5x-2x]; /status.json "
+        f"cluster_ids_per_s {_range(st)} [{'met' if st['within_0.5x_2x'] else 'MISS'}]; "
+        f"idpool_pool_supply_seconds {_range(su)}, absent from /metrics in "
+        f"{su['absent']} of {su['of']} node samples",
+    ]
+    return lines
+
+
 def render(plan: Plan, r: dict[str, Any]) -> str:
     m = r["machine"]
     lines = [
@@ -266,84 +357,14 @@ def render(plan: Plan, r: dict[str, Any]) -> str:
         f"minimum pool depth {plan.depth}",
     ]
     if "idle" in r:
-        lines += [
-            "",
-            "idle: "
-            + ("Redis Cluster 3+3" if plan.redis_cluster else "private Redis")
-            + f", fresh database, tags of step {scenarios.IDLE_STEP}; "
-            f"{plan.window:g} s window after the lists filled (+{plan.settle:g} s)",
-            "| tags | nodes | node CPU at idle | per node | "
-            "Redis commands/s at idle | seconds to fill every list | Redis CPU | load avg |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for row in r["idle"]:
-            if "error" in row:
-                lines.append(f"| {row['tags']:,} | {row['nodes']} | failed: {row['error']} |")
-                continue
-            fill = (
-                f"{row['fill_s']:.1f}"
-                if row["fill_s"] is not None
-                else f"not within {row['fill_limit_s']:g} "
-                f"({row['short_lists_after_window']} short after the window)"
-            )
-            lines.append(
-                f"| {row['tags']:,} | {row['nodes']} | {_pct(row['node_cpu_pct'])} | "
-                f"{_pct(row['node_cpu_pct_per_node'])} | "
-                f"{row['redis_cmds_per_s']:,.0f} | {fill} | {_pct(row['redis_cpu_pct'])} | "
-                f"{row['load_avg_1m_before']} |"
-            )
+        lines += _render_idle(plan, r)
     for name in ("busy", "lowrate"):
         if "error" in r.get(name, {}):
             lines += ["", f"{name}: failed: {r[name]['error']}"]
     if "busy" in r and "error" not in r["busy"]:
-        b = r["busy"]
-        lines += [
-            "",
-            f"busy beside idle: GET /id/busy on one node, {plan.connections} connections, "
-            f"{plan.busy_seconds:g} s per run, median of {b['rounds']} round(s)",
-        ]
-        for key, label in (("small", "10 tags"), ("large", f"{b['idle_tags']} idle tags + busy")):
-            for run in b[key]["runs"]:
-                lines.append(
-                    f"  {label:<24} {run['req_per_s']:>9,.0f} req/s  p50 {run['p50_ms']:.2f} ms  "
-                    f"p99 {run['p99_ms']:.2f} ms  max {run['max_ms']:.1f} ms  "
-                    f"errors {run['errors']}  node CPU {_pct(run['node_cpu_pct'])} "
-                    f"= {run['cpu_us_per_req']:.0f} us/req  "
-                    f"load {run['load_avg_1m_before']}"
-                )
-        lines.append(
-            f"  ratio {b['idle_tags']} idle / 10 tags: throughput {b['ratio_req_per_s']:.3f}x "
-            f"[{'met' if b['throughput_target_met'] else 'MISS'} >= 0.95x], "
-            f"p99 {b['ratio_p99']:.2f}x [{'met' if b['p99_target_met'] else 'MISS'} <= 1.1x]; "
-            f"node CPU per request {b['ratio_cpu_per_req']}x (info)"
-        )
+        lines += _render_busy(plan, r)
     if "lowrate" in r and "error" not in r["lowrate"]:
-        lr = r["lowrate"]
-        pub = lr["published"]
-        rs, st, su = pub["redis_rate"], pub["status_cluster_ids_per_s"], pub["supply_seconds"]
-        rst = lr["restart"]
-        error = f", error {rst['error']}" if "error" in rst else ""
-        lines += [
-            "",
-            f"low rate: {lr['rate_asked']:g} IDs/s on one tag for {lr['duration_s']:g} s over "
-            f"{lr['nodes']} node(s), node 1 restarted half-way (stop {rst.get('stop_s')} s, "
-            f"ready {rst.get('ready_s')} s, returned {rst.get('returned')} "
-            f"abandoned {rst.get('abandoned')}{error})",
-            f"  handed out {lr['handed_out']:,} IDs (duplicates {lr['duplicates']}, retried "
-            f"{lr['requests_retried']}, failed {lr['requests_failed']}); step "
-            f"{lr['step_at_start']} -> {lr['step_at_end']}",
-            f"  claimed from MySQL {lr['claimed_from_mysql']:,} IDs: excess {lr['excess_ids']:,} "
-            f"= {lr['excess_ranges']} ranges of {lr['step_at_start']} vs bound "
-            f"{lr['bound_ranges']} (min depth {plan.depth} + 2 x {lr['nodes']} nodes) "
-            f"[{'met' if lr['bound_met'] else 'MISS'}]; of it in the pool "
-            f"{lr['in_pool_ids']:,}, in node buffers {lr['held_by_nodes_ids']:,}",
-            "  published rate over the second half (asked "
-            f"{lr['rate_asked']:g}): Redis stats `rate` {_range(rs)} "
-            f"[{'met' if rs['within_0.5x_2x'] else 'MISS'} 0.5x-2x]; /status.json "
-            f"cluster_ids_per_s {_range(st)} [{'met' if st['within_0.5x_2x'] else 'MISS'}]; "
-            f"idpool_pool_supply_seconds {_range(su)}, absent from /metrics in "
-            f"{su['absent']} of {su['of']} node samples",
-        ]
+        lines += _render_lowrate(plan, r)
     lines += ["", f"reproduce: {r['command']}"]
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,73 @@ def _held_by_nodes(world: World, tag: str) -> int:
     return held
 
 
+@dataclass
+class _Paced:
+    """What a paced run of single-ID requests saw."""
+
+    seen: set[int] = field(default_factory=set)
+    duplicates: int = 0
+    retried: int = 0
+    failed: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    restart: dict[str, Any] = field(default_factory=dict)
+
+    def one_id(self, world: World, tag: str, i: int) -> None:
+        """Request one ID, round robin from node ``i``; a failure goes to the next."""
+        for attempt in range(len(world.nodes) + 1):
+            node = world.nodes[(i + attempt) % len(world.nodes)]
+            try:
+                code, body = http_get(f"{node.base_url}/id/{tag}", timeout=2)
+            except OSError:
+                code, body = 0, b""
+            if code == 200:
+                value = int(body)
+                self.duplicates += value in self.seen
+                self.seen.add(value)
+                return
+            self.retried += 1
+        self.failed += 1
+
+
+def _paced_with_restart(
+    world: World, tag: str, duration: float, rate: float, sample_every: float
+) -> _Paced:
+    """``rate`` IDs/s for ``duration`` s; node 0 restarted half-way, in a thread."""
+    run = _Paced()
+
+    def do_restart() -> None:
+        try:
+            run.restart.update(world.restart_node(0))
+        except Exception as e:  # reported, and the run goes on on the other nodes
+            run.restart["error"] = repr(e)
+
+    restarter = threading.Thread(target=do_restart, daemon=True)
+    started = time.monotonic()
+    next_sample = 0.0
+    for i in range(int(duration * rate)):
+        due = started + i / rate
+        if (wait := due - time.monotonic()) > 0:
+            time.sleep(wait)
+        elapsed = time.monotonic() - started
+        if not restarter.is_alive() and not run.restart and elapsed >= duration / 2:
+            restarter.start()
+        run.one_id(world, tag, i)
+        if elapsed >= next_sample:
+            run.samples.append(_sample(world, tag, elapsed))
+            next_sample += sample_every
+    restarter.join(150)
+    run.samples.append(_sample(world, tag, time.monotonic() - started))
+    return run
+
+
+def _ids_in_pool(world: World, tag: str) -> int:
+    in_pool = 0
+    for text in world.redis.lrange(pool_key(tag), 0, -1):
+        first, _, last = _text(text).partition("-")
+        in_pool += int(last) - int(first) + 1
+    return in_pool
+
+
 def low_rate(
     workdir: Path,
     *,
@@ -297,62 +365,18 @@ def low_rate(
     with World(workdir, "lowrate") as world:
         world.add_tags([TagSpec(tag, step)])
         world.start_nodes(nodes)
-        seen: set[int] = set()
-        duplicates = failed = retried = 0
-        samples: list[dict[str, Any]] = []
-        restart: dict[str, Any] = {}
-
-        def do_restart() -> None:
-            try:
-                restart.update(world.restart_node(0))
-            except Exception as e:  # reported, and the run goes on on the other nodes
-                restart["error"] = repr(e)
-
-        restarter = threading.Thread(target=do_restart, daemon=True)
-        started = time.monotonic()
-        next_sample = 0.0
-        total = int(duration * rate)
-        for i in range(total):
-            due = started + i / rate
-            if (wait := due - time.monotonic()) > 0:
-                time.sleep(wait)
-            elapsed = time.monotonic() - started
-            if not restarter.is_alive() and not restart and elapsed >= duration / 2:
-                restarter.start()
-            for attempt in range(len(world.nodes) + 1):
-                node = world.nodes[(i + attempt) % len(world.nodes)]
-                try:
-                    code, body = http_get(f"{node.base_url}/id/{tag}", timeout=2)
-                except OSError:
-                    code, body = 0, b""
-                if code == 200:
-                    value = int(body)
-                    duplicates += value in seen
-                    seen.add(value)
-                    break
-                retried += 1
-            else:
-                failed += 1
-            if elapsed >= next_sample:
-                samples.append(_sample(world, tag, elapsed))
-                next_sample += sample_every
-        restarter.join(150)
-        samples.append(_sample(world, tag, time.monotonic() - started))
+        run = _paced_with_restart(world, tag, duration, rate, sample_every)
         row = world.ledger_row(tag)
-        in_pool = 0
-        for text in world.redis.lrange(pool_key(tag), 0, -1):
-            first, _, last = _text(text).partition("-")
-            in_pool += int(last) - int(first) + 1
+        in_pool = _ids_in_pool(world, tag)
         held = _held_by_nodes(world, tag)
         stats = {_text(k): _text(v) for k, v in world.redis.hgetall(stats_key(tag)).items()}
-        first_node = world.nodes[0]
-        logs = [p.read_text(errors="replace") for p in first_node.logs]
-    handed_out = len(seen)
+        logs = [p.read_text(errors="replace") for p in world.nodes[0].logs]
+    handed_out = len(run.seen)
     claimed = row["max_id"] - row["start_id"]
     excess = claimed - handed_out
     bound_ranges = depth + 2 * nodes
     stopped = node_stopped(logs[0]) if logs else None
-    second_half = [s for s in samples if s["t"] >= duration / 2]
+    second_half = [s for s in run.samples if s["t"] >= duration / 2]
     return {
         "duration_s": duration,
         "rate_asked": rate,
@@ -360,9 +384,9 @@ def low_rate(
         "step_at_start": step,
         "step_at_end": row["step"],
         "handed_out": handed_out,
-        "duplicates": duplicates,
-        "requests_retried": retried,
-        "requests_failed": failed,
+        "duplicates": run.duplicates,
+        "requests_retried": run.retried,
+        "requests_failed": run.failed,
         "claimed_from_mysql": claimed,
         "excess_ids": excess,
         "excess_ranges": round(excess / step, 1),
@@ -371,13 +395,13 @@ def low_rate(
         "in_pool_ids": in_pool,
         "held_by_nodes_ids": held,
         "restart": {
-            **restart,
+            **run.restart,
             "returned": None if stopped is None else stopped[0],
             "abandoned": None if stopped is None else stopped[1],
         },
         "stats_hash_at_end": stats,
-        "published": _published(second_half or samples, rate),
-        "samples": samples,
+        "published": _published(second_half or run.samples, rate),
+        "samples": run.samples,
     }
 
 
