@@ -41,7 +41,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .cluster import Client, cluster_client, on_one_connection, verify_cluster
-from .errors import StoreBusy, StoreNotSent, StoreUnavailable
+from .errors import StoreBusy, StoreNotSent, StoreUnavailable, TooFewReplicas
 from .keys import Keys, Legacy
 from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
@@ -336,6 +336,23 @@ class RedisPool:
                 "redis", f"no answer from Redis (check IDPOOL_REDIS_URL): {e.detail}"
             ) from e
 
+    async def mark_replicas(self) -> tuple[int, int] | None:
+        """(fewest replicas online on a primary, replicas a raise waits for), or
+        None when IDPOOL_REDIS_MARK_REPLICAS is 0. Fewer online than wanted:
+        every raise is refused, so no claim can be made (for the health probe)."""
+        if not self._mark_replicas:
+            return None
+        if isinstance(self.client, RedisCluster):
+            infos = []
+            for node in self.client.get_primaries():
+                info = await self._plain(self.client.info("replication", target_nodes=node))
+                if "role" not in info and len(info) == 1:
+                    info = next(iter(info.values()))  # {node name: info}
+                infos.append(info)
+        else:
+            infos = [await self._plain(self.client.info("replication"))]
+        return min(map(_replicas_online, infos), default=0), self._mark_replicas
+
     def _tag_args(self, tag: str) -> tuple[list[str], list[str], list[str]]:
         """The prelude's keys: clean marker, list; the old list (single Redis); and
         the old clean-marker prefix ('' on a cluster)."""
@@ -460,24 +477,28 @@ class RedisPool:
         )
         try:
             mark, online = await run_script(one, self._raise_hwm, keys, [str(value)])
-            # Only replicas that are online count: with none (the replica was just
-            # promoted, or is down) there is nothing a failover could promote, and
-            # waiting for one would stop every claim until a new replica has synced.
-            wanted = min(self._mark_replicas, int(online))
-            if wanted:
-                ms = self._wait_ms()
-                acked = int(await one.wait(wanted, ms))
-                if acked < wanted:
-                    raise _not_acknowledged(acked, wanted, ms)
+            acked = await self._wait_on(one, int(online))
+            _check_acknowledged(int(online), acked, self._mark_replicas, self._wait_ms())
         finally:
             await one.aclose()
         return str(mark)
 
+    async def _wait_on(self, one: aioredis.Redis, online: int) -> int | None:
+        """WAIT for every replica the setting wants, whether online or not: a
+        replica cut off from the primary (which then forgets it) may still be
+        promoted, so "none online, none to wait for" would let a raise count on
+        no replica. With fewer online than wanted nothing could acknowledge in
+        time: None, not waited for (the raise is refused at once)."""
+        if online < self._mark_replicas:
+            return None
+        return int(await one.wait(self._mark_replicas, self._wait_ms()))
+
     async def _raise_on_shard(self, client: RedisCluster, tag: str, value: int) -> int:
         """The raise, then its WAIT, on one connection to the primary of the tag's
-        shard: WAIT counts the replicas that have this connection's writes."""
+        shard: WAIT counts the replicas of that shard that have this connection's
+        writes, and the shard must have as many as the setting wants."""
         key = self.keys.hwm(tag)
-        mark, online, acked, wanted = await self._plain(
+        mark, online, acked = await self._plain(
             on_one_connection(
                 client,
                 key,
@@ -488,8 +509,8 @@ class RedisPool:
                 self._wait_ms(),
             )
         )
-        if acked < wanted:
-            raise _not_acknowledged(acked, wanted, self._wait_ms())
+        if self._mark_replicas:
+            _check_acknowledged(online, acked, self._mark_replicas, self._wait_ms())
         return int(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
@@ -720,12 +741,38 @@ async def run_script(client: Client, script: Lua, keys: list[str], args: list[st
         return await client.eval(script.text, len(keys), *keys, *args)
 
 
-def _not_acknowledged(acked: int, wanted: int, ms: int) -> StoreUnavailable:
-    return StoreUnavailable(
-        "redis",
-        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-        "(IDPOOL_REDIS_MARK_REPLICAS)",
+def _replicas_online(info: Mapping[str, Any]) -> int:
+    """Replicas in ``state=online`` in a parsed INFO replication (as the raise
+    script counts them: only those can acknowledge a WAIT)."""
+    return sum(
+        1
+        for name, replica in info.items()
+        if name.startswith("slave")
+        and isinstance(replica, dict)
+        and replica.get("state") == "online"
     )
+
+
+def _check_acknowledged(online: int, acked: int | None, wanted: int, ms: int) -> None:
+    """Raise TooFewReplicas unless ``wanted`` replicas acknowledged the raise
+    (``acked`` None: fewer were online than wanted, not waited for)."""
+    if acked is None:
+        raise TooFewReplicas(
+            0,
+            wanted,
+            online,
+            f"high-water mark reached at most {online} of {wanted} replicas: only {online} "
+            "online as the primary sees them (IDPOOL_REDIS_MARK_REPLICAS); claims stop "
+            "until enough replicas are back",
+        )
+    if acked < wanted:
+        raise TooFewReplicas(
+            acked,
+            wanted,
+            online,
+            f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
+            "(IDPOOL_REDIS_MARK_REPLICAS)",
+        )
 
 
 def _never_sent(e: BaseException) -> bool:

@@ -17,6 +17,7 @@ from idpool.pool.claims import LedgerClaims
 from idpool.pool.errors import (
     IdPoolError,
     MarkNotRaised,
+    MarkNotReplicated,
     NoRangeAvailable,
     StoreBusy,
     StoreSkipped,
@@ -117,7 +118,8 @@ class RangeSource:
         return errors
 
     def _failed(self, e: StoreUnavailable) -> None:
-        if not isinstance(e, StoreBusy | StoreSkipped):
+        # busy, not tried, or answered (too few replicas took the mark): no store error
+        if not isinstance(e, StoreBusy | StoreSkipped | MarkNotReplicated):
             self.stats.store_errors[e.store] += 1
         self.health.failed(e)
 

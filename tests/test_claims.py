@@ -6,9 +6,12 @@ import pytest
 from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
 from idpool.pool.errors import (
     MarkNotRaised,
+    MarkNotReplicated,
     StaleLedger,
     StartBelowIssued,
+    StoreSkipped,
     StoreUnavailable,
+    TooFewReplicas,
     UnknownTag,
 )
 from idpool.pool.ledger import TABLE, Ledger
@@ -195,6 +198,45 @@ async def test_a_claim_whose_mark_was_not_raised_is_given_up(
     with pytest.raises(MarkNotRaised) as caught:
         await claims.claim(tag)
     assert caught.value.wasted == IdRange(1, 11)  # claimed, unfenced: never to be served
+
+
+class ReplicaCutOff:
+    """Reads the real mark; every raise lands on the primary but no replica has it."""
+
+    def __init__(self, pool: RedisPool) -> None:
+        self.pool = pool
+        self.raises = 0
+
+    async def high_water(self, tag: str) -> int:
+        return await self.pool.high_water(tag)
+
+    async def raise_high_water(self, tag: str, value: int) -> int:
+        self.raises += 1
+        raise TooFewReplicas(0, 1, 0, "high-water mark reached at most 0 of 1 replicas")
+
+
+async def test_too_few_replicas_stop_claims_but_not_pops(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    # IDPOOL_REDIS_MARK_REPLICAS: a raise no replica took is given up like any,
+    # but Redis answers: the pops' skip stays off (nodes serve the pool), and
+    # only claims wait a moment, so a lasting replica outage wastes at most one
+    # range a second per process rather than one per fetch.
+    await ledger.add_tag(tag, step=10, start=1)
+    now = [100.0]
+    marks = ReplicaCutOff(redis_pool)
+    claims = LedgerClaims(ledger, marks, clock=lambda: now[0])  # type: ignore[arg-type]
+    with pytest.raises(MarkNotReplicated, match="0 of 1 replicas") as caught:
+        await claims.claim(tag)
+    assert caught.value.wasted == IdRange(1, 11)  # claimed, unreplicated: never served
+    assert claims.redis_skip.skipping() is None  # pops go on
+    with pytest.raises(StoreSkipped, match="enough replicas"):
+        await claims.claim(tag)  # not tried: nothing claimed, nothing wasted
+    assert marks.raises == 1 and (await ledger.get_tag(tag)).max_id == 11
+    now[0] += REDIS_SKIP_SECONDS
+    with pytest.raises(MarkNotReplicated):
+        await claims.claim(tag)  # tried again after the moment
+    assert marks.raises == 2
 
 
 async def test_double_fault_redis_blip_then_mysql_rewind_repeats_nothing(
