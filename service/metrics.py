@@ -189,9 +189,8 @@ class _SnapshotCollector:
             "idpool_build_info", "Always 1: the running version", labels=["version", "python"]
         )
         build.add_metric([VERSION, platform.python_version()], 1)
-        yield from (up, errors, retries, latency, requests, answered_errors, build)
-        if short.samples:  # only with IDPOOL_REDIS_MARK_REPLICAS set
-            yield short
+        # short: a sample only with IDPOOL_REDIS_MARK_REPLICAS set (the family always)
+        yield from (up, short, errors, retries, latency, requests, answered_errors, build)
 
 
 def _bound(value: float) -> str:
