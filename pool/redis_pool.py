@@ -453,8 +453,10 @@ class RedisPool:
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
-        for, it counts only once that many replicas have it: a failover to a replica
-        without it would leave ranges already served above the shared mark."""
+        for (IDPOOL_REDIS_MARK_REPLICAS), it counts only once that many replicas have
+        it, whether the primary sees them online or not: a failover to a replica
+        without it would leave ranges already served above the shared mark. Raises
+        TooFewReplicas when fewer acknowledged (the mark is on the primary only)."""
         if isinstance(self.client, RedisCluster):
             return await self._raise_on_shard(self.client, tag, value)
         keys = [self.keys.hwm(tag)] + ([] if self.legacy is None else [self.legacy.hwm(tag)])
