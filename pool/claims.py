@@ -13,8 +13,9 @@ anyone who reads the mark. It follows that a claim needs Redis: when the mark
 cannot be read the claim is not made, and when it cannot be raised the range
 is given up (``MarkNotRaised``), never served. While Redis is down, nodes serve
 what their buffers hold. With ``IDPOOL_REDIS_MARK_REPLICAS=N`` a raise counts
-only once N replicas acknowledged it (``MarkNotReplicated`` otherwise): while
-too few replicas are there, claims stop and nodes serve the pool and buffers.
+only once N replicas acknowledged it (``MarkNotReplicated`` otherwise), and
+no claim is made while fewer are online (``TooFewReplicas`` from the mark's
+read): claims stop, and nodes serve the pool and their buffers.
 """
 
 from __future__ import annotations
@@ -145,9 +146,14 @@ class LedgerClaims:
                 "redis", f"a claim needs its high-water mark on enough replicas: {short.detail}"
             )
         try:
-            return await self.marks.high_water(tag)
+            return await self.marks.high_water_to_claim(tag)
         except StoreBusy:
             raise  # never sent: says nothing about Redis's health
+        except TooFewReplicas as e:
+            # Redis answers (pops go on); a raise could not count now: no claim,
+            # so nothing to waste. Claims wait a moment before asking again.
+            self.replicas_skip.failed(e)
+            raise
         except StoreUnavailable as e:
             self.redis_failed(e)
             raise

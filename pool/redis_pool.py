@@ -164,6 +164,16 @@ for i = 1, #KEYS do redis.call('SET', KEYS[i], new) end
 return {new, online}
 """
 
+# KEYS = hwm (and the old layout's). The marks ('' where none) after the replicas
+# online, read in one step: a claim is not made while a raise could not count.
+_READ_HWM = """
+local online = 0
+for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+local found = {online}
+for i = 1, #KEYS do found[#found + 1] = redis.call('GET', KEYS[i]) or '' end
+return found
+"""
+
 # KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
@@ -276,6 +286,7 @@ class RedisPool:
         self._pop = Lua.of(_POP)
         self._push = Lua.of(_PUSH)
         self._raise_hwm = Lua.of(_RAISE_HWM)
+        self._read_hwm = Lua.of(_READ_HWM)
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
@@ -449,6 +460,19 @@ class RedisPool:
         else:  # the old layout's mark counts until every node raises both
             keys = [self.keys.hwm(tag), self.legacy.hwm(tag)]
             values = await self._plain(self.client.mget(keys))
+        return max((int(v) for v in values if v), default=0)
+
+    async def high_water_to_claim(self, tag: str) -> int:
+        """The mark, as high_water(); with IDPOOL_REDIS_MARK_REPLICAS set, read in
+        one script with the replicas online on the tag's primary, and TooFewReplicas
+        when fewer are online than a raise needs: the claim is not made, so no range
+        is wasted on a raise that would be refused."""
+        if not self._mark_replicas:
+            return await self.high_water(tag)
+        keys = [self.keys.hwm(tag)] + ([] if self.legacy is None else [self.legacy.hwm(tag)])
+        online, *values = await self._call(self._read_hwm, keys, [])
+        if int(online) < self._mark_replicas:
+            raise _short_of_replicas(int(online), self._mark_replicas)
         return max((int(v) for v in values if v), default=0)
 
     async def raise_high_water(self, tag: str, value: int) -> int:
@@ -755,18 +779,22 @@ def _replicas_online(info: Mapping[str, Any]) -> int:
     )
 
 
+def _short_of_replicas(online: int, wanted: int) -> TooFewReplicas:
+    return TooFewReplicas(
+        0,
+        wanted,
+        online,
+        f"only {online} of {wanted} replicas online as the primary sees them "
+        "(IDPOOL_REDIS_MARK_REPLICAS): no high-water raise can count, so no claim is "
+        "made until enough replicas are back",
+    )
+
+
 def _check_acknowledged(online: int, acked: int | None, wanted: int, ms: int) -> None:
     """Raise TooFewReplicas unless ``wanted`` replicas acknowledged the raise
     (``acked`` None: fewer were online than wanted, not waited for)."""
     if acked is None:
-        raise TooFewReplicas(
-            0,
-            wanted,
-            online,
-            f"high-water mark reached at most {online} of {wanted} replicas: only {online} "
-            "online as the primary sees them (IDPOOL_REDIS_MARK_REPLICAS); claims stop "
-            "until enough replicas are back",
-        )
+        raise _short_of_replicas(online, wanted)
     if acked < wanted:
         raise TooFewReplicas(
             acked,

@@ -19,7 +19,13 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from idpool.pool.errors import MarkNotReplicated, StoreBusy, StoreSkipped, StoreUnavailable
+from idpool.pool.errors import (
+    MarkNotReplicated,
+    StoreBusy,
+    StoreSkipped,
+    StoreUnavailable,
+    TooFewReplicas,
+)
 from idpool.pool.stores import LedgerStore, PoolStore, store_name
 
 PROBE_EVERY = 1.0  # seconds between probes of each store
@@ -43,9 +49,9 @@ class StoreHealth:
         self.last_mark_refused: tuple[float, str] | None = None  # (unix time, detail)
 
     def failed(self, e: StoreUnavailable) -> None:
-        if isinstance(e, MarkNotReplicated):
-            # Redis answered; too few replicas acknowledged a raise (a replica
-            # online but not answering, or gone since the last probe).
+        if isinstance(e, MarkNotReplicated | TooFewReplicas):
+            # Redis answered; too few replicas are online for a raise to count,
+            # or acknowledged one (a replica online but not answering).
             self.last_mark_refused = (time.time(), e.detail)
             return
         if isinstance(e, StoreBusy | StoreSkipped):

@@ -22,6 +22,7 @@ from idpool.pool.errors import (
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    TooFewReplicas,
 )
 from idpool.pool.ranges import IdRange
 from idpool.pool.stores import PoolStore
@@ -119,7 +120,7 @@ class RangeSource:
 
     def _failed(self, e: StoreUnavailable) -> None:
         # busy, not tried, or answered (too few replicas took the mark): no store error
-        if not isinstance(e, StoreBusy | StoreSkipped | MarkNotReplicated):
+        if not isinstance(e, StoreBusy | StoreSkipped | MarkNotReplicated | TooFewReplicas):
             self.stats.store_errors[e.store] += 1
         self.health.failed(e)
 

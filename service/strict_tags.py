@@ -31,6 +31,7 @@ from idpool.pool.errors import (
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    TooFewReplicas,
 )
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.sqlite_ledger import SqliteLedger
@@ -156,7 +157,8 @@ class StrictTags:
             named = StoreUnavailable(e.store, detail)
             # The sequence's own store: fail fast for a moment. Not after a raise
             # too few replicas took: Redis answers, and takes need no claim.
-            if e.store == self.store and not isinstance(e, StoreSkipped | MarkNotReplicated):
+            quiet = StoreSkipped | MarkNotReplicated | TooFewReplicas
+            if e.store == self.store and not isinstance(e, quiet):
                 self._skip.failed(named)
             raise named from e
 

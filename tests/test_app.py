@@ -367,6 +367,15 @@ def test_too_few_replicas_stop_claims_while_the_node_serves_the_pool(
         assert redis_status["mark_replicas"]["fewest_online"] == 0
         assert "0 of 1 replicas" in redis_status["last_mark_refused"]["detail"]
         assert "idpool_mark_replicas_short 1.0" in c.get("/metrics").text
+    assert asyncio.run(_max_id(s, tag)) == 1001  # nothing claimed, so nothing wasted
+
+
+async def _max_id(settings: Settings, tag: str) -> int:
+    ledger = await Ledger.connect(settings)
+    try:
+        return (await ledger.get_tag(tag)).max_id
+    finally:
+        await ledger.close()
 
 
 def test_one_exhausted_tag_fails_alone(settings: Settings, tag: str) -> None:

@@ -469,7 +469,10 @@ async def test_a_mark_waits_for_the_replica_of_its_own_shard(
             with pytest.raises(TooFewReplicas, match="0 of 1 replicas"):
                 await pool.raise_high_water(tag, 400)
             assert await pool.mark_replicas() == (0, 1)  # the fewest of any primary
+            with pytest.raises(TooFewReplicas):  # read before a claim: none is made
+                await pool.high_water_to_claim(tag)
             assert await pool.raise_high_water(other, 400) == 400  # its shard has its replica
+            assert await pool.high_water_to_claim(other) == 400
         finally:
             await asyncio.to_thread(cluster.restart, replica)
             await asyncio.to_thread(cluster.wait_ok, 30.0)

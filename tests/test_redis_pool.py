@@ -360,12 +360,17 @@ async def test_a_mark_is_refused_while_a_replica_is_cut_off(
             await pool.raise_high_water(tag, 200)
         assert (refused.value.acked, refused.value.wanted, refused.value.online) == (0, 1, 0)
         assert await pool.mark_replicas() == (0, 1)
+        # and the mark's read before a claim says so: no range is claimed to be wasted
+        with pytest.raises(TooFewReplicas, match="0 of 1 replicas"):
+            await pool.high_water_to_claim(tag)
+        assert await pool.high_water(tag) == 200  # the plain read still answers
         # Back: it catches up (the refused raise's range stays waste, never served)
         replica.resume()
         _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
         _wait_until(lambda: rep.get(key) == "200")
         assert await pool.raise_high_water(tag, 300) == 300  # back: raises count again
         assert rep.get(key) == "300"
+        assert await pool.high_water_to_claim(tag) == 300
     finally:
         await pool.close()
         replica.resume()
