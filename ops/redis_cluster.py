@@ -122,7 +122,8 @@ class LocalCluster:
 
     def state_ok(self) -> bool:
         """Every running node says cluster_state:ok and knows one live primary per
-        shard, and every running replica is in sync with its primary."""
+        shard, and every running replica is in sync with its primary (and online
+        as its primary sees it)."""
         for node in self.running():
             try:
                 with node.client() as c:
@@ -133,6 +134,11 @@ class LocalCluster:
                     repl = c.info("replication")
                     if repl["role"] == "slave" and repl.get("master_link_status") != "up":
                         return False  # a replica still syncing
+                    replicas = [v for k, v in repl.items() if isinstance(v, dict)]  # slaveN
+                    if any(r.get("state") != "online" for r in replicas):
+                        # the primary's side: only an online replica acknowledges a
+                        # WAIT (IDPOOL_REDIS_MARK_REPLICAS), a moment after its link is up
+                        return False
             except redis.RedisError:
                 return False
             if len(slots) < self.primaries:

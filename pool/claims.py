@@ -12,7 +12,10 @@ below the shared mark, so a rewound MySQL can never hand it out again to
 anyone who reads the mark. It follows that a claim needs Redis: when the mark
 cannot be read the claim is not made, and when it cannot be raised the range
 is given up (``MarkNotRaised``), never served. While Redis is down, nodes serve
-what their buffers hold.
+what their buffers hold. With ``IDPOOL_REDIS_MARK_REPLICAS=N`` a raise counts
+only once N replicas acknowledged it (``MarkNotReplicated`` otherwise), and
+no claim is made while fewer are online (``TooFewReplicas`` from the mark's
+read): claims stop, and nodes serve the pool and their buffers.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from dataclasses import dataclass, field
 
 from .errors import (
     MarkNotRaised,
+    MarkNotReplicated,
     StaleLedger,
     StartAboveMax,
     StartBelowIssued,
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    TooFewReplicas,
 )
 from .ranges import MAX_ID, IdRange
 from .stores import HighWaterMarks, LedgerStore, RangeLists
@@ -79,6 +84,10 @@ class LedgerClaims:
         self.marks = marks  # the shared high-water marks (the pool); None: this process only
         self._high_water: dict[str, int] = {}  # tag -> highest range end seen here
         self.redis_skip = RedisSkip(clock)  # shared with the node's pops (RangeSource)
+        # After a raise too few replicas acknowledged (IDPOOL_REDIS_MARK_REPLICAS):
+        # claims only fail at once for a moment (each refused raise wastes its
+        # range); Redis answers, so pops go on.
+        self.replicas_skip = RedisSkip(clock)
 
     def redis_failed(self, error: StoreUnavailable | None = None) -> None:
         """Redis just failed (here, or a node's pop): claims fail fast for a while."""
@@ -131,10 +140,20 @@ class LedgerClaims:
             raise StoreSkipped(
                 "redis", "a claim needs the high-water mark in Redis, which just failed"
             )
+        short = self.replicas_skip.skipping()
+        if short is not None:
+            raise StoreSkipped(
+                "redis", f"a claim needs its high-water mark on enough replicas: {short.detail}"
+            )
         try:
-            return await self.marks.high_water(tag)
+            return await self.marks.high_water_to_claim(tag)
         except StoreBusy:
             raise  # never sent: says nothing about Redis's health
+        except TooFewReplicas as e:
+            # Redis answers (pops go on); a raise could not count now: no claim,
+            # so nothing to waste. Claims wait a moment before asking again.
+            self.replicas_skip.failed(e)
+            raise
         except StoreUnavailable as e:
             self.redis_failed(e)
             raise
@@ -144,6 +163,13 @@ class LedgerClaims:
             return
         try:
             await self.marks.raise_high_water(tag, claimed.end)
+        except TooFewReplicas as e:
+            # On the primary, not on enough replicas: a failover could promote one
+            # without it. Given up like any unraised mark; Redis itself is fine.
+            self.replicas_skip.failed(e)
+            raise MarkNotReplicated(
+                e.store, f"high-water mark not replicated past the claim: {e.detail}", claimed
+            ) from e
         except StoreUnavailable as e:
             # Maybe raised, maybe not. Unraised, a rewound MySQL could hand this
             # range to a process that reads the old mark: give it up instead.

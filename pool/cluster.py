@@ -78,11 +78,14 @@ async def on_one_connection(
     args: list[str],
     replicas: int,
     ms: int,
-) -> tuple[str, int, int, int]:
+) -> tuple[str, int, int | None]:
     """Run a script that answers ``{value, replicas online}`` on one connection to
     the primary of ``key``'s slot, then ``WAIT`` on that same connection for
-    ``min(replicas, online)`` replicas (WAIT counts only its own connection's
-    writes). Returns (value, online, acknowledged, wanted).
+    ``replicas`` replicas (WAIT counts only its own connection's writes). Returns
+    (value, online, acknowledged); acknowledged is None when nothing was waited
+    for: ``replicas`` is 0, or fewer are online than it wants (only an online
+    replica can acknowledge: the raise cannot count, and the caller refuses it
+    without holding the connection for the WAIT's timeout).
 
     Nothing is retried: an error here is raised as it comes (a MOVED means the
     script did not run; the next command through the client follows the new map).
@@ -100,12 +103,11 @@ async def on_one_connection(
         except NoScriptError:  # not run: send the text this once
             await conn.send_command("EVAL", script.text, len(keys), *keys, *args)
             value, online = await conn.read_response()
-        wanted = min(replicas, int(online))
-        acked = wanted
-        if wanted:
-            await conn.send_command("WAIT", wanted, ms)
+        acked = None
+        if replicas and int(online) >= replicas:
+            await conn.send_command("WAIT", replicas, ms)
             acked = int(await conn.read_response())
-        return str(value), int(online), acked, wanted
+        return str(value), int(online), acked
     except BaseException:
         await conn.disconnect()  # a reply may be left unread on it
         raise

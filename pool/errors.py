@@ -106,6 +106,24 @@ class MarkNotRaised(StoreUnavailable):
         self.wasted = wasted
 
 
+class TooFewReplicas(StoreUnavailable):
+    """A high-water raise landed on the Redis primary, but fewer replicas than
+    ``IDPOOL_REDIS_MARK_REPLICAS`` acknowledged it (``WAIT``) in time. Redis
+    answers: pops and pushes go on; only claims stop until enough replicas are
+    back."""
+
+    def __init__(self, acked: int, wanted: int, online: int, detail: str) -> None:
+        super().__init__("redis", detail)
+        self.acked = acked
+        self.wanted = wanted
+        self.online = online
+
+
+class MarkNotReplicated(MarkNotRaised):
+    """A MarkNotRaised because too few replicas acknowledged the raise (TooFewReplicas):
+    the range is given up like any, but Redis is not down."""
+
+
 class TagExhausted(IdPoolError):
     """The tag has no IDs left below its upper bound; other tags are unaffected."""
 

@@ -41,7 +41,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .cluster import Client, cluster_client, on_one_connection, verify_cluster
-from .errors import StoreBusy, StoreNotSent, StoreUnavailable
+from .errors import StoreBusy, StoreNotSent, StoreUnavailable, TooFewReplicas
 from .keys import Keys, Legacy
 from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
@@ -164,6 +164,16 @@ for i = 1, #KEYS do redis.call('SET', KEYS[i], new) end
 return {new, online}
 """
 
+# KEYS = hwm (and the old layout's). The marks ('' where none) after the replicas
+# online, read in one step: a claim is not made while a raise could not count.
+_READ_HWM = """
+local online = 0
+for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+local found = {online}
+for i = 1, #KEYS do found[#found + 1] = redis.call('GET', KEYS[i]) or '' end
+return found
+"""
+
 # KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
@@ -276,6 +286,7 @@ class RedisPool:
         self._pop = Lua.of(_POP)
         self._push = Lua.of(_PUSH)
         self._raise_hwm = Lua.of(_RAISE_HWM)
+        self._read_hwm = Lua.of(_READ_HWM)
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
@@ -335,6 +346,23 @@ class RedisPool:
             raise StoreUnavailable(
                 "redis", f"no answer from Redis (check IDPOOL_REDIS_URL): {e.detail}"
             ) from e
+
+    async def mark_replicas(self) -> tuple[int, int] | None:
+        """(fewest replicas online on a primary, replicas a raise waits for), or
+        None when IDPOOL_REDIS_MARK_REPLICAS is 0. Fewer online than wanted:
+        every raise is refused, so no claim can be made (for the health probe)."""
+        if not self._mark_replicas:
+            return None
+        if isinstance(self.client, RedisCluster):
+            infos = []
+            for node in self.client.get_primaries():
+                info = await self._plain(self.client.info("replication", target_nodes=node))
+                if "role" not in info and len(info) == 1:
+                    info = next(iter(info.values()))  # {node name: info}
+                infos.append(info)
+        else:
+            infos = [await self._plain(self.client.info("replication"))]
+        return min(map(_replicas_online, infos), default=0), self._mark_replicas
 
     def _tag_args(self, tag: str) -> tuple[list[str], list[str], list[str]]:
         """The prelude's keys: clean marker, list; the old list (single Redis); and
@@ -434,10 +462,25 @@ class RedisPool:
             values = await self._plain(self.client.mget(keys))
         return max((int(v) for v in values if v), default=0)
 
+    async def high_water_to_claim(self, tag: str) -> int:
+        """The mark, as high_water(); with IDPOOL_REDIS_MARK_REPLICAS set, read in
+        one script with the replicas online on the tag's primary, and TooFewReplicas
+        when fewer are online than a raise needs: the claim is not made, so no range
+        is wasted on a raise that would be refused."""
+        if not self._mark_replicas:
+            return await self.high_water(tag)
+        keys = [self.keys.hwm(tag)] + ([] if self.legacy is None else [self.legacy.hwm(tag)])
+        online, *values = await self._call(self._read_hwm, keys, [])
+        if int(online) < self._mark_replicas:
+            raise _short_of_replicas(int(online), self._mark_replicas)
+        return max((int(v) for v in values if v), default=0)
+
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
-        for, it counts only once that many replicas have it: a failover to a replica
-        without it would leave ranges already served above the shared mark."""
+        for (IDPOOL_REDIS_MARK_REPLICAS), it counts only once that many replicas have
+        it, whether the primary sees them online or not: a failover to a replica
+        without it would leave ranges already served above the shared mark. Raises
+        TooFewReplicas when fewer acknowledged (the mark is on the primary only)."""
         if isinstance(self.client, RedisCluster):
             return await self._raise_on_shard(self.client, tag, value)
         keys = [self.keys.hwm(tag)] + ([] if self.legacy is None else [self.legacy.hwm(tag)])
@@ -460,24 +503,28 @@ class RedisPool:
         )
         try:
             mark, online = await run_script(one, self._raise_hwm, keys, [str(value)])
-            # Only replicas that are online count: with none (the replica was just
-            # promoted, or is down) there is nothing a failover could promote, and
-            # waiting for one would stop every claim until a new replica has synced.
-            wanted = min(self._mark_replicas, int(online))
-            if wanted:
-                ms = self._wait_ms()
-                acked = int(await one.wait(wanted, ms))
-                if acked < wanted:
-                    raise _not_acknowledged(acked, wanted, ms)
+            acked = await self._wait_on(one, int(online))
+            _check_acknowledged(int(online), acked, self._mark_replicas, self._wait_ms())
         finally:
             await one.aclose()
         return str(mark)
 
+    async def _wait_on(self, one: aioredis.Redis, online: int) -> int | None:
+        """WAIT for every replica the setting wants, whether online or not: a
+        replica cut off from the primary (which then forgets it) may still be
+        promoted, so "none online, none to wait for" would let a raise count on
+        no replica. With fewer online than wanted nothing could acknowledge in
+        time: None, not waited for (the raise is refused at once)."""
+        if online < self._mark_replicas:
+            return None
+        return int(await one.wait(self._mark_replicas, self._wait_ms()))
+
     async def _raise_on_shard(self, client: RedisCluster, tag: str, value: int) -> int:
         """The raise, then its WAIT, on one connection to the primary of the tag's
-        shard: WAIT counts the replicas that have this connection's writes."""
+        shard: WAIT counts the replicas of that shard that have this connection's
+        writes, and the shard must have as many as the setting wants."""
         key = self.keys.hwm(tag)
-        mark, online, acked, wanted = await self._plain(
+        mark, online, acked = await self._plain(
             on_one_connection(
                 client,
                 key,
@@ -488,8 +535,8 @@ class RedisPool:
                 self._wait_ms(),
             )
         )
-        if acked < wanted:
-            raise _not_acknowledged(acked, wanted, self._wait_ms())
+        if self._mark_replicas:
+            _check_acknowledged(online, acked, self._mark_replicas, self._wait_ms())
         return int(mark)
 
     async def report_issued(self, counts: Mapping[str, int]) -> None:
@@ -720,12 +767,42 @@ async def run_script(client: Client, script: Lua, keys: list[str], args: list[st
         return await client.eval(script.text, len(keys), *keys, *args)
 
 
-def _not_acknowledged(acked: int, wanted: int, ms: int) -> StoreUnavailable:
-    return StoreUnavailable(
-        "redis",
-        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-        "(IDPOOL_REDIS_MARK_REPLICAS)",
+def _replicas_online(info: Mapping[str, Any]) -> int:
+    """Replicas in ``state=online`` in a parsed INFO replication (as the raise
+    script counts them: only those can acknowledge a WAIT)."""
+    return sum(
+        1
+        for name, replica in info.items()
+        if name.startswith("slave")
+        and isinstance(replica, dict)
+        and replica.get("state") == "online"
     )
+
+
+def _short_of_replicas(online: int, wanted: int) -> TooFewReplicas:
+    return TooFewReplicas(
+        0,
+        wanted,
+        online,
+        f"only {online} of {wanted} replicas online as the primary sees them "
+        "(IDPOOL_REDIS_MARK_REPLICAS): no high-water raise can count, so no claim is "
+        "made until enough replicas are back",
+    )
+
+
+def _check_acknowledged(online: int, acked: int | None, wanted: int, ms: int) -> None:
+    """Raise TooFewReplicas unless ``wanted`` replicas acknowledged the raise
+    (``acked`` None: fewer were online than wanted, not waited for)."""
+    if acked is None:
+        raise _short_of_replicas(online, wanted)
+    if acked < wanted:
+        raise TooFewReplicas(
+            acked,
+            wanted,
+            online,
+            f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
+            "(IDPOOL_REDIS_MARK_REPLICAS)",
+        )
 
 
 def _never_sent(e: BaseException) -> bool:

@@ -86,9 +86,11 @@ class Settings:
     # rediss+cluster:// for TLS)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     # IDPOOL_REDIS_MARK_REPLICAS: replicas that must acknowledge (WAIT) a raised
-    # high-water mark before the range it covers is served; 0 does not wait. Set it
-    # to 1 under Sentinel or on a Redis Cluster (each mark waits for its own shard's replica)
-    # so a failover to a lagging replica cannot lose a mark.
+    # high-water mark before the range it covers is served, online or not (a replica
+    # cut off from its primary may still be promoted); 0 does not wait. Set it to 1
+    # under Sentinel or on a Redis Cluster (each mark waits for its own shard's
+    # replicas) so a failover to a lagging replica cannot lose a mark. While a primary
+    # has fewer replicas, no range is claimed: run one replica more than this.
     redis_mark_replicas: int = 0
     # IDPOOL_REDIS_PREFIX: first part of every Redis key (see pool/keys.py)
     redis_prefix: str = "idpool"

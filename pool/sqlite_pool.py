@@ -152,6 +152,9 @@ class SqlitePool:
 
         return await self.file.write(op)
 
+    async def high_water_to_claim(self, tag: str) -> int:
+        return await self.high_water(tag)  # one file: no replica to wait for
+
     async def high_water(self, tag: str) -> int:
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(

@@ -94,6 +94,11 @@ class HighWaterMarks(Protocol):
 
     async def high_water(self, tag: str) -> int: ...
 
+    async def high_water_to_claim(self, tag: str) -> int:
+        """The mark, read right before a claim: also raises TooFewReplicas when a
+        raise could not count now, so nothing is claimed (and wasted) in vain."""
+        ...
+
     async def raise_high_water(self, tag: str, value: int) -> int: ...
 
 

@@ -469,7 +469,10 @@ async def readyz(request: Request) -> Response:
     why = run.node.not_ready()
     if why is not None:
         return error("not_ready", f"{why}: see /status for the stores")
-    return PlainTextResponse("ready")
+    # Still ready: the node serves its buffers and the pool, and every node
+    # shares this cause (taking them out would help no one); the body says it.
+    stopped = run.node.health.claims_stopped()
+    return PlainTextResponse("ready" if stopped is None else f"ready ({stopped})")
 
 
 async def status_json(request: Request) -> Response:

@@ -137,8 +137,16 @@ class _SnapshotCollector:
     def _node_metrics(self) -> Iterator[Metric]:
         """The node's stores, errors, latencies, requests and version."""
         up = GaugeMetricFamily("idpool_store_up", "1 when the store answered", labels=["store"])
+        short = GaugeMetricFamily(
+            "idpool_mark_replicas_short",
+            "1 while a Redis primary has fewer replicas online than IDPOOL_REDIS_MARK_REPLICAS "
+            "wants: no high-water raise can count, so no claim is made",
+        )
         for store, health in self.snap["stores"].items():
             up.add_metric([store], 1 if health["up"] else 0)
+            replicas = health.get("mark_replicas")
+            if replicas is not None:
+                short.add_metric([], 1 if replicas["claims_stopped"] else 0)
         errors = CounterMetricFamily(
             "idpool_store_errors", "Failed calls to a store", labels=["store"]
         )
@@ -181,7 +189,8 @@ class _SnapshotCollector:
             "idpool_build_info", "Always 1: the running version", labels=["version", "python"]
         )
         build.add_metric([VERSION, platform.python_version()], 1)
-        yield from (up, errors, retries, latency, requests, answered_errors, build)
+        # short: a sample only with IDPOOL_REDIS_MARK_REPLICAS set (the family always)
+        yield from (up, short, errors, retries, latency, requests, answered_errors, build)
 
 
 def _bound(value: float) -> str:

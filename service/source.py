@@ -17,10 +17,12 @@ from idpool.pool.claims import LedgerClaims
 from idpool.pool.errors import (
     IdPoolError,
     MarkNotRaised,
+    MarkNotReplicated,
     NoRangeAvailable,
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    TooFewReplicas,
 )
 from idpool.pool.ranges import IdRange
 from idpool.pool.stores import PoolStore
@@ -117,7 +119,8 @@ class RangeSource:
         return errors
 
     def _failed(self, e: StoreUnavailable) -> None:
-        if not isinstance(e, StoreBusy | StoreSkipped):
+        # busy, not tried, or answered (too few replicas took the mark): no store error
+        if not isinstance(e, StoreBusy | StoreSkipped | MarkNotReplicated | TooFewReplicas):
             self.stats.store_errors[e.store] += 1
         self.health.failed(e)
 

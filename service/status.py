@@ -147,6 +147,16 @@ def assemble(
             "at": when,
             "detail": detail,
         }
+    if health.mark_replicas is not None and health.pool_name in stores:
+        online, wanted = health.mark_replicas
+        stores[health.pool_name]["mark_replicas"] = {
+            "wanted": wanted,
+            "fewest_online": online,
+            "claims_stopped": health.claims_stopped(),
+        }
+    if health.last_mark_refused is not None and health.pool_name in stores:
+        when, detail = health.last_mark_refused
+        stores[health.pool_name]["last_mark_refused"] = {"at": when, "detail": detail}
     entries = tag_entries(node, view, names)
     return {
         "updated_at": round(time.time(), 3),

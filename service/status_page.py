@@ -139,6 +139,12 @@ def render(snap: Snapshot) -> str:
         f'<li>{escape(name)}: <span class="{"up" if h["up"] else "down"}" '
         f'data-field="stores.{escape(name)}.up">{"up" if h["up"] else "down"}</span>'
         + (f' <span class="muted">{escape(str(h["error"]))}</span>' if h["error"] else "")
+        + (
+            f' <span class="down" data-field="stores.{escape(name)}.claims_stopped">'
+            f'{escape(str(h["mark_replicas"]["claims_stopped"]))}</span>'
+            if (h.get("mark_replicas") or {}).get("claims_stopped")
+            else ""
+        )
         + "</li>"
         for name, h in snap["stores"].items()
     )

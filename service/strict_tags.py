@@ -25,7 +25,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from idpool.pool.claims import Claim, RedisSkip
-from idpool.pool.errors import Draining, StoreBusy, StoreSkipped, StoreUnavailable
+from idpool.pool.errors import (
+    Draining,
+    MarkNotReplicated,
+    StoreBusy,
+    StoreSkipped,
+    StoreUnavailable,
+    TooFewReplicas,
+)
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.sqlite_ledger import SqliteLedger
 from idpool.pool.strict import (
@@ -148,8 +155,11 @@ class StrictTags:
             others = "" if self._also_down is None else await self._also_down(e.store)
             detail = f"strict tags need {e.store}: {e.detail}{others}"
             named = StoreUnavailable(e.store, detail)
-            if e.store == self.store and not isinstance(e, StoreSkipped):
-                self._skip.failed(named)  # the sequence's own store: fail fast for a moment
+            # The sequence's own store: fail fast for a moment. Not after a raise
+            # too few replicas took: Redis answers, and takes need no claim.
+            quiet = StoreSkipped | MarkNotReplicated | TooFewReplicas
+            if e.store == self.store and not isinstance(e, quiet):
+                self._skip.failed(named)
             raise named from e
 
 

@@ -15,13 +15,13 @@ from starlette.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
 from idpool.pool.ledger import Ledger
-from idpool.pool.ranges import MAX_ID
+from idpool.pool.ranges import MAX_ID, IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 from idpool.service.app import NodeApp, create_app
 from idpool.service.health import PROBE_EVERY
-from ops.toolkit import NodeProcess, TcpProxy, env_with
+from ops.toolkit import NodeProcess, RedisServer, TcpProxy, env_with
 
 from .conftest import TEST_DATABASE
 
@@ -330,6 +330,52 @@ def test_readiness_comes_back_by_itself_when_the_stores_do(
         redis.restore()
         # No ID request from here on, as behind HAProxy: the node must come back alone.
         assert wait_for_status(c, "/readyz", 200, 5) < 5
+
+
+def test_too_few_replicas_stop_claims_while_the_node_serves_the_pool(
+    settings: Settings, redis_server: RedisServer, tag: str
+) -> None:
+    """IDPOOL_REDIS_MARK_REPLICAS=1 on a Redis with no replica: no high-water raise
+    can count, so nothing is claimed. The node still serves what the pool holds
+    (no Redis skip: Redis answers), stays ready (every node shares the cause) and
+    says why in /readyz, /status.json and /metrics."""
+    s = settings.with_changes(redis_url=redis_server.url, redis_mark_replicas=1)
+    add_tag(s, tag, step=10, start=1001)
+
+    async def fill() -> None:
+        pool = RedisPool.from_settings(s)
+        try:
+            await pool.push(tag, [IdRange(1, 11), IdRange(11, 21)], head=False)
+        finally:
+            await pool.close()
+
+    asyncio.run(fill())
+    with TestClient(create_app(s)) as c:
+        started = time.monotonic()
+        while "claims stopped" not in (ready := c.get("/readyz")).text:
+            assert time.monotonic() - started < 5, ready.text
+            time.sleep(0.1)
+        assert ready.status_code == 200 and "IDPOOL_REDIS_MARK_REPLICAS" in ready.text
+        served = [c.get(f"/id/{tag}") for _ in range(20)]
+        assert [int(r.text) for r in served] == list(range(1, 21))  # the pool, whole
+        refused = c.get(f"/id/{tag}")
+        assert refused.status_code == 503 and "replicas" in refused.json()["message"]
+        assert c.get("/readyz").status_code == 200
+        redis_status = c.get("/status.json").json()["stores"]["redis"]
+        assert redis_status["up"] is True
+        assert redis_status["mark_replicas"]["wanted"] == 1
+        assert redis_status["mark_replicas"]["fewest_online"] == 0
+        assert "0 of 1 replicas" in redis_status["last_mark_refused"]["detail"]
+        assert "idpool_mark_replicas_short 1.0" in c.get("/metrics").text
+    assert asyncio.run(_max_id(s, tag)) == 1001  # nothing claimed, so nothing wasted
+
+
+async def _max_id(settings: Settings, tag: str) -> int:
+    ledger = await Ledger.connect(settings)
+    try:
+        return (await ledger.get_tag(tag)).max_id
+    finally:
+        await ledger.close()
 
 
 def test_one_exhausted_tag_fails_alone(settings: Settings, tag: str) -> None:

@@ -6,9 +6,12 @@ import pytest
 from idpool.pool.claims import REDIS_SKIP_SECONDS, LedgerClaims, move_start
 from idpool.pool.errors import (
     MarkNotRaised,
+    MarkNotReplicated,
     StaleLedger,
     StartBelowIssued,
+    StoreSkipped,
     StoreUnavailable,
+    TooFewReplicas,
     UnknownTag,
 )
 from idpool.pool.ledger import TABLE, Ledger
@@ -137,6 +140,8 @@ class HungRedis:
         self.calls.append("high_water")
         raise StoreUnavailable("redis", "TimeoutError: Timeout reading")
 
+    high_water_to_claim = high_water
+
     async def raise_high_water(self, tag: str, value: int) -> int:
         self.calls.append("raise_high_water")
         raise StoreUnavailable("redis", "TimeoutError: Timeout reading")
@@ -183,6 +188,8 @@ class MarkLost:
     async def high_water(self, tag: str) -> int:
         return await self.pool.high_water(tag)
 
+    high_water_to_claim = high_water
+
     async def raise_high_water(self, tag: str, value: int) -> int:
         raise StoreUnavailable("redis", "ConnectionError: reset by peer")
 
@@ -195,6 +202,74 @@ async def test_a_claim_whose_mark_was_not_raised_is_given_up(
     with pytest.raises(MarkNotRaised) as caught:
         await claims.claim(tag)
     assert caught.value.wasted == IdRange(1, 11)  # claimed, unfenced: never to be served
+
+
+class ReplicaNotAcknowledging:
+    """Reads the real mark (the replica is online); every raise lands on the
+    primary, but the replica never acknowledges it (frozen)."""
+
+    def __init__(self, pool: RedisPool) -> None:
+        self.pool = pool
+        self.raises = 0
+
+    async def high_water(self, tag: str) -> int:
+        return await self.pool.high_water(tag)
+
+    high_water_to_claim = high_water
+
+    async def raise_high_water(self, tag: str, value: int) -> int:
+        self.raises += 1
+        raise TooFewReplicas(0, 1, 1, "high-water mark reached 0 of 1 replicas in 500 ms")
+
+
+async def test_a_raise_too_few_replicas_took_stops_claims_but_not_pops(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    # IDPOOL_REDIS_MARK_REPLICAS: a raise no replica took is given up like any,
+    # but Redis answers: the pops' skip stays off (nodes serve the pool), and
+    # only claims wait a moment, so a replica online but not acknowledging
+    # wastes at most one claim a second per process rather than one per fetch.
+    await ledger.add_tag(tag, step=10, start=1)
+    now = [100.0]
+    marks = ReplicaNotAcknowledging(redis_pool)
+    claims = LedgerClaims(ledger, marks, clock=lambda: now[0])  # type: ignore[arg-type]
+    with pytest.raises(MarkNotReplicated, match="0 of 1 replicas") as caught:
+        await claims.claim(tag)
+    assert caught.value.wasted == IdRange(1, 11)  # claimed, unreplicated: never served
+    assert claims.redis_skip.skipping() is None  # pops go on
+    with pytest.raises(StoreSkipped, match="enough replicas"):
+        await claims.claim(tag)  # not tried: nothing claimed, nothing wasted
+    assert marks.raises == 1 and (await ledger.get_tag(tag)).max_id == 11
+    now[0] += REDIS_SKIP_SECONDS
+    with pytest.raises(MarkNotReplicated):
+        await claims.claim(tag)  # tried again after the moment
+    assert marks.raises == 2
+
+
+class ReplicasGone(ReplicaNotAcknowledging):
+    """No replica online: the mark read before a claim says a raise cannot count."""
+
+    async def high_water_to_claim(self, tag: str) -> int:
+        raise TooFewReplicas(0, 1, 0, "only 0 of 1 replicas online as the primary sees them")
+
+
+async def test_no_claim_while_too_few_replicas_are_online(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    # The replica gone (down, cut off): the mark's read before the claim says so,
+    # and nothing is claimed, so nothing is wasted however long it lasts.
+    await ledger.add_tag(tag, step=10, start=1)
+    now = [100.0]
+    marks = ReplicasGone(redis_pool)
+    claims = LedgerClaims(ledger, marks, clock=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(3):
+        with pytest.raises(TooFewReplicas, match="0 of 1 replicas"):
+            await claims.claim(tag)
+        assert claims.redis_skip.skipping() is None  # pops go on
+        with pytest.raises(StoreSkipped, match="enough replicas"):
+            await claims.claim(tag)
+        now[0] += REDIS_SKIP_SECONDS
+    assert marks.raises == 0 and (await ledger.get_tag(tag)).max_id == 1
 
 
 async def test_double_fault_redis_blip_then_mysql_rewind_repeats_nothing(

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from idpool.pool.errors import StoreBusy, StoreUnavailable
+from idpool.pool.errors import StoreBusy, StoreUnavailable, TooFewReplicas
 from idpool.pool.keys import Keys
 from idpool.pool.ranges import IdRange, TaggedRange
 from idpool.pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
@@ -301,8 +301,12 @@ async def test_a_mark_waits_for_a_replica_when_asked(
     private = settings.with_changes(redis_url=redis_server.url, redis_mark_replicas=1)
     pool = RedisPool.from_settings(private.with_changes(store_timeout=2.0))  # WAIT up to 1 s
     try:
-        # No replica online: nothing a failover could promote, nothing to wait for.
-        assert await pool.raise_high_water(tag, 100) == 100
+        # No replica online: the raise is refused. "Online" is what the primary sees,
+        # and a replica cut off from it (so forgotten) can still be promoted: a raise
+        # that counted on no replica could be missing after that failover.
+        with pytest.raises(TooFewReplicas, match="0 of 1 replicas"):
+            await pool.raise_high_water(tag, 100)
+        assert await pool.mark_replicas() == (0, 1)  # what the health probe reports
         replica = RedisServer(
             tmp_path / "replica", "--replicaof", "127.0.0.1", str(redis_server.port)
         )
@@ -316,6 +320,7 @@ async def test_a_mark_waits_for_a_replica_when_asked(
             )
             assert await pool.raise_high_water(tag, 200) == 200
             assert check.get(pool.keys.hwm(tag)) == b"200"  # it waited for the replica
+            assert await pool.mark_replicas() == (1, 1)
             replica.pause()  # online, but not acknowledging: a raise does not count
             with pytest.raises(StoreUnavailable, match="0 of 1 replicas"):
                 await pool.raise_high_water(tag, 300)
@@ -324,6 +329,53 @@ async def test_a_mark_waits_for_a_replica_when_asked(
             replica.kill9()
     finally:
         await pool.close()
+
+
+async def test_a_mark_is_refused_while_a_replica_is_cut_off(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    """A replica cut off from its primary (here frozen, its link killed: a
+    partition) is no longer online as the primary sees it, yet Sentinel or a
+    cluster may still promote it. With IDPOOL_REDIS_MARK_REPLICAS=1 a raise made
+    meanwhile must not count: it would be missing after that failover (with a
+    MySQL rewind as well, an outside attack served 668 IDs twice that way)."""
+    primary = RedisServer(tmp_path / "primary", "--save", "", "--repl-diskless-sync-delay", "0")
+    primary.start()
+    replica = RedisServer(
+        tmp_path / "replica", "--save", "", "--replicaof", "127.0.0.1", str(primary.port)
+    ).start()
+    pool = RedisPool.from_settings(
+        settings.with_changes(redis_url=primary.url, store_timeout=2.0, redis_mark_replicas=1)
+    )
+    plain = redis.Redis(port=primary.port, socket_timeout=5, decode_responses=True)
+    rep = redis.Redis(port=replica.port, socket_timeout=5, decode_responses=True)
+    key = pool.keys.hwm(tag)
+    try:
+        _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
+        assert await pool.raise_high_water(tag, 100) == 100
+        replica.pause()  # cut off: it hears nothing and cannot reconnect
+        plain.client_kill_filter(_type="replica")
+        _wait_until(lambda: plain.info("replication")["connected_slaves"] == 0)
+        with pytest.raises(TooFewReplicas, match="0 of 1 replicas") as refused:
+            await pool.raise_high_water(tag, 200)
+        assert (refused.value.acked, refused.value.wanted, refused.value.online) == (0, 1, 0)
+        assert await pool.mark_replicas() == (0, 1)
+        # and the mark's read before a claim says so: no range is claimed to be wasted
+        with pytest.raises(TooFewReplicas, match="0 of 1 replicas"):
+            await pool.high_water_to_claim(tag)
+        assert await pool.high_water(tag) == 200  # the plain read still answers
+        # Back: it catches up (the refused raise's range stays waste, never served)
+        replica.resume()
+        _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
+        _wait_until(lambda: rep.get(key) == "200")
+        assert await pool.raise_high_water(tag, 300) == 300  # back: raises count again
+        assert rep.get(key) == "300"
+        assert await pool.high_water_to_claim(tag) == 300
+    finally:
+        await pool.close()
+        replica.resume()
+        replica.kill9()
+        primary.kill9()
 
 
 async def test_the_preloaders_tick_cleans_a_new_incarnation(
