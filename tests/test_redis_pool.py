@@ -436,7 +436,10 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
 
         async def load() -> None:  # every connection busy: commands queue for a free one
             while not done.is_set():
-                await pool.high_water(tag)
+                # a loaded machine may leave a loader waiting past the slot wait (not
+                # sent, so harmless): it only has to keep the connections busy
+                with contextlib.suppress(StoreBusy):
+                    await pool.high_water(tag)
 
         loaders = [asyncio.ensure_future(load()) for _ in range(2 * MAX_CONNECTIONS)]
         outcomes: list[object] = []
