@@ -164,6 +164,30 @@ for i = 1, #KEYS do redis.call('SET', KEYS[i], new) end
 return {new, online}
 """
 
+# KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm (one slot); ARGV[1] = the
+# fingerprint of the format a tag of that name is being made with ('' for none).
+# One script: no claim can raise the mark between the look and the SET. Returns
+# 'same', 'set' (first formatted use of the name), 'other' (another format was
+# used) or 'unformatted' (numbers were claimed with no format recorded).
+_FENCE_FORMAT = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if cur == ARGV[1] then return 'same' end
+  return 'other'
+end
+if ARGV[1] == '' then return 'same' end
+local mark = redis.call('GET', KEYS[2])
+if mark and mark ~= '0' then return 'unformatted' end
+redis.call('SET', KEYS[1], ARGV[1])
+return 'set'
+"""
+
+# KEYS[1] = format fingerprint; ARGV[1] = ours. Undo our 'set' (a creation that lost).
+_UNFENCE_FORMAT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 # KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
@@ -276,6 +300,8 @@ class RedisPool:
         self._pop = Lua.of(_POP)
         self._push = Lua.of(_PUSH)
         self._raise_hwm = Lua.of(_RAISE_HWM)
+        self._fence_format = Lua.of(_FENCE_FORMAT)
+        self._unfence_format = Lua.of(_UNFENCE_FORMAT)
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
@@ -426,6 +452,17 @@ class RedisPool:
         texts = await self._call(self._take_all, keys, [])
         return [IdRange.from_text(t) for t in texts]
 
+    async def forget_periods(self, tags: Sequence[str]) -> None:
+        """Delete the ``:stats`` and ``:clean`` keys of period rows that ended (their
+        lists were emptied by take_all); their ``:hwm`` stays, with the ledger row."""
+        if not tags:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.delete(self.keys.stats(tag))
+                pipe.delete(self.keys.clean(tag))
+            await self._plain(pipe.execute())
+
     async def high_water(self, tag: str) -> int:
         if self.legacy is None:
             values = [await self._plain(self.client.get(self.keys.hwm(tag)))]
@@ -433,6 +470,16 @@ class RedisPool:
             keys = [self.keys.hwm(tag), self.legacy.hwm(tag)]
             values = await self._plain(self.client.mget(keys))
         return max((int(v) for v in values if v), default=0)
+
+    async def fence_format(self, tag: str, fingerprint: str) -> str:
+        """Record (or check) the format a tag of this name renders with, beside its
+        high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
+        keys = [self.keys.format(tag), self.keys.hwm(tag)]
+        return str(await self._call(self._fence_format, keys, [fingerprint]))
+
+    async def unfence_format(self, tag: str, fingerprint: str) -> None:
+        """Take back a fingerprint this process set for a tag it then did not make."""
+        await self._call(self._unfence_format, [self.keys.format(tag)], [fingerprint])
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
