@@ -596,7 +596,7 @@ def test_cli_step_and_start_on_a_reset_tag(settings: Settings, tag: str) -> None
 
     assert asyncio.run(period_steps()) == [300]
     listed = idpool(settings, "tag", "list").stdout
-    assert "1 periods, latest" in listed and f"{tag}@" not in listed
+    assert "periods: 1, latest" in listed and f"{tag}@" not in listed
 
 
 @pytest.mark.parametrize(

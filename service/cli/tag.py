@@ -270,7 +270,7 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
                 # The period rows in one summary, never a line each: they pile up.
                 rows_of = sorted(periods.get(row.tag, {}).items())
                 now = "".join(
-                    f"; {len(rows_of)} periods, latest {k}: max_id {p.max_id}"
+                    f"; periods: {len(rows_of)}, latest {k}: max_id {p.max_id}"
                     for k, p in rows_of[-1:]
                 )
                 print(f"{'':<24} format {shown}{now}")
@@ -294,7 +294,7 @@ async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
 
 async def _step(ledger: LedgerStore, args: argparse.Namespace) -> int:
     row = await ledger.set_step(args.tag, args.step)
-    periods = " (and its period rows: the current and the next)" if row.by_period else ""
+    periods = " (and its period rows: the current one, and those to come)" if row.by_period else ""
     print(f"{row.tag}: step is now {row.step}{periods}; ranges already claimed keep their size")
     return 0
 
