@@ -176,6 +176,18 @@ class LeaseClash(IdPoolError):
     """A lease id was already recorded (never in practice: ids are 128-bit random)."""
 
 
+class FormatNotFenced(IdPoolError):
+    """A formatted tag whose row's format is not the one recorded for its name in
+    Redis (a row inserted or edited by hand): never served (503)."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(
+            f"tag {tag!r}: its format is not the one this name was used with "
+            "(idpool:{tag}:format): a row inserted or edited by hand could repeat strings "
+            "the old tag handed out, so it is not served; remove it and choose a new name"
+        )
+
+
 class KindNotServed(IdPoolError):
     """The tag's kind (the ledger's ``kind`` column) is one this node does not know:
     a newer idpool made it. Served by nodes that know it; here a 503."""

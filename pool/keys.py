@@ -33,7 +33,10 @@ With the default prefix ``idpool`` and the tag ``orders``:
     is made, and never deleted: a name added again (after ``tag remove``, or a
     row deleted by hand) with another format, or none, is refused, since it
     could render strings the old tag handed out. A name whose mark shows
-    numbers claimed with no fingerprint cannot become formatted.
+    numbers claimed with no fingerprint cannot become formatted. Read again
+    by a node before it first serves a formatted tag: a row whose format is
+    not the recorded one (edited by hand) is not served; a missing record is
+    written from the row.
 
 ``idpool:{orders}:strict``  HASH, the sequence of a strict tag: ``next`` (the next
     ID to hand out), ``limit`` (the end of the ledger-claimed IDs behind it, so

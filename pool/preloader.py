@@ -206,7 +206,10 @@ class Preloader:
                 visit.update(t for t, n in depths.items() if n < self.settings.pool_depth)
                 long_ago = wall - self.period_grace
                 ended.update((t, n) for t, n in depths.items() if period_over(t, long_ago))
-            await self.clean_ended_periods(ended)
+            try:
+                await self.clean_ended_periods(ended)
+            except StoreUnavailable as e:  # a chore: the refills of this tick go on
+                logger.warning("event=period_cleanup_failed reason=%r", e.detail)
         # A period that ended (formats with a reset) is asked for no more: no refill.
         visit = {t for t in visit if not period_over(t, wall)}
         unknown = sorted(t for t in visit if t not in self._rows)
@@ -223,7 +226,8 @@ class Preloader:
         The ledger row (its ``max_id``) and the high-water mark stay: a node whose
         clock is so far behind that it claims for such a period again goes on above
         every number the period handed out, never from its start. Raises
-        StoreUnavailable (the next sweep tries again)."""
+        StoreUnavailable (the next sweep tries again; a take_all whose answer was
+        lost may have emptied a list uncounted: waste unseen, never a repeat)."""
         for tag, depth in sorted(depths.items()):
             if depth:
                 # A range handed back late (a node stopping, or one whose clock is

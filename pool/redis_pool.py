@@ -165,8 +165,11 @@ return {new, online}
 """
 
 # KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm (one slot); ARGV[1] = the
-# fingerprint of the format a tag of that name is being made with ('' for none).
-# One script: no claim can raise the mark between the look and the SET. Returns
+# fingerprint of the format a tag of that name is being made with ('' for none),
+# ARGV[2] = '1' when a node is about to serve the (live, formatted) tag: then a
+# missing fingerprint is written whatever the mark (the row is the tag's truth;
+# a Redis that lost the key gets it back). One script: no claim can raise the
+# mark between the look and the SET. Returns
 # 'same', 'set' (first formatted use of the name), 'other' (another format was
 # used) or 'unformatted' (numbers were claimed with no format recorded).
 _FENCE_FORMAT = """
@@ -177,7 +180,7 @@ if cur then
 end
 if ARGV[1] == '' then return 'same' end
 local mark = redis.call('GET', KEYS[2])
-if mark and mark ~= '0' then return 'unformatted' end
+if ARGV[2] ~= '1' and mark and mark ~= '0' then return 'unformatted' end
 redis.call('SET', KEYS[1], ARGV[1])
 return 'set'
 """
@@ -471,11 +474,12 @@ class RedisPool:
             values = await self._plain(self.client.mget(keys))
         return max((int(v) for v in values if v), default=0)
 
-    async def fence_format(self, tag: str, fingerprint: str) -> str:
+    async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
         """Record (or check) the format a tag of this name renders with, beside its
         high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
         keys = [self.keys.format(tag), self.keys.hwm(tag)]
-        return str(await self._call(self._fence_format, keys, [fingerprint]))
+        args = [fingerprint, "1" if serving else "0"]
+        return str(await self._call(self._fence_format, keys, args))
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         """Take back a fingerprint this process set for a tag it then did not make."""

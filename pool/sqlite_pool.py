@@ -170,7 +170,7 @@ class SqlitePool:
 
         return await self.file.read(op)
 
-    async def fence_format(self, tag: str, fingerprint: str) -> str:
+    async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
         """Record or check a tag's format fingerprint (see RedisPool.fence_format)."""
 
         def op(conn: sqlite3.Connection) -> str:
@@ -184,7 +184,7 @@ class SqlitePool:
             mark = conn.execute(
                 "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
             ).fetchone()
-            if mark is not None and int(mark[0]) > 0:
+            if not serving and mark is not None and int(mark[0]) > 0:
                 return "unformatted"
             conn.execute(
                 "INSERT INTO idpool_formats (tag, fingerprint) VALUES (?, ?)", (tag, fingerprint)

@@ -264,7 +264,7 @@ class MarksDown:
     async def raise_high_water(self, tag: str, value: int) -> int:
         raise StoreUnavailable("redis", "down")
 
-    async def fence_format(self, tag: str, fingerprint: str) -> str:
+    async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
         raise StoreUnavailable("redis", "down")
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None:

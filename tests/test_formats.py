@@ -726,3 +726,47 @@ def test_a_formatted_answer_the_client_never_got_is_counted_as_waste(
     entry = next(t for t in admin.get("/status.json").json()["tags"] if t["tag"] == tag)
     assert entry["counters"]["ids_wasted"] == {"answer_undelivered": 4}
     assert admin.get(f"/id/{tag}").text == "W-0006"
+
+
+def test_a_row_edited_by_hand_to_another_format_is_not_served(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    from .conftest import REDIS_URL
+
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag=tag, step=10, format="M-{id}", obfuscate=True, max=1000)
+        first = c.get(f"/id/{tag}").text
+    params = settings.mysql_params()
+    conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                           database=params.database, autocommit=True)  # fmt: skip
+    cur = conn.cursor()
+    try:  # another key, by hand: fresh numbers could map onto strings already out
+        cur.execute("SELECT secret FROM idpool_tags WHERE tag = %s", (tag,))
+        (secret,) = cur.fetchone()  # type: ignore[misc]
+        cur.execute("UPDATE idpool_tags SET secret = %s WHERE tag = %s", ("ab" * 16, tag))
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
+                r = c.get(path)
+                assert r.status_code == 503, r.text
+                assert "not the one this name" in r.json()["message"]
+            assert c.post(f"/lease/{tag}?count=5").status_code == 503
+        cur.execute("UPDATE idpool_tags SET secret = %s WHERE tag = %s", (secret, tag))
+    finally:
+        conn.close()
+    # A Redis that lost the record gets it back from the row a node serves.
+    key = Keys(settings.redis_prefix).format(tag)
+    r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        fingerprint = r.get(key)
+        r.delete(key)
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            assert c.get(f"/id/{tag}").text.startswith("M-")
+        assert fingerprint and r.get(key) == fingerprint
+    finally:
+        r.close()
+    assert first.startswith("M-")
