@@ -210,7 +210,8 @@ async def create_tag(
                     f"a formatted tag is made only once its format is recorded beside its "
                     f"high-water mark ({e.detail}); nothing was made: try again",
                 ) from e
-            floor = 0  # Redis down: MySQL's own row (if any) still refuses a duplicate tag
+            # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
+            # floor stays what was read (0 if not even the mark answered).
         if fenced in ("other", "unformatted"):
             with contextlib.suppress(UnknownTag):
                 await ledger.get_tag(tag)
