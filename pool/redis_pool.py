@@ -170,19 +170,23 @@ return {new, online}
 # missing fingerprint is written whatever the mark (the row is the tag's truth;
 # a Redis that lost the key gets it back). One script: no claim can raise the
 # mark between the look and the SET. Returns
-# 'same', 'set' (first formatted use of the name), 'other' (another format was
-# used) or 'unformatted' (numbers were claimed with no format recorded).
+# {'same' | 'set' (first formatted use of the name) | 'other' (another format was
+# used) | 'unformatted' (numbers were claimed with no format recorded), replicas online}.
+# A fingerprint found is SET again, as the raise does: a WAIT then covers it.
 _FENCE_FORMAT = """
+local online = 0
+for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  if cur == ARGV[1] then return 'same' end
-  return 'other'
+  if cur ~= ARGV[1] then return {'other', online} end
+  redis.call('SET', KEYS[1], cur)
+  return {'same', online}
 end
-if ARGV[1] == '' then return 'same' end
+if ARGV[1] == '' then return {'same', 0} end
 local mark = redis.call('GET', KEYS[2])
-if ARGV[2] ~= '1' and mark and mark ~= '0' then return 'unformatted' end
+if ARGV[2] ~= '1' and mark and mark ~= '0' then return {'unformatted', online} end
 redis.call('SET', KEYS[1], ARGV[1])
-return 'set'
+return {'set', online}
 """
 
 # KEYS[1] = format fingerprint; ARGV[1] = ours. Undo our 'set' (a creation that lost).
@@ -479,7 +483,31 @@ class RedisPool:
         high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
         keys = [self.keys.format(tag), self.keys.hwm(tag)]
         args = [fingerprint, "1" if serving else "0"]
-        return str(await self._call(self._fence_format, keys, args))
+        if not self._mark_replicas or not fingerprint:
+            found, _ = await self._call(self._fence_format, keys, args)
+            return str(found)
+        # As a raise of the mark: the fingerprint counts only once the replicas
+        # IDPOOL_REDIS_MARK_REPLICAS asks for have it (WAIT on the script's connection),
+        # or a Sentinel failover could lose it while the tag is served.
+        if isinstance(self.client, RedisCluster):
+            found, _, acked, wanted = await self._plain(
+                on_one_connection(
+                    self.client,
+                    keys[0],
+                    self._fence_format,
+                    keys,
+                    args,
+                    self._mark_replicas,
+                    self._wait_ms(),
+                )
+            )
+        else:
+            found, acked, wanted = await self._plain(
+                self._run_and_wait(self._fence_format, keys, args)
+            )
+        if found in ("same", "set") and acked < wanted:
+            raise _not_acknowledged(acked, wanted, self._wait_ms(), "format fingerprint")
+        return str(found)
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         """Take back a fingerprint this process set for a tag it then did not make."""
@@ -499,6 +527,23 @@ class RedisPool:
 
     def _wait_ms(self) -> int:
         return max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
+
+    async def _run_and_wait(
+        self, script: Lua, keys: list[str], args: list[str]
+    ) -> tuple[str, int, int]:
+        """A script answering {value, replicas online}, then WAIT, on one held
+        connection (see _raise_and_wait). Returns (value, acknowledged, wanted)."""
+        assert isinstance(self.client, aioredis.Redis)
+        one = aioredis.Redis(
+            connection_pool=self.client.connection_pool, single_connection_client=True
+        )
+        try:
+            value, online = await run_script(one, script, keys, args)
+            wanted = min(self._mark_replicas, int(online))
+            acked = int(await one.wait(wanted, self._wait_ms())) if wanted else 0
+            return str(value), acked, wanted
+        finally:
+            await one.aclose()
 
     async def _raise_and_wait(self, keys: list[str], value: int) -> str:
         # WAIT counts only the writes of its own connection: a WAIT sent on another
@@ -771,11 +816,12 @@ async def run_script(client: Client, script: Lua, keys: list[str], args: list[st
         return await client.eval(script.text, len(keys), *keys, *args)
 
 
-def _not_acknowledged(acked: int, wanted: int, ms: int) -> StoreUnavailable:
+def _not_acknowledged(
+    acked: int, wanted: int, ms: int, what: str = "high-water mark"
+) -> StoreUnavailable:
     return StoreUnavailable(
         "redis",
-        f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-        "(IDPOOL_REDIS_MARK_REPLICAS)",
+        f"{what} reached {acked} of {wanted} replicas in {ms} ms (IDPOOL_REDIS_MARK_REPLICAS)",
     )
 
 
