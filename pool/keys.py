@@ -36,7 +36,8 @@ With the default prefix ``idpool`` and the tag ``orders``:
     numbers claimed with no fingerprint cannot become formatted. Read again
     by a node before it first serves a formatted tag: a row whose format is
     not the recorded one (edited by hand) is not served; a missing record is
-    written from the row.
+    written from the row. With IDPOOL_REDIS_MARK_REPLICAS it is WAITed for, as
+    the mark is.
 
 ``idpool:{orders}:strict``  HASH, the sequence of a strict tag: ``next`` (the next
     ID to hand out), ``limit`` (the end of the ledger-claimed IDs behind it, so
