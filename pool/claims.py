@@ -20,24 +20,29 @@ read): claims stop, and nodes serve the pool and their buffers.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import (
+    FormatChanged,
     MarkNotRaised,
     MarkNotReplicated,
     StaleLedger,
     StartAboveMax,
     StartBelowIssued,
+    StartOnReset,
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    TagExists,
     TooFewReplicas,
+    UnknownTag,
 )
 from .ranges import MAX_ID, IdRange
 from .stores import HighWaterMarks, LedgerStore, RangeLists
-from .values import TagRow
+from .values import TagRow, check_tombstone, format_fingerprint
 
 _MAX_STALE_RETRIES = 3
 # After a Redis error, claims fail at once for this long, as if the mark's read had
@@ -199,26 +204,69 @@ async def create_tag(
 
     A tag deleted by hand and added again would otherwise start from ``start``
     and repeat its old IDs; the high-water mark in Redis remembers them.
-    Raises TagExists.
+
+    A name used before keeps its format (``options``, ``secret``): another
+    template or obfuscation key could render a new number as a string the old
+    tag handed out, which no fence on numbers prevents. A removed name's
+    tombstone keeps the format: added again with the same options it gets the
+    same key back (and goes on above its ``max_id``), with others FormatChanged.
+    A row deleted by hand leaves no tombstone: the fingerprint beside the mark
+    (``idpool:{tag}:format``, ``fence_format``) refuses it the same way, so a
+    formatted tag is made only when that fingerprint could be written.
+    Raises TagExists, FormatChanged, StoreUnavailable (a formatted tag with
+    Redis down: nothing made).
     """
-    floor = 0
+    kept = await ledger.removed_format(tag)
+    if kept is not None:
+        if options and kept[0] == options:
+            secret = kept[1]  # the removed tag's key: its strings, continued above max_id
+        check_tombstone(tag, kept[0], kept[1], options, secret)
+    fingerprint = format_fingerprint(options, secret)
+    floor, fenced = 0, ""
     if pool is not None:
         try:
             floor = await pool.high_water(tag)
-        except StoreUnavailable:
-            floor = 0  # Redis down: MySQL's own row (if any) still refuses a duplicate tag
-    return await ledger.add_tag(
-        tag,
-        step=step,
-        start=start,
-        description=description,
-        floor=floor,
-        end_id=end_id,
-        kind=kind,
-        layout=layout,
-        options=options,
-        secret=secret,
-    )
+            # Before the row exists: no node can serve the tag before its format is
+            # fenced. A plain tag only checks (and is made with Redis down, as before).
+            fenced = await pool.fence_format(tag, fingerprint)
+        except StoreUnavailable as e:
+            if options:
+                raise StoreUnavailable(
+                    e.store,
+                    f"a formatted tag is made only once its format is recorded beside its "
+                    f"high-water mark ({e.detail}); nothing was made: try again",
+                ) from e
+            # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
+            # floor stays what was read (0 if not even the mark answered).
+        if fenced in ("other", "unformatted"):
+            with contextlib.suppress(UnknownTag):
+                await ledger.get_tag(tag)
+                raise TagExists(tag)  # a live tag of that name: say so, not "used before"
+            used = (
+                "with another format (its fingerprint is in Redis)"
+                if fenced == "other"
+                else "as a plain tag (IDs were claimed under it)"
+            )
+            raise FormatChanged(tag, used)
+    try:
+        return await ledger.add_tag(
+            tag,
+            step=step,
+            start=start,
+            description=description,
+            floor=floor,
+            end_id=end_id,
+            kind=kind,
+            layout=layout,
+            options=options,
+            secret=secret,
+        )
+    except (TagExists, FormatChanged):
+        if pool is not None and fenced == "set":
+            # The name is another tag's (made meanwhile): our fingerprint is not its.
+            with contextlib.suppress(StoreUnavailable):
+                await pool.unfence_format(tag, fingerprint)
+        raise
 
 
 async def move_start(
@@ -230,9 +278,14 @@ async def move_start(
     high-water mark) already passed would hand those IDs out again, so it raises
     StartBelowIssued. A start past the tag's max would exhaust it: StartAboveMax.
     Ranges claimed before (in the pool, in nodes' buffers) are still served.
+    A tag with a reset refuses any start (StartOnReset).
     Raises UnknownTag, StoreUnavailable.
     """
     row = await ledger.get_tag(tag)
+    if row.by_period:
+        # Its numbers come from a row per period, each from the tag's start: the
+        # own row's max_id fences nothing, and a period row's may never go down.
+        raise StartOnReset(tag)
     if start >= row.end_id:  # end_id never changes after the tag is made
         raise StartAboveMax(tag, start, row.end_id - 1)
     floor = row.max_id

@@ -33,6 +33,34 @@ class TagExists(IdPoolError):
         self.tag = tag
 
 
+class FormatChanged(InvalidInput):
+    """A tag name used before with another format (or none) added again with this one:
+    the new format could render strings the old tag handed out (409 ``format_changed``)."""
+
+    def __init__(self, tag: str, before: str) -> None:
+        super().__init__(
+            "format_changed",
+            f"tag {tag!r} was used before {before}; with another format (or none) its new IDs "
+            "could repeat strings it already handed out. Add it again with exactly the same "
+            "format, reset, obfuscate and max (it then goes on above the IDs it issued, with "
+            "the same key), or choose a new name",
+        )
+        self.tag = tag
+
+
+class StartOnReset(InvalidInput):
+    """``tag start`` on a tag with a reset: its numbers restart each period from the
+    tag's start, so one start cannot move (409 ``start_on_reset``)."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(
+            "start_on_reset",
+            f"tag {tag!r} has a reset: {{id}} counts from its start again each period, in a "
+            "ledger row per period, so a start cannot be moved; nothing changed. For other "
+            "numbers, add a new tag with --start (and choose a new name)",
+        )
+
+
 class StartBelowIssued(IdPoolError):
     """A tag's start may only move forward: IDs below ``max_id`` were already claimed."""
 
@@ -164,6 +192,18 @@ class LeaseRefused(IdPoolError):
 
 class LeaseClash(IdPoolError):
     """A lease id was already recorded (never in practice: ids are 128-bit random)."""
+
+
+class FormatNotFenced(IdPoolError):
+    """A formatted tag whose row's format is not the one recorded for its name in
+    Redis (a row inserted or edited by hand): never served (503)."""
+
+    def __init__(self, tag: str) -> None:
+        super().__init__(
+            f"tag {tag!r}: its format is not the one this name was used with "
+            "(idpool:{tag}:format): a row inserted or edited by hand could repeat strings "
+            "the old tag handed out, so it is not served; remove it and choose a new name"
+        )
 
 
 class KindNotServed(IdPoolError):

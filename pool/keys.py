@@ -27,6 +27,18 @@ With the default prefix ``idpool`` and the tag ``orders``:
     a range from MySQL, before the range is pushed or served; read before every
     claim to refuse ranges from a MySQL that came back older.
 
+``idpool:{orders}:format``  STRING, the fingerprint of a formatted tag's format
+    (32 hex of SHA-256 over its options and obfuscation key; never the key).
+    Set once, by ``idpool tag add`` (or POST /admin/tags) before the ledger row
+    is made, and never deleted: a name added again (after ``tag remove``, or a
+    row deleted by hand) with another format, or none, is refused, since it
+    could render strings the old tag handed out. A name whose mark shows
+    numbers claimed with no fingerprint cannot become formatted. Read again
+    by a node before it first serves a formatted tag: a row whose format is
+    not the recorded one (edited by hand) is not served; a missing record is
+    written from the row. With IDPOOL_REDIS_MARK_REPLICAS it is WAITed for, as
+    the mark is.
+
 ``idpool:{orders}:strict``  HASH, the sequence of a strict tag: ``next`` (the next
     ID to hand out), ``limit`` (the end of the ledger-claimed IDs behind it, so
     ``[next, limit)`` is ready) and ``inc`` (the Redis incarnation,
@@ -129,6 +141,9 @@ class Keys:
 
     def hwm(self, tag: str) -> str:
         return self._of(tag, "hwm")
+
+    def format(self, tag: str) -> str:
+        return self._of(tag, "format")
 
     def strict(self, tag: str) -> str:
         return self._of(tag, "strict")

@@ -18,11 +18,25 @@ from typing import Any, TypeVar
 import aiomysql
 import pymysql
 
-from .errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
+from .errors import (
+    InvalidInput,
+    StoreUnavailable,
+    TagDisabled,
+    TagExhausted,
+    TagExists,
+    UnknownTag,
+)
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 from .tokens import TokenRow
-from .values import TagRow, check_bound, cut, period_rows_between, step_bounds
+from .values import (
+    TagRow,
+    check_bound,
+    check_tombstone,
+    cut,
+    period_rows_between,
+    step_bounds,
+)
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
@@ -69,6 +83,8 @@ REMOVED_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {REMOVED} (
     tag        VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
     max_id     BIGINT       NOT NULL COMMENT 'the removed row max_id: nothing above was claimed',
+    options    VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'its format: kept by the name added again',
+    secret     VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'its obfuscation key (hex)',
     removed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
                             ON UPDATE CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT 'tombstones of removed tags, never deleted'
@@ -78,15 +94,32 @@ CREATE TABLE IF NOT EXISTS {REMOVED} (
 # ADD COLUMN IF NOT EXISTS: two nodes starting at once both run it harmlessly.
 _MIGRATIONS = [
     (
+        TABLE,
         "end_id",
         "BIGINT NOT NULL DEFAULT 9223372036854775807 "
         "COMMENT 'first ID never handed out: the tag bound (--max) + 1'",
     ),
-    ("disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
-    ("kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
-    ("layout", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag'"),
-    ("options", "VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate'"),
-    ("secret", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown'"),
+    (TABLE, "disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
+    (TABLE, "kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
+    (TABLE, "layout", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag'"),
+    (
+        TABLE,
+        "options",
+        "VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate'",
+    ),
+    (
+        TABLE,
+        "secret",
+        "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown'",
+    ),
+    # A tombstone keeps the removed tag's format: the name added again may only
+    # keep it (tombstones made before: '', as if plain).
+    (
+        REMOVED,
+        "options",
+        "VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'its format: kept by the name added again'",
+    ),
+    (REMOVED, "secret", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'its obfuscation key (hex)'"),
 ]
 _DUPLICATE_COLUMN = 1060
 
@@ -99,6 +132,7 @@ _CONNECTION_ERRORS = (
     TimeoutError,
 )
 _UNKNOWN_DATABASE = 1049
+_BAD_FIELD = 1054  # a column an older table lacks
 _NO_SUCH_TABLE = 1146
 # ER_LOCK_DEADLOCK: Galera's certification failure (at COMMIT, or a brute-force abort
 # by a replicated write set), or an InnoDB deadlock. The server rolled the whole
@@ -183,8 +217,8 @@ class Ledger:
                 await cur.execute(SCHEMA)
                 await cur.execute(TOKENS_SCHEMA)
                 await cur.execute(REMOVED_SCHEMA)
-                for column, definition in _MIGRATIONS:
-                    await _add_column(cur, column, definition)
+                for table, column, definition in _MIGRATIONS:
+                    await _add_column(cur, table, column, definition)
                 for table in (TABLE, TOKENS):
                     await _exact_tag_names(cur, table)
 
@@ -266,16 +300,28 @@ class Ledger:
         async def op(cur: Any) -> None:
             # The tombstone of a removed tag of this name, read with a lock (a gap
             # lock when there is none): a removal cannot write one between this
-            # read and our INSERT, so the tag starts above every ID it ever issued.
+            # read and our INSERT, so the tag starts above every ID it ever issued,
+            # and renders them only with the format it had (check_tombstone).
             try:
                 await cur.execute(
-                    f"SELECT max_id FROM {REMOVED} WHERE tag = %s FOR UPDATE", (tag,)
+                    f"SELECT max_id, options, secret FROM {REMOVED} WHERE tag = %s FOR UPDATE",
+                    (tag,),
                 )
                 removed = await cur.fetchone()
             except pymysql.err.ProgrammingError as e:
                 if e.args[0] != _NO_SUCH_TABLE:
                     raise
                 removed = None  # made before removals existed (IDPOOL_CREATE_DATABASE=0): none
+            except pymysql.err.OperationalError as e:
+                if e.args[0] != _BAD_FIELD:
+                    raise
+                raise StoreUnavailable(
+                    "mysql",
+                    f"table {REMOVED} lacks the options column: run idpool once with "
+                    "IDPOOL_CREATE_DATABASE=1 (the default) to add it; nothing was added",
+                ) from None
+            if removed is not None:
+                check_tombstone(tag, str(removed[1]), str(removed[2]), options, secret)
             first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 await cur.execute(
@@ -334,9 +380,11 @@ class Ledger:
             if found is None:
                 raise UnknownTag(tag)  # rolled back by _run, the tombstone's insert too
             row = _tag_row(found)
+            # The format too: the name added again may only render as this one did.
             await cur.execute(
-                f"UPDATE {REMOVED} SET max_id = GREATEST(max_id, %s) WHERE tag = %s",
-                (row.max_id, tag),
+                f"UPDATE {REMOVED} SET max_id = GREATEST(max_id, %s), options = %s, secret = %s "
+                "WHERE tag = %s",
+                (row.max_id, row.options, row.secret, tag),
             )
             await cur.execute(f"DELETE FROM {TOKENS} WHERE tag = %s", (tag,))
             await cur.execute(f"DELETE FROM {TABLE} WHERE tag = %s", (tag,))
@@ -345,14 +393,37 @@ class Ledger:
 
         return await self._run(op, transaction=True)
 
+    async def removed_format(self, tag: str) -> tuple[str, str] | None:
+        """The format (options, secret) the tombstone of ``tag`` keeps, or None when
+        the name was never removed. ``add_tag`` checks it again under its lock."""
+
+        async def op(cur: Any) -> tuple[str, str] | None:
+            try:
+                await cur.execute(f"SELECT options, secret FROM {REMOVED} WHERE tag = %s", (tag,))
+            except pymysql.err.ProgrammingError as e:
+                if e.args[0] != _NO_SUCH_TABLE:
+                    raise
+                return None
+            except pymysql.err.OperationalError as e:
+                if e.args[0] != _BAD_FIELD:
+                    raise
+                return None  # add_tag refuses, naming the migration
+            row = await cur.fetchone()
+            return None if row is None else (str(row[0]), str(row[1]))
+
+        return await self._run(op)
+
     async def set_step(self, tag: str, step: int) -> TagRow:
-        """An operator's step: the new size, and the floor of the dynamic step."""
+        """An operator's step: the new size, and the floor of the dynamic step.
+        A tag with a reset claims from its period rows (``TAG@KEY``): they take it
+        too (the periods to come copy the tag's own row)."""
 
         async def op(cur: Any) -> int:
+            # A primary-key range beside the tag, as in set_disabled.
             result: int = await cur.execute(
                 f"UPDATE {TABLE} SET step = %s, min_step = %s, "
-                "max_step = GREATEST(max_step, %s) WHERE tag = %s",
-                (step, step, step, tag),
+                "max_step = GREATEST(max_step, %s) WHERE tag = %s OR tag BETWEEN %s AND %s",
+                (step, step, step, tag, *period_rows_between(tag)),
             )
             return result
 
@@ -534,7 +605,9 @@ class Ledger:
                 await pool.clear()
 
 
-_DomainErrors = UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable
+_DomainErrors = (
+    UnknownTag | TagExists | TagExhausted | TagDisabled | StoreUnavailable | InvalidInput
+)
 
 
 
@@ -562,19 +635,19 @@ async def _exact_tag_names(cur: Any, table: str) -> None:
         )
 
 
-async def _add_column(cur: Any, column: str, definition: str) -> None:
+async def _add_column(cur: Any, table: str, column: str, definition: str) -> None:
     """Add a column a table made by an older idpool lacks. Look first: any ALTER,
     even one that changes nothing, waits for an exclusive metadata lock, and every
     query on the table queues behind it, so no node start may run one needlessly."""
     await cur.execute(
         "SELECT 1 FROM information_schema.COLUMNS "
         "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = %s",
-        (TABLE, column),
+        (table, column),
     )
     if await cur.fetchone() is not None:
         return
     try:
-        await cur.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} {definition}")
+        await cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
     except pymysql.err.MySQLError as dup:
         if dup.args[0] != _DUPLICATE_COLUMN:  # a node that added it meanwhile
             raise

@@ -49,6 +49,11 @@ _BUSY_RETRIES = 3  # a push that found every connection busy (never sent) is sen
 _VISIT_CHUNK = 500  # tags read and written per round trip
 _DECAY_VISIT_EVERY = 5.0  # seconds between visits of a tag that stopped moving
 _REFILLS_AT_ONCE = 4  # as many as the ledger has connections
+# A reset tag's period that ended this long ago has its list emptied (waste) and its
+# figures deleted. Nodes stop asking for it at its end by their own clocks, and hand
+# back what their buffers held after IDPOOL_IDLE_SECONDS (300 s by default): an hour
+# leaves room for both and for clocks minutes apart.
+PERIOD_GRACE_SECONDS = 3600.0
 T = TypeVar("T")
 
 
@@ -91,6 +96,8 @@ class Preloader:
         self.waste = waste or WasteRecorder()  # the process's, shared with its node
         self._urgent: set[asyncio.Task[None]] = set()
         self._urgent_after: dict[str, float] = {}
+        self.period_grace = PERIOD_GRACE_SECONDS
+        self._forgotten: set[str] = set()  # ended periods whose figures this process deleted
 
     def start(self) -> None:
         """Run a tick now and then every ``preload_interval`` seconds."""
@@ -189,20 +196,47 @@ class Preloader:
                 visit.add(tag)
             if now - moved > window + _DECAY_VISIT_EVERY:
                 del self._moved_at[tag]  # visited once after its last move: its rate is 0
+        wall = time.time()
         if now >= self._next_sweep:
             self._rows = {row.tag: row for row in await self.ledger.list_tags()}
             self._next_sweep = now + self.settings.sweep_seconds
+            ended: dict[str, int] = {}
             for chunk in _chunks(sorted(self._rows), _VISIT_CHUNK):
                 depths = await self.pool.depths(chunk)
                 visit.update(t for t, n in depths.items() if n < self.settings.pool_depth)
+                long_ago = wall - self.period_grace
+                ended.update((t, n) for t, n in depths.items() if period_over(t, long_ago))
+            try:
+                await self.clean_ended_periods(ended)
+            except StoreUnavailable as e:  # a chore: the refills of this tick go on
+                logger.warning("event=period_cleanup_failed reason=%r", e.detail)
         # A period that ended (formats with a reset) is asked for no more: no refill.
-        wall = time.time()
         visit = {t for t in visit if not period_over(t, wall)}
         unknown = sorted(t for t in visit if t not in self._rows)
         if unknown:  # created since the last sweep
             self._rows.update((row.tag, row) for row in await self.ledger.list_tags(unknown))
         # A tag with a reset serves from its period rows, never from its own row.
         return {t for t in visit if t not in self._rows or not self._rows[t].by_period}
+
+    async def clean_ended_periods(self, depths: dict[str, int]) -> None:
+        """Period rows (``TAG@KEY``) whose period ended over ``period_grace`` ago, with
+        their lists' depths: what a list still holds is taken out and counted as
+        waste (``period_ended``), and the row's figures (``:stats``, ``:clean``) go.
+
+        The ledger row (its ``max_id``) and the high-water mark stay: a node whose
+        clock is so far behind that it claims for such a period again goes on above
+        every number the period handed out, never from its start. Raises
+        StoreUnavailable (the next sweep tries again; a take_all whose answer was
+        lost may have emptied a list uncounted: waste unseen, never a repeat)."""
+        for tag, depth in sorted(depths.items()):
+            if depth:
+                # A range handed back late (a node stopping, or one whose clock is
+                # behind) is emptied at the next sweep the same way.
+                drained = await self.pool.take_all(tag)
+                self.waste.record(tag, drained, Reason.PERIOD_ENDED, "its period ended")
+        fresh = sorted(t for t in depths if t not in self._forgotten)
+        await self.pool.forget_periods(fresh)
+        self._forgotten.update(fresh)
 
     def refill_soon(self, tag: str) -> None:
         """A node here saw the tag's list run low: refill it now rather than at the

@@ -174,6 +174,37 @@ for i = 1, #KEYS do found[#found + 1] = redis.call('GET', KEYS[i]) or '' end
 return found
 """
 
+# KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm (one slot); ARGV[1] = the
+# fingerprint of the format a tag of that name is being made with ('' for none),
+# ARGV[2] = '1' when a node is about to serve the (live, formatted) tag: then a
+# missing fingerprint is written whatever the mark (the row is the tag's truth;
+# a Redis that lost the key gets it back). One script: no claim can raise the
+# mark between the look and the SET. Returns
+# {'same' | 'set' (first formatted use of the name) | 'other' (another format was
+# used) | 'unformatted' (numbers were claimed with no format recorded), replicas online}.
+# A fingerprint found is SET again, as the raise does: a WAIT then covers it.
+_FENCE_FORMAT = """
+local online = 0
+for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if cur ~= ARGV[1] then return {'other', online} end
+  redis.call('SET', KEYS[1], cur)
+  return {'same', online}
+end
+if ARGV[1] == '' then return {'same', 0} end
+local mark = redis.call('GET', KEYS[2])
+if ARGV[2] ~= '1' and mark and mark ~= '0' then return {'unformatted', online} end
+redis.call('SET', KEYS[1], ARGV[1])
+return {'set', online}
+"""
+
+# KEYS[1] = format fingerprint; ARGV[1] = ours. Undo our 'set' (a creation that lost).
+_UNFENCE_FORMAT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 # KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
@@ -287,6 +318,8 @@ class RedisPool:
         self._push = Lua.of(_PUSH)
         self._raise_hwm = Lua.of(_RAISE_HWM)
         self._read_hwm = Lua.of(_READ_HWM)
+        self._fence_format = Lua.of(_FENCE_FORMAT)
+        self._unfence_format = Lua.of(_UNFENCE_FORMAT)
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
@@ -454,6 +487,17 @@ class RedisPool:
         texts = await self._call(self._take_all, keys, [])
         return [IdRange.from_text(t) for t in texts]
 
+    async def forget_periods(self, tags: Sequence[str]) -> None:
+        """Delete the ``:stats`` and ``:clean`` keys of period rows that ended (their
+        lists were emptied by take_all); their ``:hwm`` stays, with the ledger row."""
+        if not tags:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.delete(self.keys.stats(tag))
+                pipe.delete(self.keys.clean(tag))
+            await self._plain(pipe.execute())
+
     async def high_water(self, tag: str) -> int:
         if self.legacy is None:
             values = [await self._plain(self.client.get(self.keys.hwm(tag)))]
@@ -475,6 +519,44 @@ class RedisPool:
             raise _short_of_replicas(int(online), self._mark_replicas)
         return max((int(v) for v in values if v), default=0)
 
+    async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
+        """Record (or check) the format a tag of this name renders with, beside its
+        high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
+        keys = [self.keys.format(tag), self.keys.hwm(tag)]
+        args = [fingerprint, "1" if serving else "0"]
+        if not self._mark_replicas or not fingerprint or serving:
+            # Serving checks a live row against the record (the row is the truth: a
+            # record a failover lost is written back at the next check), so it need
+            # not wait for replicas: too few of them stop claims, not serving.
+            found, _ = await self._call(self._fence_format, keys, args)
+            return str(found)
+        # As a raise of the mark: the fingerprint counts only once the replicas
+        # IDPOOL_REDIS_MARK_REPLICAS asks for have it (WAIT on the script's connection),
+        # or a Sentinel failover could lose it while the tag is served.
+        if isinstance(self.client, RedisCluster):
+            found, online, acked = await self._plain(
+                on_one_connection(
+                    self.client,
+                    keys[0],
+                    self._fence_format,
+                    keys,
+                    args,
+                    self._mark_replicas,
+                    self._wait_ms(),
+                )
+            )
+        else:
+            found, online, acked = await self._plain(
+                self._run_and_wait(self._fence_format, keys, args)
+            )
+        if found in ("same", "set"):  # written: it counts only as a raise would
+            _check_acknowledged(online, acked, self._mark_replicas, self._wait_ms())
+        return str(found)
+
+    async def unfence_format(self, tag: str, fingerprint: str) -> None:
+        """Take back a fingerprint this process set for a tag it then did not make."""
+        await self._call(self._unfence_format, [self.keys.format(tag)], [fingerprint])
+
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for (IDPOOL_REDIS_MARK_REPLICAS), it counts only once that many replicas have
@@ -492,22 +574,29 @@ class RedisPool:
     def _wait_ms(self) -> int:
         return max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
 
-    async def _raise_and_wait(self, keys: list[str], value: int) -> str:
-        # WAIT counts only the writes of its own connection: a WAIT sent on another
-        # pooled connection would answer for that one's writes, not the raise. So
-        # both run on one connection, held from the pool (one slot, see _plain).
-        # A plain Redis: its aclose gives the connection back and closes nothing else.
+    async def _run_and_wait(
+        self, script: Lua, keys: list[str], args: list[str]
+    ) -> tuple[str, int, int | None]:
+        """A script answering {value, replicas online}, then WAIT (see _wait_on), on
+        one held connection (see _raise_and_wait). Returns (value, online, acknowledged)."""
         assert isinstance(self.client, aioredis.Redis)
         one = aioredis.Redis(
             connection_pool=self.client.connection_pool, single_connection_client=True
         )
         try:
-            mark, online = await run_script(one, self._raise_hwm, keys, [str(value)])
-            acked = await self._wait_on(one, int(online))
-            _check_acknowledged(int(online), acked, self._mark_replicas, self._wait_ms())
+            value, online = await run_script(one, script, keys, args)
+            return str(value), int(online), await self._wait_on(one, int(online))
         finally:
             await one.aclose()
-        return str(mark)
+
+    async def _raise_and_wait(self, keys: list[str], value: int) -> str:
+        # WAIT counts only the writes of its own connection: a WAIT sent on another
+        # pooled connection would answer for that one's writes, not the raise. So
+        # both run on one connection, held from the pool (one slot, see _plain).
+        # A plain Redis: its aclose gives the connection back and closes nothing else.
+        mark, online, acked = await self._run_and_wait(self._raise_hwm, keys, [str(value)])
+        _check_acknowledged(online, acked, self._mark_replicas, self._wait_ms())
+        return mark
 
     async def _wait_on(self, one: aioredis.Redis, online: int) -> int | None:
         """WAIT for every replica the setting wants, whether online or not: a

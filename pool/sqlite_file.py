@@ -82,7 +82,14 @@ CREATE TABLE IF NOT EXISTS idpool_nodes (
 CREATE TABLE IF NOT EXISTS idpool_removed_tags (
     tag        TEXT    NOT NULL PRIMARY KEY,
     max_id     INTEGER NOT NULL,  -- the removed row's max_id: no ID at or above was claimed
-    removed_at REAL    NOT NULL
+    removed_at REAL    NOT NULL,
+    options    TEXT    NOT NULL DEFAULT '',  -- its format: the name added again keeps it
+    secret     TEXT    NOT NULL DEFAULT ''   -- its obfuscation key (hex)
+);
+-- What Redis keeps in idpool:{tag}:format: a formatted tag's fingerprint.
+CREATE TABLE IF NOT EXISTS idpool_formats (
+    tag         TEXT NOT NULL PRIMARY KEY,
+    fingerprint TEXT NOT NULL
 );
 -- Per-tag tokens, hashed (pool/tokens.py).
 CREATE TABLE IF NOT EXISTS idpool_tokens (
@@ -97,12 +104,14 @@ CREATE TABLE IF NOT EXISTS idpool_tokens (
 # Columns added since the first release: files made before get them in place.
 # SQLite has no ADD COLUMN IF NOT EXISTS; _migrate looks under the write lock.
 MIGRATIONS = [
-    ("end_id", "INTEGER NOT NULL DEFAULT 9223372036854775807"),
-    ("disabled", "INTEGER NOT NULL DEFAULT 0"),
-    ("kind", "TEXT NOT NULL DEFAULT 'segment'"),
-    ("layout", "TEXT NOT NULL DEFAULT ''"),
-    ("options", "TEXT NOT NULL DEFAULT ''"),
-    ("secret", "TEXT NOT NULL DEFAULT ''"),
+    ("idpool_tags", "end_id", "INTEGER NOT NULL DEFAULT 9223372036854775807"),
+    ("idpool_tags", "disabled", "INTEGER NOT NULL DEFAULT 0"),
+    ("idpool_tags", "kind", "TEXT NOT NULL DEFAULT 'segment'"),
+    ("idpool_tags", "layout", "TEXT NOT NULL DEFAULT ''"),
+    ("idpool_tags", "options", "TEXT NOT NULL DEFAULT ''"),
+    ("idpool_tags", "secret", "TEXT NOT NULL DEFAULT ''"),
+    ("idpool_removed_tags", "options", "TEXT NOT NULL DEFAULT ''"),
+    ("idpool_removed_tags", "secret", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 
@@ -110,10 +119,10 @@ def _migrate(conn: sqlite3.Connection) -> None:
     # BEGIN IMMEDIATE: two processes opening an old file at once cannot both add.
     conn.execute("BEGIN IMMEDIATE")
     try:
-        have = {row[1] for row in conn.execute("PRAGMA table_info(idpool_tags)")}
-        for column, definition in MIGRATIONS:
+        for table, column, definition in MIGRATIONS:
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
             if column not in have:
-                conn.execute(f"ALTER TABLE idpool_tags ADD COLUMN {column} {definition}")
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -20,7 +20,14 @@ from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
 from .tokens import TokenRow
-from .values import TagRow, check_bound, cut, period_rows_between, step_bounds
+from .values import (
+    TagRow,
+    check_bound,
+    check_tombstone,
+    cut,
+    period_rows_between,
+    step_bounds,
+)
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
@@ -114,8 +121,10 @@ class SqliteLedger:
             # Under the file's write lock (BEGIN IMMEDIATE): no removal between the
             # tombstone's read and the INSERT; the tag starts above all it issued.
             removed = conn.execute(
-                "SELECT max_id FROM idpool_removed_tags WHERE tag = ?", (tag,)
+                "SELECT max_id, options, secret FROM idpool_removed_tags WHERE tag = ?", (tag,)
             ).fetchone()
+            if removed is not None:  # only with the format it had (see Ledger.add_tag)
+                check_tombstone(tag, str(removed[1]), str(removed[2]), options, secret)
             first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 conn.execute(
@@ -152,10 +161,12 @@ class SqliteLedger:
             # One write transaction: no claim between the read and the delete.
             row = _select(conn, tag)
             conn.execute(
-                "INSERT INTO idpool_removed_tags (tag, max_id, removed_at) VALUES (?, ?, ?) "
+                "INSERT INTO idpool_removed_tags (tag, max_id, removed_at, options, secret) "
+                "VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (tag) DO UPDATE SET max_id = MAX(max_id, excluded.max_id), "
-                "removed_at = excluded.removed_at",
-                (tag, row.max_id, time.time()),
+                "removed_at = excluded.removed_at, options = excluded.options, "
+                "secret = excluded.secret",
+                (tag, row.max_id, time.time(), row.options, row.secret),
             )
             conn.execute("DELETE FROM idpool_tokens WHERE tag = ?", (tag,))
             conn.execute("DELETE FROM idpool_tags WHERE tag = ?", (tag,))
@@ -163,14 +174,25 @@ class SqliteLedger:
 
         return await self.file.write(op)
 
+    async def removed_format(self, tag: str) -> tuple[str, str] | None:
+        """The format the tombstone of ``tag`` keeps (see Ledger.removed_format)."""
+
+        def op(conn: sqlite3.Connection) -> tuple[str, str] | None:
+            row = conn.execute(
+                "SELECT options, secret FROM idpool_removed_tags WHERE tag = ?", (tag,)
+            ).fetchone()
+            return None if row is None else (str(row[0]), str(row[1]))
+
+        return await self.file.read(op)
+
     async def set_step(self, tag: str, step: int) -> TagRow:
-        """An operator's step: the new size, and the floor of the dynamic step."""
+        """An operator's step, with the tag's period rows (see Ledger.set_step)."""
 
         def op(conn: sqlite3.Connection) -> TagRow:
             conn.execute(
                 "UPDATE idpool_tags SET step = ?, min_step = ?, max_step = MAX(max_step, ?), "
-                "updated_at = ? WHERE tag = ?",
-                (step, step, step, time.time(), tag),
+                "updated_at = ? WHERE tag = ? OR tag BETWEEN ? AND ?",
+                (step, step, step, time.time(), tag, *period_rows_between(tag)),
             )
             return _select(conn, tag)
 

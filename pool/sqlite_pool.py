@@ -155,6 +155,15 @@ class SqlitePool:
     async def high_water_to_claim(self, tag: str) -> int:
         return await self.high_water(tag)  # one file: no replica to wait for
 
+    async def forget_periods(self, tags: Sequence[str]) -> None:
+        """Delete ended period rows' figures (see RedisPool.forget_periods)."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany("DELETE FROM idpool_pool_stats WHERE tag = ?", [(t,) for t in tags])
+
+        if tags:
+            await self.file.write(op)
+
     async def high_water(self, tag: str) -> int:
         def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
@@ -163,6 +172,37 @@ class SqlitePool:
             return 0 if row is None else int(row[0])
 
         return await self.file.read(op)
+
+    async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
+        """Record or check a tag's format fingerprint (see RedisPool.fence_format)."""
+
+        def op(conn: sqlite3.Connection) -> str:
+            row = conn.execute(
+                "SELECT fingerprint FROM idpool_formats WHERE tag = ?", (tag,)
+            ).fetchone()
+            if row is not None:
+                return "same" if row[0] == fingerprint else "other"
+            if not fingerprint:
+                return "same"
+            mark = conn.execute(
+                "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
+            ).fetchone()
+            if not serving and mark is not None and int(mark[0]) > 0:
+                return "unformatted"
+            conn.execute(
+                "INSERT INTO idpool_formats (tag, fingerprint) VALUES (?, ?)", (tag, fingerprint)
+            )
+            return "set"
+
+        return await self.file.write(op)
+
+    async def unfence_format(self, tag: str, fingerprint: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM idpool_formats WHERE tag = ? AND fingerprint = ?", (tag, fingerprint)
+            )
+
+        await self.file.write(op)
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         def op(conn: sqlite3.Connection) -> int:

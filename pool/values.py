@@ -6,13 +6,14 @@ list's summary.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from .errors import TagDisabled, TagExhausted
+from .errors import FormatChanged, TagDisabled, TagExhausted
 from .ranges import MAX_ID, IdRange, TaggedRange
 
 DEFAULT_MAX_STEP = 1_000_000
@@ -84,6 +85,25 @@ class TagRow:
     def left(self) -> int:
         """IDs not yet claimed below the bound."""
         return max(0, self.end_id - self.max_id)
+
+
+def format_fingerprint(options: str, secret: str) -> str:
+    """What a tag's format (template, reset, obfuscation and its key) is known by
+    beside its high-water mark (``idpool:{tag}:format``): "" for a plain tag. A hash,
+    never the key: 128 random bits behind SHA-256 cannot be read back from it."""
+    if not options:
+        return ""
+    return hashlib.sha256(f"{options}\n{secret}".encode()).hexdigest()[:32]
+
+
+def check_tombstone(tag: str, old_options: str, old_secret: str, options: str, secret: str) -> None:
+    """A removed name comes back only with the format it had (raises FormatChanged):
+    another template or key could render a string the removed tag handed out, and
+    its tombstone's ``max_id`` fences only the numbers."""
+    if old_options == options and old_secret == secret:
+        return
+    before = f"with the format {old_options}" if old_options else "as a plain tag (no format)"
+    raise FormatChanged(tag, f"(removed) {before}")
 
 
 def period_rows_between(tag: str) -> tuple[str, str]:

@@ -29,6 +29,7 @@ class Reason(StrEnum):
     TAG_DISABLED = "tag_disabled"  # ready or buffered when its tag was disabled
     LEASE_NOT_RECORDED = "lease_not_recorded"  # a lease Redis may not have recorded
     TAG_REMOVED = "tag_removed"  # ready or buffered when its tag was removed
+    PERIOD_ENDED = "period_ended"  # left in a reset tag's list after its period ended
     ANSWER_UNDELIVERED = "answer_undelivered"  # taken for a client that hung up first
     LEADERSHIP_LOST = "lease_lost"  # claimed by a preloader that found another leading
     NO_POOL = "no_pool"  # a remainder at shutdown with no pool to return it to

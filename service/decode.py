@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from idpool_client.formats import TagFormat
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -32,16 +33,20 @@ from .snowflake import SNOWFLAKE
 from .tag_fields import check_tag
 
 Decoder = Callable[[TagRow, str], dict[str, Any]]
+_PLAIN = TagFormat()  # a plain tag's IDs: the number itself, in canonical decimal
 
 
 def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
     """A segment tag's ID: its sequence number (through its format, if any)."""
     fmt = format_of(row)
     try:
-        if fmt is None:
-            number = int(value)
-        else:
-            number = fmt.decode(value if fmt.text else int(value))
+        # Strict: only what the tag makes. TagFormat.decode renders the number back
+        # and refuses any other spelling (a wrong width, leading zeros, a date no
+        # clock shows, a character outside the alphabet); a plain ID is canonical
+        # decimal. Both within the tag's bound.
+        number = (fmt or _PLAIN).decode(value)
+        if number >= row.end_id and (fmt is None or fmt.obfuscation is None):
+            raise ValueError(f"sequence number {number} is above the tag's max {row.end_id - 1}")
     except ValueError as e:
         raise InvalidInput(
             "bad_value", f"{value[:80]!r} is not an ID of tag {row.tag!r}: {e}"

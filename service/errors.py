@@ -118,6 +118,17 @@ ERRORS: tuple[ErrorRow, ...] = (
     ),
     ErrorRow("tag_exists", 409, "the tag exists", TagExists),
     ErrorRow("start_below_issued", 409, "a start may only move forward", StartBelowIssued),
+    ErrorRow(
+        "start_on_reset",
+        409,
+        "a tag with a reset restarts {id} at its start each period: its start cannot move",
+    ),
+    ErrorRow(
+        "format_changed",
+        409,
+        "the name was used before with another format (or none): add it with the same "
+        "format, reset, obfuscate and max, or choose a new name",
+    ),
     ErrorRow("worker_lost", 409, "the worker ID's lease is gone: stop making IDs with it"),
     ErrorRow(
         "start_above_max", 409, "a start past the tag's max would leave it no ID", StartAboveMax

@@ -37,9 +37,9 @@ from idpool_client.formats import (
 )
 
 from idpool.pool.claims import create_tag
-from idpool.pool.errors import InvalidInput, KindNotServed, TagExists
+from idpool.pool.errors import FormatNotFenced, InvalidInput, KindNotServed, TagExists
 from idpool.pool.ranges import MAX_ID
-from idpool.pool.values import TagRow
+from idpool.pool.values import TagRow, format_fingerprint
 
 if TYPE_CHECKING:
     from .node import Node
@@ -138,6 +138,7 @@ class FormattedTags:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._creating: dict[str, asyncio.Task[None]] = {}
+        self._fenced: set[str] = set()  # tags whose format this process checked in Redis
 
     def format_for(self, tag: str) -> TagFormat | None:
         """The tag's format, None for a plain tag; raises KindNotServed for a
@@ -169,6 +170,7 @@ class FormattedTags:
     async def take(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any]:
         """What ``take_now`` answers, waiting for a range (or a period's row) if need be."""
         node = self.node
+        await self.check_fence(tag)
         while True:
             value = self.take_now(tag, fmt, count)
             if value is not None:
@@ -186,12 +188,31 @@ class FormattedTags:
 
     async def sequence(self, tag: str, fmt: TagFormat) -> tuple[str, float, float]:
         """(row name, from, until) of the sequence a lease of ``tag`` comes from now."""
+        await self.check_fence(tag)
         if fmt.reset is None:
             return tag, float("-inf"), float("inf")
         key, start, until = fmt.period(self.node.wall_clock())
         name = period_row(tag, key)
         await self._period_row(tag, name)
         return name, start, until
+
+    async def check_fence(self, tag: str) -> None:
+        """Before this process first serves ``tag``: its row's format must be the one
+        recorded for the name beside its mark (``idpool:{tag}:format``), else
+        FormatNotFenced: a row inserted or edited by hand with another format could
+        repeat strings the name handed out. A missing record is written (a Redis
+        that lost it gets it back). Raises StoreUnavailable (no claim without Redis
+        either)."""
+        marks = self.node.source.claims.marks
+        if tag in self._fenced or marks is None:
+            return
+        row = self.node.tags.rows.get(tag) or await self.node.tags.lookup(tag)
+        found = await marks.fence_format(
+            tag, format_fingerprint(row.options, row.secret), serving=True
+        )
+        if found not in ("same", "set"):
+            raise FormatNotFenced(tag)
+        self._fenced.add(tag)
 
     async def _period_row(self, tag: str, name: str) -> None:
         """Make sure the period's ledger row exists (one creation at a time per name)."""

@@ -642,7 +642,7 @@ def _admin_paths() -> Schema:
                         "bad_reset",
                         "bad_obfuscate",
                     ),
-                    _error("409", "tag_exists"),
+                    _error("409", "tag_exists", "format_changed"),
                     _error("408", "body_too_slow"),
                     _error("413", "body_too_large"),
                 ],  # fmt: skip
@@ -672,7 +672,7 @@ def _admin_tag_paths() -> Schema:
                 [
                     _ok("the row after the change", "application/json", _TAG_ROW_REF),
                     _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"),
-                    _error("409", "start_below_issued", "start_above_max"),
+                    _error("409", "start_below_issued", "start_above_max", "start_on_reset"),
                     _error("408", "body_too_slow"),
                     _error("413", "body_too_large"),
                 ],  # fmt: skip

@@ -291,17 +291,13 @@ async def test_double_fault_redis_blip_then_mysql_rewind_repeats_nothing(
         assert r.end <= other.range.start or other.range.end <= r.start, (r, other.range)
 
 
-async def test_tag_names_compare_exactly_even_in_an_old_table(
-    settings: Settings, tag: str
-) -> None:
+async def test_tag_names_compare_exactly_even_in_an_old_table(settings: Settings, tag: str) -> None:
     # With the database's case-insensitive collation, ORDERS found the row orders:
     # a node served it as a tag of its own, without orders's tokens or disabled flag.
     # A database of its own: the shared one may hold tags other tests made that
     # differ only in case, which the old collation's unique key would refuse.
     database = new_name("idpool_old_table_")
-    ledger = await Ledger.connect(
-        settings.with_changes(mysql_url=f"{MYSQL_SERVER}/{database}")
-    )
+    ledger = await Ledger.connect(settings.with_changes(mysql_url=f"{MYSQL_SERVER}/{database}"))
     try:
         await _compare_exactly_in_an_old_table(ledger, database, tag)
     finally:
@@ -332,3 +328,57 @@ async def _compare_exactly_in_an_old_table(ledger: Ledger, database: str, tag: s
     with pytest.raises(UnknownTag):
         await ledger.claim(tag.upper())
     await ledger.add_tag(tag.upper(), step=10, start=1)  # another tag, of its own
+
+
+class MarksDown:
+    """A pool whose Redis does not answer."""
+
+    async def high_water(self, tag: str) -> int:
+        raise StoreUnavailable("redis", "down")
+
+    async def raise_high_water(self, tag: str, value: int) -> int:
+        raise StoreUnavailable("redis", "down")
+
+    async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
+        raise StoreUnavailable("redis", "down")
+
+    async def unfence_format(self, tag: str, fingerprint: str) -> None:
+        raise StoreUnavailable("redis", "down")
+
+
+async def test_a_formatted_tag_is_made_only_once_its_format_is_fenced(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    from idpool.pool.claims import create_tag
+    from idpool.pool.errors import FormatChanged, TagExists, UnknownTag
+
+    options = '{"format": "F{id}", "reset": null, "obfuscate": true, "max": 1000}'
+    with pytest.raises(StoreUnavailable, match="nothing was made"):
+        await create_tag(
+            ledger, MarksDown(), tag, step=10, start=1, options=options, secret="aa" * 16
+        )
+    with pytest.raises(UnknownTag):
+        await ledger.get_tag(tag)
+    plain = await create_tag(ledger, MarksDown(), tag + "p", step=10, start=1)  # as before
+    assert plain.options == ""
+    # A second add of a live name: tag_exists, and the first's fingerprint is kept.
+    made = await create_tag(ledger, redis_pool, tag, step=10, start=1, options=options,
+                            secret="aa" * 16)  # fmt: skip
+    with pytest.raises(TagExists):
+        await create_tag(ledger, redis_pool, tag, step=10, start=1, options=options,
+                         secret="bb" * 16)  # fmt: skip
+    with pytest.raises(TagExists):
+        await create_tag(ledger, redis_pool, tag, step=10, start=1)
+    assert await redis_pool.fence_format(tag, "") == "other"
+    # A live plain name, never claimed, asked for with a format: tag_exists, and no
+    # fingerprint is left behind to let the name come back formatted later.
+    with pytest.raises(TagExists):
+        await create_tag(ledger, redis_pool, tag + "p", step=10, start=1, options=options,
+                         secret="cc" * 16)  # fmt: skip
+    assert await redis_pool.fence_format(tag + "p", "") == "same"
+    assert made.secret == "aa" * 16
+    with pytest.raises(FormatChanged):  # plain numbers were claimed under the name
+        await LedgerClaims(ledger, redis_pool).claim(tag + "p")
+        await ledger.remove_tag(tag + "p")
+        await create_tag(ledger, redis_pool, tag + "p", step=10, start=1, options=options,
+                         secret="cc" * 16)  # fmt: skip

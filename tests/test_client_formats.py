@@ -330,3 +330,76 @@ def test_a_lease_asked_before_midnight_and_answered_after_is_still_cut_off(
     client.close()
     # the cut-off lease went back whole to yesterday's row: none of it was used
     assert ("inv@20261124", 1, 11) in client.transport.returned  # type: ignore[attr-defined]
+
+
+TEMPLATES = [
+    "INV-{date:%Y%m%d}-{id:06d}",
+    "{id:b62}",
+    "K{id:04b36}",
+    "{date:%Y}-{date:%j}.{id:,d}",
+    "{date:%y%m}/{id:x}",
+    "{id:8d}|{date:%H:%M:%S}%",
+    "{date:%Y%m%d%%}{id:_b}",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    template=st.sampled_from(TEMPLATES),
+    n=st.integers(1, 10**12),
+    moment=st.integers(0, 4_102_444_799),  # 1970 to 2099
+    edit=st.tuples(st.integers(0, 40), st.sampled_from("0123456789aZ -_,%|/:")),
+    obfuscate=st.booleans(),
+)
+def test_decode_takes_back_only_what_render_makes(
+    template: str, n: int, moment: int, edit: tuple[int, str], obfuscate: bool
+) -> None:
+    ob = Obfuscation(b"k" * 16, 2**63 - 2) if obfuscate else None
+    fmt = TagFormat(template, None, ob)
+    text = fmt.render(n, moment)
+    assert isinstance(text, str)
+    assert fmt.decode(text) == n
+    # Any string decode accepts renders back to itself: changed by one character
+    # (replaced, inserted or removed), it is refused or is another ID of the format.
+    at, char = edit
+    at %= len(text) + 1
+    for changed in (text[:at] + char + text[at + 1 :], text[:at] + char + text[at:],
+                    text[:at] + text[at + 1 :]):  # fmt: skip
+        try:
+            m = fmt.decode(changed)
+        except ValueError:
+            continue
+        moment_of_changed = fmt._split(changed)[1]
+        assert fmt.render(m, moment_of_changed) == changed
+
+
+@pytest.mark.parametrize(
+    ("template", "text", "says"),
+    [
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261124-00001", "renders as"),
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261324-000001", "no UTC date"),
+        ("INV-{date:%Y%m%d}-{id:06d}", "INX-20261124-000001", "lacks 'INV-'"),
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-2026", "not the 2 digits of %m"),
+        ("{id}-{date:%Y}", "202", "too short"),
+        ("{id:b62}", "0z", "renders as"),
+        ("{id:b36}", "A", "not a base-36 number"),
+        ("{date:%Y}{id}", "1969" + "5", "before any ID was made"),
+    ],
+)
+def test_decode_says_what_does_not_match(template: str, text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        TagFormat(template).decode(text)
+
+
+def test_decode_of_a_bare_number_is_canonical() -> None:
+    plain = TagFormat()
+    assert plain.decode("17") == 17 and plain.decode(17) == 17
+    for bad in ("017", "+17", " 17", "1_7", "\u0661\u0667", "0", "-1", ""):
+        with pytest.raises(ValueError):
+            plain.decode(bad)
+    ob = TagFormat(None, None, Obfuscation(b"k" * 16, 1000))
+    value = ob.render(3, 0)
+    assert ob.decode(value) == 3 and ob.decode(str(value)) == 3
+    for bad in ("0" + str(value), "1001", "0"):
+        with pytest.raises(ValueError):
+            ob.decode(bad)

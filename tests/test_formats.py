@@ -433,22 +433,269 @@ def test_a_reset_tags_lease_is_returned_to_its_period_row_with_the_tags_token(
     assert Lease("l", tag, 1, 11).token_tag == tag
 
 
-def test_a_removed_formatted_tag_is_unknown_and_added_again_plain_is_plain(
+def _decoded(client: TestClient, tag: str, value: object) -> int:
+    r = client.get(f"/admin/tags/{tag}/decode", params={"value": str(value)}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    sequence: int = r.json()["sequence"]
+    return sequence
+
+
+def test_a_removed_formatted_tag_comes_back_only_with_its_format_and_key(
     admin: TestClient, tag: str
 ) -> None:
     app = node_of(admin)
     assert app.node is not None
     app.node.tags.min_interval = 0  # a name found unknown is not remembered as such
-    add(admin, tag=tag, step=100, format="R-{id}", obfuscate=True)
-    assert admin.get(f"/id/{tag}").text.startswith("R-")
-    assert admin.get(f"/id/{tag}").text.startswith("R-")  # the fast path
+    add(admin, tag=tag, step=100, format="R-{id}", obfuscate=True, max=1000)
+    old = [admin.get(f"/id/{tag}").text for _ in range(2)]  # the routes, then the fast path
+    assert all(v.startswith("R-") for v in old)
     r = admin.delete(f"/admin/tags/{tag}", headers=AUTH)
     assert r.status_code == 200, r.text
     assert admin.get(f"/id/{tag}").status_code == 404
     assert admin.get(f"/ids/{tag}?count=2").status_code == 404
-    add(admin, tag=tag, step=100)  # the name again, without a format
+    # Another format, or none, could render the strings the removed tag handed out
+    # (a new key maps a fresh number onto an old string; plain 1001.. could be an
+    # old obfuscated number): refused, saying why and what to do.
+    for fields in (
+        {},
+        {"format": "R-{id}"},
+        {"format": "S-{id}", "obfuscate": True, "max": 1000},
+        {"format": "R-{id}", "obfuscate": True, "max": 999},
+    ):
+        r = admin.post("/admin/tags", json={"tag": tag, "step": 100, **fields}, headers=AUTH)
+        assert r.status_code == 409, (fields, r.text)
+        assert r.json()["error"] == "format_changed"
+        assert "choose a new name" in r.json()["message"]
+    # The same format: the same key back, going on above all the removed tag claimed.
+    add(admin, tag=tag, step=100, format="R-{id}", obfuscate=True, max=1000)
+    new = [admin.get(f"/id/{tag}").text for _ in range(50)]
+    assert not set(new) & set(old) and len(set(new)) == 50
+    assert [_decoded(admin, tag, v) for v in old] == [1, 2]  # old IDs: the same key
+    assert min(_decoded(admin, tag, v) for v in new) > 100
+
+
+def test_a_formatted_row_deleted_by_hand_is_fenced_by_its_fingerprint(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+
+    def delete_row(name: str) -> None:
+        params = settings.mysql_params()
+        conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                               database=params.database, autocommit=True)  # fmt: skip
+        try:
+            conn.cursor().execute("DELETE FROM idpool_tags WHERE tag = %s", (name,))
+        finally:
+            conn.close()
+
+    plain = tag + "p"
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag=tag, step=10, format="H-{id}", obfuscate=True, max=1000)
+        old = {c.get(f"/id/{tag}").text for _ in range(5)}
+        add(c, tag=plain, step=10)
+        assert c.get(f"/id/{plain}").text == "1"
+    delete_row(tag)  # no tombstone: only Redis remembers the tag
+    delete_row(plain)
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        # the same options make a new key: it would map fresh numbers onto old strings
+        for name, fields in (
+            (tag, {"format": "H-{id}", "obfuscate": True, "max": 1000}),
+            (tag, {}),
+            (plain, {"obfuscate": True, "max": 1000}),  # numbers issued bare: never formatted
+        ):
+            r = c.post("/admin/tags", json={"tag": name, "step": 10, **fields}, headers=AUTH)
+            assert r.status_code == 409, (name, fields, r.text)
+            assert r.json()["error"] == "format_changed"
+        add(c, tag=plain, step=10)  # plain again: fenced by its mark, as before
+        assert int(c.get(f"/id/{plain}").text) > 1  # (2-10 went back to its list unused)
+    assert len(old) == 5
+
+
+def test_a_template_row_deleted_by_hand_comes_back_with_the_same_template(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+
+    seen: list[str] = []
+    for round_ in range(2):
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            if round_:
+                r = c.post("/admin/tags", json={"tag": tag, "format": "T{id}0"}, headers=AUTH)
+                assert r.status_code == 409 and r.json()["error"] == "format_changed", r.text
+            add(c, tag=tag, step=10, format="T-{id:04d}")
+            seen += [c.get(f"/id/{tag}").text for _ in range(5)]
+        params = settings.mysql_params()
+        conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                               database=params.database, autocommit=True)  # fmt: skip
+        try:
+            conn.cursor().execute("DELETE FROM idpool_tags WHERE tag = %s", (tag,))
+        finally:
+            conn.close()
+    assert len(set(seen)) == 10 and seen[0] == "T-0001"
+
+
+def test_the_embedded_tombstone_keeps_the_format(sqlite_settings: Settings, tag: str) -> None:
+    with TestClient(create_app(sqlite_settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag=tag, step=10, format="E{id}", obfuscate=True, max=500)
+        old = {c.get(f"/id/{tag}").text for _ in range(3)}
+        assert c.delete(f"/admin/tags/{tag}", headers=AUTH).status_code == 200
+        r = c.post("/admin/tags", json={"tag": tag, "step": 10}, headers=AUTH)
+        assert r.status_code == 409 and r.json()["error"] == "format_changed", r.text
+        add(c, tag=tag, step=10, format="E{id}", obfuscate=True, max=500)
+        new = {c.get(f"/id/{tag}").text for _ in range(20)}
+        assert not old & new
+
+
+def test_step_on_a_reset_tag_changes_its_periods_and_start_is_refused(
+    admin: TestClient, tag: str
+) -> None:
+    clock = Clock(at("2026-11-24 10:00:00"))
+    node_of(admin).node.wall_clock = clock  # type: ignore[union-attr]
+    add(admin, tag=tag, step=10, format="{date:%Y%m%d}-{id}", reset="daily")
+    assert admin.get(f"/id/{tag}").text == "20261124-1"
+    run_ledger = node_of(admin).node.source.claims.ledger  # type: ignore[union-attr]
+    period = f"{tag}@20261124"
+
+    async def row(name: str) -> tuple[int, int]:
+        found = await run_ledger.get_tag(name)
+        return found.step, found.max_id
+
+    assert admin.portal is not None
+    before = admin.portal.call(row, period)
+    r = admin.patch(f"/admin/tags/{tag}", json={"step": 500}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert admin.portal.call(row, period)[0] == 500  # the period being served takes it
+    assert admin.portal.call(row, tag)[0] == 500  # and so the periods to come
+    # A start would act on the unused own row (or move a period's max_id): refused.
+    r = admin.patch(f"/admin/tags/{tag}", json={"start": 5}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["error"] == "start_on_reset", r.text
+    assert "nothing changed" in r.json()["message"]
+    assert admin.portal.call(row, period)[1] == before[1]
+    assert admin.get(f"/id/{tag}").text == "20261124-2"
+
+
+def test_cli_step_and_start_on_a_reset_tag(settings: Settings, tag: str) -> None:
+    from .test_cli import idpool
+
+    made = idpool(settings, "tag", "add", tag, "--format", "{date:%Y%m%d}-{id}", "--reset",
+                  "daily", "--step", "10")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        assert c.get(f"/id/{tag}").status_code == 200  # today's period row
+    stepped = idpool(settings, "tag", "step", tag, "300")
+    assert stepped.returncode == 0 and "period rows" in stepped.stdout, stepped.stderr
+    moved = idpool(settings, "tag", "start", tag, "1000")
+    assert moved.returncode == 2 and "has a reset" in moved.stderr
+
+    async def period_steps() -> list[int]:
+        led = await Ledger.connect(settings)
+        try:
+            return [r.step for r in await led.list_tags() if r.tag.startswith(f"{tag}@")]
+        finally:
+            await led.close()
+
+    assert asyncio.run(period_steps()) == [300]
+    listed = idpool(settings, "tag", "list").stdout
+    assert "periods: 1, latest" in listed and f"{tag}@" not in listed
+
+
+@pytest.mark.parametrize(
+    ("template", "value"),
+    [
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261124-00001"),  # too narrow
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261124-0000001"),  # too wide
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261324-000001"),  # a 13th month
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20260230-000001"),  # 30 February
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-2026112x-000001"),
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261124-+00001"),
+        ("INV-{date:%Y%m%d}-{id:06d}", "INV-20261124-000000"),  # number 0: never made
+        ("INV-{date:%Y%m%d}-{id:06d}", "inv-20261124-000001"),
+        ("{id:b62}", "01"),  # a leading zero
+        ("{id:b62}", "a-b"),  # outside the alphabet
+        ("{id:b36}", "Z"),  # base 36 is lower case
+        ("{id:,d}", "1234"),  # the grouping is part of the rendering
+        ("{date:%Y}-{date:%j}-{id}", "2025-366-1"),  # 2025 has 365 days
+        ("{date:%Y}-{id}-{date:%Y}", "2026-1-2027"),  # one date, two years
+    ],
+)
+def test_decode_refuses_what_the_format_never_makes(
+    admin: TestClient, tag: str, template: str, value: str
+) -> None:
+    add(admin, tag=tag, format=template)
+    r = admin.get(f"/admin/tags/{tag}/decode", params={"value": value}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"] == "bad_value", r.text
+    assert "is not an ID of tag" in r.json()["message"]
+
+
+def test_decode_refuses_non_canonical_numbers(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, obfuscate=True, max=1000)
     value = admin.get(f"/id/{tag}").text
-    assert value.isdigit() and int(value) > 100  # plain, above all the old tag issued
+    assert _decoded(admin, tag, value) == 1
+    plain = tag + "p"
+    add(admin, tag=plain, max=100)
+    for name, bad in ((tag, "0" + value), (tag, " " + value), (tag, "+" + value),
+                      (plain, "017"), (plain, "1_7"), (plain, "\u0661"), (plain, "0"),
+                      (plain, "101")):  # fmt: skip
+        r = admin.get(f"/admin/tags/{name}/decode", params={"value": bad}, headers=AUTH)
+        assert r.status_code == 400 and r.json()["error"] == "bad_value", (name, bad, r.text)
+
+
+def test_ended_periods_are_emptied_after_a_grace_and_never_restart(
+    settings: Settings, tag: str
+) -> None:
+    import redis
+
+    from idpool.pool.keys import Keys
+    from idpool.pool.preloader import Preloader
+    from idpool.pool.stores import open_stores
+
+    from .conftest import REDIS_URL
+
+    clock = Clock(at("2026-01-05 10:00:00"))
+    seen: list[str] = []
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        node = node_of(c).node
+        assert node is not None
+        node.wall_clock = clock
+        add(c, tag=tag, step=10, format="{date:%Y%m%d}-{id}", reset="daily")
+        seen += [c.get(f"/id/{tag}").text for _ in range(3)]
+    # the node's remainder went back to the list of 2026-01-05 at its stop
+    keys = Keys(settings.redis_prefix)
+    old = f"{tag}@20260105"
+    r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        left = [tuple(map(int, t.split("-"))) for t in r.lrange(keys.pool(old), 0, -1)]
+        assert left and left[0][0] == 4  # 4-10 (and a prefetched range, maybe)
+        ids_left = sum(b - a + 1 for a, b in left)
+        top = max(b for _, b in left)
+
+        async def sweep() -> list[str]:
+            ledger, pool = await open_stores(settings)
+            try:
+                pre = Preloader(settings, ledger, pool)
+                pre.period_grace = 3600.0
+                await pre.refill_all()  # the period ended long ago by the real clock
+                found = pre.waste.totals().items()
+                return [f"{t}={n} {why}" for (t, why), n in found if t.startswith(tag)]
+            finally:
+                await pool.close()
+                await ledger.close()
+
+        assert asyncio.run(sweep()) == [f"{old}={ids_left} period_ended"]  # counted waste
+        assert r.llen(keys.pool(old)) == 0
+        assert not r.exists(keys.stats(old)) and not r.exists(keys.clean(old))
+        assert r.exists(keys.hwm(old))  # the fence stays, with the ledger row
+    finally:
+        r.close()
+    # A node whose clock is still on that day (far behind) goes on above the period's
+    # max_id: the cleanup never lets the period start from 1 again.
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        node = node_of(c).node
+        assert node is not None
+        node.wall_clock = clock
+        seen += [c.get(f"/id/{tag}").text for _ in range(3)]
+    assert seen[:3] == [f"20260105-{i}" for i in (1, 2, 3)]
+    assert [int(v.split("-")[1]) for v in seen[3:]] == [top + 1, top + 2, top + 3]
 
 
 def test_a_formatted_answer_the_client_never_got_is_counted_as_waste(
@@ -479,3 +726,47 @@ def test_a_formatted_answer_the_client_never_got_is_counted_as_waste(
     entry = next(t for t in admin.get("/status.json").json()["tags"] if t["tag"] == tag)
     assert entry["counters"]["ids_wasted"] == {"answer_undelivered": 4}
     assert admin.get(f"/id/{tag}").text == "W-0006"
+
+
+def test_a_row_edited_by_hand_to_another_format_is_not_served(
+    settings: Settings, tag: str
+) -> None:
+    import pymysql
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    from .conftest import REDIS_URL
+
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag=tag, step=10, format="M-{id}", obfuscate=True, max=1000)
+        first = c.get(f"/id/{tag}").text
+    params = settings.mysql_params()
+    conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                           database=params.database, autocommit=True)  # fmt: skip
+    cur = conn.cursor()
+    try:  # another key, by hand: fresh numbers could map onto strings already out
+        cur.execute("SELECT secret FROM idpool_tags WHERE tag = %s", (tag,))
+        (secret,) = cur.fetchone()  # type: ignore[misc]
+        cur.execute("UPDATE idpool_tags SET secret = %s WHERE tag = %s", ("ab" * 16, tag))
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
+                r = c.get(path)
+                assert r.status_code == 503, r.text
+                assert "not the one this name" in r.json()["message"]
+            assert c.post(f"/lease/{tag}?count=5").status_code == 503
+        cur.execute("UPDATE idpool_tags SET secret = %s WHERE tag = %s", (secret, tag))
+    finally:
+        conn.close()
+    # A Redis that lost the record gets it back from the row a node serves.
+    key = Keys(settings.redis_prefix).format(tag)
+    r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        fingerprint = r.get(key)
+        r.delete(key)
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            assert c.get(f"/id/{tag}").text.startswith("M-")
+        assert fingerprint and r.get(key) == fingerprint
+    finally:
+        r.close()
+    assert first.startswith("M-")

@@ -153,6 +153,33 @@ async def test_pool_scripts_leases_and_marks_on_every_shard(
         await pool.close()
 
 
+async def test_format_fences_and_period_cleanup_on_every_shard(
+    cs: Settings, cluster: LocalCluster
+) -> None:
+    pool = RedisPool.from_settings(cs)
+    try:
+        for tag in tags_over_shards(cluster, 1, "ff"):
+            # the fingerprint beside the mark: one script on the tag's slot
+            assert await pool.fence_format(tag, "f1") == "set"
+            assert await pool.fence_format(tag, "f1") == "same"
+            assert await pool.fence_format(tag, "f2") == "other"
+            assert await pool.fence_format(tag, "") == "other"
+            await pool.unfence_format(tag, "f2")  # not ours: kept
+            assert await pool.fence_format(tag, "f1") == "same"
+            plain = tag + "p"
+            await pool.raise_high_water(plain, 11)
+            assert await pool.fence_format(plain, "f1") == "unformatted"
+            assert await pool.fence_format(plain, "f1", serving=True) == "set"
+            period = f"{tag}@20260105"
+            await pool.push(period, [R("1-10")], head=False)
+            await pool.write_stats(period, {"rate": "1.000"})
+            assert await pool.take_all(period) == [R("1-10")]
+            await pool.forget_periods([period])
+            assert await pool.read_stats(period) == {}
+    finally:
+        await pool.close()
+
+
 async def test_strict_sequences_on_every_shard(
     cs: Settings, cluster: LocalCluster, ledger: Ledger
 ) -> None:

@@ -535,3 +535,39 @@ async def test_a_command_on_a_connection_closed_under_it_is_a_store_error(
 
     with pytest.raises(StoreUnavailable, match="handler is closed"):
         await redis_pool.send(closed_under_it())
+
+
+async def test_a_format_fingerprint_waits_for_a_replica_when_asked(
+    redis_server: RedisServer, settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    # The fingerprint fences a formatted name as the mark fences its numbers: under
+    # IDPOOL_REDIS_MARK_REPLICAS it counts only once a replica has it.
+    private = settings.with_changes(redis_url=redis_server.url, redis_mark_replicas=1)
+    pool = RedisPool.from_settings(private.with_changes(store_timeout=2.0))  # WAIT up to 1 s
+    try:
+        assert await pool.fence_format(tag, "f1") == "set"  # no replica online: no wait
+        replica = RedisServer(
+            tmp_path / "replica", "--replicaof", "127.0.0.1", str(redis_server.port)
+        )
+        replica.start()
+        try:
+            check = redis.Redis.from_url(replica.url)
+            primary = redis.Redis.from_url(redis_server.url)
+            _wait_until(
+                lambda: primary.info("replication").get("slave0", {}).get("state") == "online"
+            )
+            assert await pool.fence_format(tag + "b", "f2") == "set"
+            assert check.get(pool.keys.format(tag + "b")) == b"f2"  # it waited
+            replica.pause()  # online, but not acknowledging: the fence does not count
+            with pytest.raises(StoreUnavailable, match="fingerprint reached 0 of 1"):
+                await pool.fence_format(tag + "c", "f3")
+            with pytest.raises(StoreUnavailable, match="fingerprint reached 0 of 1"):
+                await pool.fence_format(tag, "f1", serving=True)  # found: written again
+            assert await pool.fence_format(tag, "f9") == "other"  # a refusal needs no wait
+            replica.resume()
+            check.close()
+            primary.close()
+        finally:
+            replica.kill9()
+    finally:
+        await pool.close()

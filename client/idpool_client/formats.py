@@ -413,29 +413,78 @@ class TagFormat:
 
     def decode(self, value: int | str) -> int:
         """The sequence number of an ID this format made (with a reset: the
-        number within its period). Raises ValueError."""
-        if self._parts is not None:
-            value = self._id_part(str(value))
-        if self.obfuscation is not None:
-            return self.obfuscation.decode(int(value))
-        return int(value)
+        number within its period). Raises ValueError, saying what does not match,
+        for anything the format never makes: the decoded number (at the decoded
+        date) must render back to exactly ``value``."""
+        text = str(value)
+        if self._parts is None:
+            if not (text.isascii() and text.isdigit()):
+                raise ValueError(f"{text[:40]!r} is not a decimal number")
+            n = self._sequence(int(text))
+            moment = 0.0
+        else:
+            n, moment = self._split(text)
+        again = self._render_at(n, moment)
+        if again != text:
+            raise ValueError(
+                f"{text[:80]!r} is not what the format makes: sequence number {n} "
+                f"renders as {again[:80]!r}"
+            )
+        return n
 
-    def _id_part(self, text: str) -> int:
+    def _sequence(self, number: int) -> int:
+        """The sequence number of ``number`` (the {id} value); ValueError if none."""
+        if self.obfuscation is not None:
+            return self.obfuscation.decode(number)  # ValueError outside 1..max
+        if number < 1:
+            raise ValueError(f"{number} is not a sequence number (they start at 1)")
+        return number
+
+    def _render_at(self, n: int, moment: float) -> str:
+        """What ``render`` gives, without touching its cache (decode runs beside it)."""
+        value = self._number(n)
+        if self._parts is None:
+            return str(value)
+        at = datetime.fromtimestamp(moment, UTC)
+        before = "".join(at.strftime(s) if d else s for d, s in self._parts.before)
+        after = "".join(at.strftime(s) if d else s for d, s in self._parts.after)
+        return before + self._id(value) + after
+
+    def _split(self, text: str) -> tuple[int, float]:
+        """(sequence number, a moment whose date parts are the string's) of a
+        templated ID; ValueError naming the part that does not match."""
         assert self._parts is not None
+        found: dict[str, int] = {}
         # Every part but {id} has a fixed width: cut them off both ends.
-        sample = datetime(2000, 1, 1, tzinfo=UTC)
-        head = sum(len(sample.strftime(s)) if d else len(s) for d, s in self._parts.before)
-        tail = sum(len(sample.strftime(s)) if d else len(s) for d, s in self._parts.after)
-        middle = text[head : len(text) - tail].strip()
+        head = _take_parts(self._parts.before, text, 0, found)
+        tail_width = sum(_width(d, s) for d, s in self._parts.after)
+        if len(text) - tail_width < head:
+            raise ValueError(f"{text[:80]!r} is too short for the format")
+        _take_parts(self._parts.after, text, len(text) - tail_width, found)
+        middle = text[head : len(text) - tail_width]
+        return self._sequence(self._id_value(middle)), _moment(found)
+
+    def _id_value(self, middle: str) -> int:
+        assert self._parts is not None
+        digits = middle.strip()
         spec = self._parts.id_spec
-        base = 36 if spec.endswith("b36") else 62 if spec.endswith("b62") else None
-        if base == 62:
-            return _from_b62(middle)
-        if base == 36:
-            return int(middle, 36)
+        if spec.endswith("b62") or spec.endswith("b36"):
+            alphabet = _B62 if spec.endswith("b62") else _B36
+            if not digits or any(c not in alphabet for c in digits):
+                raise ValueError(f"{middle[:40]!r} is not a base-{len(alphabet)} number")
+            n = 0
+            for ch in digits:
+                n = n * len(alphabet) + alphabet.index(ch)
+            return n
         kind = spec[-1] if spec[-1:] in ("x", "X", "o", "b") else "d"
         radix = {"d": 10, "x": 16, "X": 16, "o": 8, "b": 2}[kind]
-        return int(middle.replace(",", "").replace("_", ""), radix)
+        plain = digits.replace(",", "").replace("_", "")
+        if not plain.isascii() or not plain.isalnum():
+            raise ValueError(f"{middle[:40]!r} is not a base-{radix} number")
+        try:
+            return int(plain, radix)
+        except ValueError:
+            raise ValueError(f"{middle[:40]!r} is not a base-{radix} number") from None
 
     def to_json(self, secret: bool) -> dict[str, Any]:
         """The format as JSON; with ``secret``, the obfuscation key too (the lease
@@ -469,11 +518,85 @@ def _date_step(directives: frozenset[str]) -> int:
     return 86400  # UTC days are 86,400 unix seconds; months and years end on day bounds
 
 
-def _from_b62(text: str) -> int:
-    n = 0
-    for ch in text:
-        n = n * 62 + _B62.index(ch)
-    return n
+_DIRECTIVE_WIDTH = {"Y": 4, "m": 2, "d": 2, "H": 2, "M": 2, "S": 2, "j": 3, "y": 2}
+
+
+def _width(is_date: bool, text: str) -> int:
+    """Characters a template part renders to: fixed (checked at creation)."""
+    if not is_date:
+        return len(text)
+    width, i = 0, 0
+    while i < len(text):
+        if text[i] == "%":
+            letter = text[i + 1]
+            width += 1 if letter == "%" else _DIRECTIVE_WIDTH[letter]
+            i += 2
+        else:
+            width += 1
+            i += 1
+    return width
+
+
+def _take_parts(
+    parts: tuple[tuple[bool, str], ...], text: str, at: int, found: dict[str, int]
+) -> int:
+    """Read ``parts`` from ``text`` at ``at``: literals must match, each date
+    directive gives its digits (the first of each letter to ``found``). Returns
+    where they end; raises ValueError saying what does not match."""
+    for is_date, spec in parts:
+        if not is_date:
+            if text[at : at + len(spec)] != spec:
+                raise ValueError(f"{text[:80]!r} lacks {spec!r} at character {at + 1}")
+            at += len(spec)
+            continue
+        i = 0
+        while i < len(spec):
+            if spec[i] != "%" or spec[i + 1] == "%":
+                literal = spec[i] if spec[i] != "%" else "%"
+                if text[at : at + 1] != literal:
+                    raise ValueError(f"{text[:80]!r} lacks {literal!r} at character {at + 1}")
+                at += 1
+                i += 2 if spec[i] == "%" else 1
+                continue
+            letter = spec[i + 1]
+            width = _DIRECTIVE_WIDTH[letter]
+            digits = text[at : at + width]
+            if len(digits) != width or not (digits.isascii() and digits.isdigit()):
+                raise ValueError(
+                    f"{text[:80]!r}: {digits!r} at character {at + 1} is not the {width} digits "
+                    f"of %{letter} in {{date:{spec}}}"
+                )
+            found.setdefault(letter, int(digits))
+            at += width
+            i += 2
+    return at
+
+
+def _moment(found: Mapping[str, int]) -> float:
+    """A UTC moment with the date parts read from a string (ValueError if there is
+    none: a 13th month, a 30th of February, a 366th day of a common year...)."""
+    if "Y" in found:
+        year = found["Y"]
+    elif "y" in found:
+        year = found["y"] + (1900 if found["y"] >= 70 else 2000)  # from 1970: renders alike
+    else:
+        year = 2000  # any year renders alike; a leap one, so 29 February and day 366 fit
+    try:
+        if "j" in found and not ("m" in found and "d" in found):
+            if not 1 <= found["j"] <= 366:
+                raise ValueError
+            day = datetime(year, 1, 1, tzinfo=UTC) + timedelta(days=found["j"] - 1)
+            if day.year != year:
+                raise ValueError
+        else:
+            day = datetime(year, found.get("m", 1), found.get("d", 1), tzinfo=UTC)
+        at = day.replace(hour=found.get("H", 0), minute=found.get("M", 0), second=found.get("S", 0))
+    except ValueError:
+        shown = " ".join(f"%{k}={v}" for k, v in sorted(found.items()))
+        raise ValueError(f"its date parts ({shown}) are no UTC date and time") from None
+    if at.year < 1970:
+        raise ValueError(f"its date ({at:%Y-%m-%d}) is before any ID was made (1970)")
+    return at.timestamp()
 
 
 def check_template(template: str) -> None:

@@ -15,9 +15,11 @@ from idpool_client.formats import RESETS
 
 from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
+    FormatChanged,
     InvalidInput,
     StartAboveMax,
     StartBelowIssued,
+    StartOnReset,
     StoreUnavailable,
     TagExists,
     UnknownTag,
@@ -199,6 +201,9 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
+    except FormatChanged as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         await pool.close()
         await ledger.close()
@@ -262,8 +267,12 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
             )
             shown = tag_list_entry(row)
             if shown:  # a format: under its row, so the columns stay as they were
-                latest = sorted(periods.get(row.tag, {}).items())[-1:]
-                now = "".join(f"; period {k}: max_id {p.max_id}" for k, p in latest)
+                # The period rows in one summary, never a line each: they pile up.
+                rows_of = sorted(periods.get(row.tag, {}).items())
+                now = "".join(
+                    f"; periods: {len(rows_of)}, latest {k}: max_id {p.max_id}"
+                    for k, p in rows_of[-1:]
+                )
                 print(f"{'':<24} format {shown}{now}")
     return 0
 
@@ -285,7 +294,8 @@ async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
 
 async def _step(ledger: LedgerStore, args: argparse.Namespace) -> int:
     row = await ledger.set_step(args.tag, args.step)
-    print(f"{row.tag}: step is now {row.step}; ranges already claimed keep their size")
+    periods = " (and its period rows: the current one, and those to come)" if row.by_period else ""
+    print(f"{row.tag}: step is now {row.step}{periods}; ranges already claimed keep their size")
     return 0
 
 
@@ -294,7 +304,7 @@ async def _start(settings: Settings, ledger: LedgerStore, args: argparse.Namespa
     pool = await open_pool(settings, check=False)
     try:
         row = await move_start(ledger, pool, args.tag, args.start)
-    except (StartBelowIssued, StartAboveMax) as e:
+    except (StartBelowIssued, StartAboveMax, StartOnReset) as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
