@@ -550,7 +550,9 @@ class RedisPool:
                 self._run_and_wait(self._fence_format, keys, args)
             )
         if found in ("same", "set"):  # written: it counts only as a raise would
-            _check_acknowledged(online, acked, self._mark_replicas, self._wait_ms())
+            _check_acknowledged(
+                online, acked, self._mark_replicas, self._wait_ms(), "format fingerprint"
+            )
         return str(found)
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
@@ -879,8 +881,10 @@ def _short_of_replicas(online: int, wanted: int) -> TooFewReplicas:
     )
 
 
-def _check_acknowledged(online: int, acked: int | None, wanted: int, ms: int) -> None:
-    """Raise TooFewReplicas unless ``wanted`` replicas acknowledged the raise
+def _check_acknowledged(
+    online: int, acked: int | None, wanted: int, ms: int, what: str = "high-water mark"
+) -> None:
+    """Raise TooFewReplicas unless ``wanted`` replicas acknowledged the write
     (``acked`` None: fewer were online than wanted, not waited for)."""
     if acked is None:
         raise _short_of_replicas(online, wanted)
@@ -889,8 +893,7 @@ def _check_acknowledged(online: int, acked: int | None, wanted: int, ms: int) ->
             acked,
             wanted,
             online,
-            f"high-water mark reached {acked} of {wanted} replicas in {ms} ms "
-            "(IDPOOL_REDIS_MARK_REPLICAS)",
+            f"{what} reached {acked} of {wanted} replicas in {ms} ms (IDPOOL_REDIS_MARK_REPLICAS)",
         )
 
 
