@@ -116,6 +116,7 @@ def fake_node(client: SnowflakeClient, epoch_ms: int) -> None:
         return {
             "worker": 7,
             "generation": 1,
+            "secret": "s",
             "floor_ms": 0,
             "ttl_ms": 60_000,
             "margin_ms": 2_000,

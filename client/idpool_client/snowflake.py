@@ -4,7 +4,8 @@
 node once (``POST /worker/{tag}``), then makes time-ordered IDs from the wall
 clock, the worker ID and a sequence, under a lock. A thread renews the lease
 every quarter of its TTL with the last time used (``POST /worker/{tag}/renew``,
-any node). The client stops making IDs ``margin_ms`` before the lease could
+any node; it shows the lease's secret, which only the grant's answer carries).
+The client stops making IDs ``margin_ms`` before the lease could
 expire, by its own monotonic clock counted from when the last successful
 renewal was *sent*, and at once when a renewal is refused (409
 ``worker_lost``): it then asks for a new worker ID, whose time floor is above
@@ -157,6 +158,9 @@ class _Held:
         self.tag = tag
         self.worker = int(grant["worker"])
         self.generation = int(grant["generation"])
+        # Renewals and the release show it: the generation alone is guessable. Kept
+        # here only (never logged); a node older than worker secrets gives none.
+        self.secret = str(grant.get("secret", ""))
         self.ttl = int(grant["ttl_ms"]) / 1000
         self.margin = int(grant["margin_ms"]) / 1000
         self.gen = gen
@@ -267,7 +271,12 @@ class SnowflakeClient:
     def _body(self, held: _Held) -> dict[str, Any]:
         with held.lock:
             last_ms = held.gen.last_ms
-        return {"worker": held.worker, "generation": held.generation, "last_ms": last_ms}
+        return {
+            "worker": held.worker,
+            "generation": held.generation,
+            "secret": held.secret,
+            "last_ms": last_ms,
+        }
 
     def _renew(self, held: _Held) -> None:
         path = f"/worker/{quote(held.tag, safe='')}/renew"
