@@ -72,7 +72,12 @@ ERRORS: tuple[ErrorRow, ...] = (
         "a snowflake layout field is out of range, its bits add up past 63, its epoch is "
         "in the future, or it lasts less than a year",
     ),
-    ErrorRow("bad_id", 400, "the ID is not an integer of the tag's layout"),
+    ErrorRow(
+        "bad_id",
+        400,
+        "the ID is not one the tag's layout can have made: not an integer of its bits, "
+        "time unit 0 (its epoch), or a time over a minute ahead of now",
+    ),
     ErrorRow(
         "not_decodable", 400, "GET /decode decodes snowflake IDs only (others: admin decode)"
     ),

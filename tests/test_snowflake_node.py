@@ -150,6 +150,31 @@ def test_one_decoders_table_serves_snowflake_and_obfuscated_tags(
     assert flake.status_code == 400 and flake.json()["error"] == "bad_format"
 
 
+def test_decode_refuses_what_the_tags_layout_cannot_have_made(node: TestClient, tag: str) -> None:
+    old = tag + "o"
+    add(node, old, epoch_ms=int(time.time() * 1000) - 30 * 86_400_000)  # a month older
+    add(node, tag)
+    older = node.get(f"/id/{old}").text
+    mine = node.get(f"/id/{tag}").text
+    assert node.get(f"/decode/{tag}/{mine}").status_code == 200
+    cases = {
+        older: "in the future",  # another tag's: a month ahead on this tag's epoch
+        "12345": "epoch",  # made up: time unit 0
+        str(2**63 - 1): "in the future",
+        str(2**63): "63-bit",  # past the layout's bits
+    }
+    for value, why in cases.items():
+        for path, headers in ((f"/decode/{tag}/{value}", {}), (f"/admin/tags/{tag}/decode", AUTH)):
+            params = {"value": value} if "admin" in path else None
+            refused = node.get(path, params=params, headers=headers)
+            assert refused.status_code == 400, (value, refused.text)
+            assert refused.json()["error"] == "bad_id" and why in refused.json()["message"]
+            assert "not an ID of this tag" in refused.json()["message"]
+    # Not to be told apart: the older tag decodes this tag's ID (same layout, its
+    # time looks a month later on the older epoch, and is in its past).
+    assert node.get(f"/decode/{old}/{mine}").status_code == 200
+
+
 def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, tag: str) -> None:
     add(node, tag)
     own = int(node.get(f"/id/{tag}").text)
