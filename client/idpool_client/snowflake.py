@@ -24,14 +24,14 @@ checks that both make the same IDs from the same clocks.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
@@ -136,12 +136,13 @@ class Generator:
         return value, limit, (self._epoch + (self.last + 1) * self._unit) * 1_000_000
 
 
-class _Run:
+class _Run(NamedTuple):
     """The rest of one time unit's sequence: what ``next_id`` reads without a lock.
 
-    ``ids`` counts through the unit's IDs (one C call under the GIL: two threads
-    never draw the same); an ID below ``limit`` is handed out only while the wall
-    clock, read right then, is still before ``until_ns``, the end of the run's
+    ``ids`` is a ``range`` iterator over the unit's IDs (``next()`` on it is one C
+    call under the GIL: two threads never draw the same, and it ends by itself
+    at the unit's last sequence). An ID drawn from it is handed out only while
+    the wall clock, read right then, is before ``until_ns``, the end of the run's
     unit. So an ID never carries a time unit that had ended when ``next_id`` read
     the clock: a process paused (SIGSTOP, a VM stalled, a long GC) with a run
     half used finds its unit over on the first ID after, and drops the run's rest
@@ -153,12 +154,8 @@ class _Run:
     than ones nodes had made meanwhile.
     """
 
-    __slots__ = ("ids", "limit", "until_ns")
-
-    def __init__(self, first: int, limit: int, until_ns: int) -> None:
-        self.ids = itertools.count(first)
-        self.limit = limit
-        self.until_ns = until_ns
+    ids: Iterator[int]
+    until_ns: int
 
 
 class _Held:
@@ -207,14 +204,14 @@ class SnowflakeClient:
         or the clock far behind), IdPoolUnavailable (no worker ID to be had).
 
         No lock while the current run lasts, one clock read (see _Run)."""
-        try:
-            run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
-        except KeyError:
+        try:  # try costs nothing until it catches
+            ids, until_ns = self._runs[tag]
+            i = next(ids)
+        except (KeyError, StopIteration):  # no run yet; the unit's sequence used up
             return self._slow_id(tag)
-        i = next(run.ids)
-        if i < run.limit and _now() < run.until_ns:
+        if _now() < until_ns:
             return i
-        return self._slow_id(tag)  # i is skipped, never handed out
+        return self._slow_id(tag)  # the unit is over: i is skipped, never handed out
 
     def next_ids(self, tag: str, n: int) -> list[int]:
         return [self.next_id(tag) for _ in range(n)]
@@ -233,7 +230,7 @@ class SnowflakeClient:
                         value, limit, until_ns = got
                         # The rest of this unit's sequence goes to the lock-free path,
                         # for as long as the unit lasts.
-                        self._runs[tag] = _Run(value + 1, limit, until_ns)
+                        self._runs[tag] = _Run(iter(range(value + 1, limit)), until_ns)
                         return value
             except SnowflakeStopped:
                 self._runs.pop(tag, None)
@@ -308,7 +305,9 @@ class SnowflakeClient:
             held_now = list(self._held.values())
             self._held.clear()
             for run in self._runs.values():
-                run.limit = 0
+                # exhausted in one C call: a thread that read the run before the
+                # clear draws nothing more from it
+                run.ids.__setstate__(sys.maxsize)  # type: ignore[attr-defined]
             self._runs.clear()
         for held in held_now:
             held.done.set()
