@@ -225,6 +225,14 @@ class SnowflakeClient:
             held = self._held.get(tag) or self._grant(tag)
             try:
                 with held.lock:
+                    run = self._runs.get(tag)
+                    if run is not None and held.gen.lost is None:
+                        # Another thread made a run while this one waited for the
+                        # lock: draw from it while its unit lasts (asking the
+                        # generator would find the unit used up and wait for the next).
+                        i = next(run.ids, None)
+                        if i is not None and self._clock_ns() < run.until_ns:
+                            return i
                     got = held.gen.take_unit()
                     if got is not None:
                         value, limit, until_ns = got
