@@ -98,7 +98,8 @@ tick's work, never an ID):
     granted on: the per-tag check ``:clean`` makes for the list), ``q`` and
     ``f`` (no grant before server ms ``q`` after a new incarnation; the time
     floor of a worker ID never held since), and
-    ``w:{n}`` = ``"generation expires_ms last_ms holder"`` per worker ID.
+    ``w:{n}`` = ``"generation expires_ms last_ms holder hash"`` per worker ID (hash:
+    SHA-256 of the lease's secret; see worker_store.py).
     Written and read only by the worker script (grant, renew, release), on
     nodes; ``idpool tag list`` reads how many are held.
 

@@ -129,7 +129,13 @@ return {dropped, 'ok', tag, tail}
 def new_lease(tag: str) -> tuple[str, str]:
     """(lease id, secret), 128 random bits each; the id ends with the route to the
     tag's slot (``<token>-<R>``). Only the secret's hash is stored."""
-    return f"{secrets.token_urlsafe(16)}-{route_of(tag)}", secrets.token_urlsafe(16)
+    return f"{secrets.token_urlsafe(16)}-{route_of(tag)}", new_secret()
+
+
+def new_secret() -> str:
+    """128 random bits, URL-safe: what only a holder is given (a client lease's, a
+    worker lease's); stores keep ``hash_secret`` of it, logs its ``fingerprint``."""
+    return secrets.token_urlsafe(16)
 
 
 def hash_secret(secret: str) -> str:

@@ -37,6 +37,10 @@ MS_PER_YEAR = 365 * 24 * 3600 * 1000
 # A step back of the wall clock up to this is waited out (the generator keeps the
 # last time it used); a larger one stops the tag until the clock has caught up.
 MAX_WAIT_BACK_MS = 1000
+# Decode refuses an ID whose time is more than this past the decoding machine's
+# clock: no holder makes one (a holder's IDs run at most MAX_WAIT_BACK_MS ahead of
+# its own clock, and hosts' clocks agree within IDPOOL_WORKER_MARGIN_SECONDS).
+DECODE_AHEAD_MS = 60_000
 
 
 class ClockBehind(IdPoolError):
@@ -106,14 +110,36 @@ class Layout:
             | sequence
         )
 
-    def decode(self, value: int) -> dict[str, Any]:
-        """Time, worker ID and sequence of an ID of this layout."""
+    def decode(self, value: int, now_ms: int | None = None) -> dict[str, Any]:
+        """Time, worker ID and sequence of an ID of this layout. With ``now_ms``,
+        also refuses (InvalidInput ``bad_id``, saying why) what no holder of the
+        layout can have made by then: time unit 0 (never used: a generator starts
+        above it) or a time more than DECODE_AHEAD_MS past ``now_ms``. Every worker
+        ID and sequence the bits can hold is one a holder may have used, so those
+        tell nothing; nor can a tag of the same layout and epoch be told apart."""
         if value < 0 or value >> self.bits:
-            raise InvalidInput("bad_id", f"{value} is not an ID of a {self.bits}-bit layout")
+            raise InvalidInput(
+                "bad_id",
+                f"{value} is not an ID of this tag: above its {self.bits}-bit layout "
+                "(another tag's, or made up)",
+            )
         sequence = value & self.max_sequence
         worker = (value >> self.sequence_bits) & (self.workers - 1)
         units = value >> (self.worker_bits + self.sequence_bits)
         unix_ms = self.epoch_ms + units * self.unit_ms
+        if now_ms is not None and units == 0:
+            raise InvalidInput(
+                "bad_id",
+                f"{value} is not an ID of this tag: its time is the layout's epoch "
+                f"({self.epoch_ms}), which no ID uses (made up, or another layout's)",
+            )
+        if now_ms is not None and unix_ms > now_ms + DECODE_AHEAD_MS:
+            raise InvalidInput(
+                "bad_id",
+                f"{value} is not an ID of this tag: its time would be unix ms {unix_ms}, "
+                f"{(unix_ms - now_ms) // 1000} s in the future (another tag's with an earlier "
+                "epoch or another layout, or made up)",
+            )
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix_ms // 1000))
         return {
             "id": value,

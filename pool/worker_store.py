@@ -15,23 +15,33 @@ Fields of the hash:
 * ``q``: server unix ms before which nothing is granted (the quarantine after a
   new incarnation was first seen); ``f``: the time floor of a worker ID with no
   field of its own (set with ``q``).
-* ``w:{n}``: ``"gen expires_ms last_ms holder"`` for worker ID n: the lease's
+* ``w:{n}``: ``"gen expires_ms last_ms holder hash"`` for worker ID n: the lease's
   generation (0: free), when it expires unless renewed, the last time it may
-  have used (renewals raise it; a new grant starts above it), who holds it.
+  have used (renewals raise it; a new grant starts above it), who holds it, and
+  the SHA-256 of the lease's *secret* (none once free).
+
+The secret is made here at each grant (``new_secret``, as a client lease's in
+``lease_store.py``) and given only to the holder (the grant's answer); Redis keeps
+its hash. A renewal or a release must show it: the generation alone is the tag's
+ledger ``max_id``, which anyone can guess, and a release by someone else would let
+the worker ID be granted again while its holder still makes IDs (duplicates).
+The script checks the secret before it changes anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import StoreUnavailable
 from .keys import Keys
+from .lease_store import hash_secret, new_secret
 
 # KEYS[1] = workers hash. ARGV[1] = op (init, grant, renew, release), ARGV[2] = lease
 # TTL ms, ARGV[3] = quarantine ms, ARGV[4] = generation; grant: ARGV[5] = worker
-# IDs, ARGV[6] = holder, ARGV[7] = '1' for the tag's first generation ever;
-# renew, release: ARGV[5] = worker ID, ARGV[6] = last unix ms used.
+# IDs, ARGV[6] = holder, ARGV[7] = '1' for the tag's first generation ever, ARGV[8] =
+# the secret's hash; renew, release: ARGV[5] = worker ID, ARGV[6] = last unix ms used,
+# ARGV[7] = the hash of the secret shown.
 _WORKERS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -82,7 +92,7 @@ if ARGV[1] == 'grant' then
       if exp <= now and last < now then floor = math.max(exp, last, base) end
     end
     if floor then
-      local v2 = ARGV[4] .. ' ' .. (now + ttl) .. ' ' .. floor .. ' ' .. ARGV[6]
+      local v2 = ARGV[4] .. ' ' .. (now + ttl) .. ' ' .. floor .. ' ' .. ARGV[6] .. ' ' .. ARGV[8]
       redis.call('HSET', KEYS[1], 'w:' .. w, v2)
       return {'ok', tostring(w), tostring(floor), tostring(now), tostring(now + ttl)}
     end
@@ -92,17 +102,33 @@ end
 local key = 'w:' .. ARGV[5]
 local v = redis.call('HGET', KEYS[1], key)
 if not v then return {'lost', 'no lease of this worker ID in this Redis'} end
-local gen, exp, last, holder = string.match(v, '(%d+) (%d+) (%d+) (%S+)')
+local gen, exp, last, holder, hash = string.match(v, '^(%d+) (%d+) (%d+) (%S+) ?(%x*)$')
 if gen ~= ARGV[4] then
   return {'lost', 'the lease is gone (a new Redis incarnation, or expired and granted again)'}
 end
+-- The secret before any write (a caller without it must not even raise the floor).
+-- A lease written before secrets has no hash: nobody can show its secret, so it is
+-- never renewed or released here; its holder stops, and the worker ID comes back
+-- only once the lease expired and its last time is past (never two holders).
+if hash == '' then
+  return {'lost', 'the lease was granted before worker secrets (or by an older node): ' ..
+    'it cannot be renewed; ask for a new worker ID'}
+end
+local function same(a, b)  -- constant time: how long it takes says nothing of where they differ
+  if #a ~= #b then return false end
+  local diff = 0
+  for i = 1, #a do diff = bit.bor(diff, bit.bxor(string.byte(a, i), string.byte(b, i))) end
+  return diff == 0
+end
+if not same(hash, ARGV[7]) then return {'wrong_secret', 'not the secret of this lease'} end
 last = math.max(tonumber(last), tonumber(ARGV[6]))
 if tonumber(exp) <= now then
-  redis.call('HSET', KEYS[1], key, gen .. ' ' .. exp .. ' ' .. last .. ' ' .. holder)
+  redis.call('HSET', KEYS[1], key, gen .. ' ' .. exp .. ' ' .. last .. ' ' .. holder .. ' ' .. hash)
   return {'lost', 'the lease expired before this renewal'}
 end
 if ARGV[1] == 'renew' then
-  redis.call('HSET', KEYS[1], key, gen .. ' ' .. (now + ttl) .. ' ' .. last .. ' ' .. holder)
+  redis.call('HSET', KEYS[1], key,
+    gen .. ' ' .. (now + ttl) .. ' ' .. last .. ' ' .. holder .. ' ' .. hash)
   return {'ok', tostring(now + ttl), tostring(now)}
 end
 redis.call('HSET', KEYS[1], key, '0 ' .. now .. ' ' .. last .. ' -')
@@ -123,10 +149,15 @@ class Grant:
     floor_ms: int  # no ID may use this time or earlier (the previous holder's last)
     server_ms: int
     expires_ms: int  # server time; the holder stops earlier by its own clock
+    # shown by the holder to renew or release; only its hash is in Redis. Never in
+    # a repr, a log (which name it by ``fingerprint``), /status or the metrics.
+    secret: str = field(default="", repr=False)
 
 
 class WorkerRefused(Exception):
-    """No worker ID now: ``why`` is ``quarantine``, ``full`` or ``lost``."""
+    """No worker ID now: ``why`` is ``quarantine``, ``full`` or ``lost``; or, for a
+    renewal or release, ``wrong_secret`` (nothing changed: the caller is not the
+    holder)."""
 
     def __init__(self, why: str, message: str, retry_ms: int = 0) -> None:
         super().__init__(message)
@@ -165,11 +196,14 @@ class WorkerStore:
         ttl_ms: int,
         quarantine_ms: int,
     ) -> Grant:
+        secret = new_secret()
         args = ["grant", str(ttl_ms), str(quarantine_ms), str(generation), str(workers)]
-        reply = await self._run(tag, [*args, holder or "-", "1" if first else "0"])
+        holder = "".join("_" if c.isspace() else c for c in holder) or "-"  # one field
+        args += [holder, "1" if first else "0", hash_secret(secret)]
+        reply = await self._run(tag, args)
         if reply[0] == "ok":
             w, floor, now, expires = (int(x) for x in reply[1:5])
-            return Grant(w, generation, floor, now, expires)
+            return Grant(w, generation, floor, now, expires, secret)
         if reply[0] == "quarantine":
             left = int(reply[1]) - int(reply[2])
             raise WorkerRefused(
@@ -194,9 +228,9 @@ class WorkerStore:
         self, op: str, tag: str, grant: Grant, last_ms: int, ttl_ms: int, quarantine_ms: int
     ) -> int:
         args = [op, str(ttl_ms), str(quarantine_ms), str(grant.generation), str(grant.worker)]
-        reply = await self._run(tag, [*args, str(last_ms)])
+        reply = await self._run(tag, [*args, str(last_ms), hash_secret(grant.secret)])
         if reply[0] != "ok":
-            raise WorkerRefused("lost", reply[1])
+            raise WorkerRefused(reply[0], reply[1])
         return int(reply[1])
 
 

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from idpool.pool.errors import InvalidInput
-from idpool.pool.snowflake import Layout
+from idpool.pool.snowflake import Layout, wall_ms
 from idpool.pool.values import TagRow
 
 from .errors import json_response
@@ -64,7 +64,9 @@ def decode_snowflake(row: TagRow, value: str) -> dict[str, Any]:
     """A snowflake tag's ID: its time, worker ID and sequence."""
     if not (value.isascii() and value.isdigit()) or len(value) > 19:
         raise InvalidInput("bad_id", f"{value[:40]!r} is not an ID of tag {row.tag!r} (digits)")
-    parts = Layout.from_text(row.layout).decode(int(value))
+    # Refuses what the tag's layout cannot have made by now (another tag's ID, a
+    # made-up number); what it cannot tell apart is in docs/design.md ("Decode").
+    parts = Layout.from_text(row.layout).decode(int(value), now_ms=wall_ms())
     return {"tag": row.tag, "kind": row.kind, "value": value, **parts}
 
 

@@ -72,7 +72,12 @@ ERRORS: tuple[ErrorRow, ...] = (
         "a snowflake layout field is out of range, its bits add up past 63, its epoch is "
         "in the future, or it lasts less than a year",
     ),
-    ErrorRow("bad_id", 400, "the ID is not an integer of the tag's layout"),
+    ErrorRow(
+        "bad_id",
+        400,
+        "the ID is not one the tag's layout can have made: not an integer of its bits, "
+        "time unit 0 (its epoch), or a time over a minute ahead of now",
+    ),
     ErrorRow(
         "not_decodable", 400, "GET /decode decodes snowflake IDs only (others: admin decode)"
     ),
@@ -93,7 +98,11 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("bad_value", 400, "decode: the value is not an ID this tag's format makes"),
     ErrorRow("bad_disabled", 400, "disabled is not true or false"),
     ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
-    ErrorRow("bad_secret", 400, "secret is not a secret POST /lease/{tag} answered"),
+    ErrorRow(
+        "bad_secret",
+        400,
+        "secret missing, or not a secret POST /lease/{tag} or POST /worker/{tag} answered",
+    ),
     ErrorRow("bad_from", 400, "from is not an integer"),
     ErrorRow("outside_lease", 400, "from is not between the lease's first ID and its last + 1"),
     ErrorRow("wrong_tag", 400, "the lease is another tag's"),
@@ -104,7 +113,10 @@ ERRORS: tuple[ErrorRow, ...] = (
     ),
     ErrorRow("unknown_tag", 404, "no such tag (idpool tag add TAG)", UnknownTag),
     ErrorRow(
-        "wrong_secret", 403, "the secret is not this lease's (only the lease answer gives it)"
+        "wrong_secret",
+        403,
+        "the secret is not this lease's or worker lease's (only its answer gives it); "
+        "nothing changed",
     ),
     ErrorRow("unknown_token", 404, "the tag has no token with this id"),
     ErrorRow("admin_off", 404, "the admin API is off (no IDPOOL_ADMIN_TOKEN)"),

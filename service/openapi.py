@@ -451,10 +451,14 @@ def _lease_paths() -> Schema:
 
 _WORKER: Schema = {
     "type": "object",
-    "required": ["worker", "generation", "last_ms"],
+    "required": ["worker", "generation", "secret", "last_ms"],
     "properties": {
         "worker": {"type": "integer", "minimum": 0},
         "generation": {"type": "integer", "minimum": 0},
+        "secret": {
+            "type": "string",
+            "description": "the secret POST /worker/{tag} answered (stored only hashed)",
+        },
         "last_ms": {"type": "integer", "minimum": 0, "description": "last unix ms used"},
     },
 }
@@ -462,15 +466,26 @@ _WORKER: Schema = {
 
 def _snowflake_paths() -> Schema:
     change_errors = [
-        _error("400", "bad_tag", "bad_body", "wrong_kind"),
+        _error("400", "bad_tag", "bad_body", "bad_secret", "wrong_kind"),
         _error("401", "unauthorized"),
         _error("404", "unknown_tag", "not_found"),
         _error("405", "method_not_allowed"),
         _error("409", "worker_lost"),
         _error("410", "tag_disabled"),
         _error("503", "unavailable", "draining", "worker_unavailable"),
+        _error("403", "wrong_secret"),
     ]
-    grant: Schema = {"type": "object", "required": ["tag", "worker", "generation", "ttl_ms"]}
+    grant: Schema = {
+        "type": "object",
+        "required": ["tag", "worker", "generation", "secret", "ttl_ms"],
+        "properties": {
+            "secret": {
+                "type": "string",
+                "description": "the lease's secret: renew and release must show it; "
+                "given only here, never logged",
+            }
+        },
+    }
     changed: Schema = {"type": "object", "required": ["tag", "worker", "ttl_ms"]}
     return {
         "/worker/{tag}": {

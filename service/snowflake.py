@@ -30,6 +30,7 @@ from idpool.pool.errors import (
     TagDisabled,
     UnknownTag,
 )
+from idpool.pool.lease_store import fingerprint
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.snowflake import (
     ClockBehind,
@@ -190,12 +191,13 @@ class SnowflakeKind:
         self._refused.pop(tag, None)
         self._retry.pop(tag, None)
         logger.info(
-            "event=worker_granted tag=%s worker=%d generation=%d floor_ms=%d holder=%s",
+            "event=worker_granted tag=%s worker=%d generation=%d floor_ms=%d holder=%s lease=%s",
             tag,
             grant.worker,
             generation,
             grant.floor_ms,
             holder,
+            fingerprint(grant.secret),  # never the secret: a log line cannot renew or release
         )
         return grant, layout, sent
 

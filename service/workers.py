@@ -2,14 +2,19 @@
 in-process (``client/idpool_client/snowflake.py``).
 
 ``POST /worker/{tag}`` grants a worker ID (the node claims its generation and
-runs the grant script, as for its own); ``POST /worker/{tag}/renew`` and
-``POST /worker/{tag}/release`` with ``{"worker": n, "generation": g,
-"last_ms": t}`` renew it or give it back. A renewal refused (409
-``worker_lost``) means the client must stop making IDs with that worker ID.
+runs the grant script, as for its own) and answers its lease's ``secret``;
+``POST /worker/{tag}/renew`` and ``POST /worker/{tag}/release`` with
+``{"worker": n, "generation": g, "secret": s, "last_ms": t}`` renew it or give it
+back. A renewal refused (409 ``worker_lost``) means the client must stop making
+IDs with that worker ID; 403 ``wrong_secret`` means the caller is not the holder
+(nothing changed). The secret is only in the grant's answer: Redis keeps its
+SHA-256, logs a 12-hex ``fingerprint`` of it; the generation alone (the tag's
+ledger ``max_id``) is guessable and was once enough to release someone's lease.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -23,9 +28,12 @@ from idpool.pool.worker_store import MAX_LAST_MS, Grant, WorkerRefused
 
 from . import auth
 from .errors import HttpRefusal, json_response
+from .leases import LEASE_ID
 from .runtime import Runtime
 from .snowflake import SNOWFLAKE, SnowflakeKind
 from .tag_fields import check_tag
+
+logger = logging.getLogger("idpool.snowflake")
 
 
 def _kind(run: Runtime) -> SnowflakeKind:
@@ -56,6 +64,7 @@ async def grant(request: Request) -> Response:
             "tag": tag,
             "worker": given.worker,
             "generation": given.generation,
+            "secret": given.secret,  # only here: renew and release must show it
             "floor_ms": given.floor_ms,
             "server_ms": given.server_ms,
             "ttl_ms": int(kind.ttl * 1000),
@@ -66,18 +75,26 @@ async def grant(request: Request) -> Response:
 
 
 def _fields(body: Any, tag: str) -> tuple[Grant, int]:
-    example = '{"worker": n, "generation": g, "last_ms": t}'
+    example = '{"worker": n, "generation": g, "secret": s, "last_ms": t}'
     if not isinstance(body, dict) or not all(
         isinstance(body.get(f), int) and not isinstance(body.get(f), bool) and body[f] >= 0
         for f in ("worker", "generation", "last_ms")
     ):
         raise InvalidInput("bad_body", f"send {example}, as POST /worker/{tag} answered")
+    secret = body.get("secret")
+    if not isinstance(secret, str) or not LEASE_ID.fullmatch(secret):
+        # A client older than worker secrets lands here: it stops using the worker
+        # ID (any 4xx to a renewal does), which is the safe side.
+        raise InvalidInput(
+            "bad_secret",
+            f"secret must be the worker lease's secret POST /worker/{tag} answered; send {example}",
+        )
     if body["last_ms"] > MAX_LAST_MS:
         raise InvalidInput(
             "bad_body",
             f"last_ms {body['last_ms']} is not a unix time in ms (at most {MAX_LAST_MS})",
         )
-    return Grant(body["worker"], body["generation"], 0, 0, 0), body["last_ms"]
+    return Grant(body["worker"], body["generation"], 0, 0, 0, secret), body["last_ms"]
 
 
 async def _change(request: Request, op: str) -> Response:
@@ -96,10 +113,20 @@ async def _change(request: Request, op: str) -> Response:
         else:
             await store.release(tag, held, last_ms, ttl_ms)
     except WorkerRefused as e:
+        if e.why == "wrong_secret":
+            logger.warning(
+                "event=worker_secret_refused tag=%s worker=%d op=%s", tag, held.worker, op
+            )
+            raise HttpRefusal(
+                "wrong_secret",
+                f"the secret is not the one POST /worker/{tag} answered for worker "
+                f"{held.worker} (generation {held.generation}): nothing was changed",
+            ) from None
         raise HttpRefusal("worker_lost", f"stop using worker {held.worker}: {e}") from None
     except StoreUnavailable as e:
         raise WorkerLeaseLost(tag, f"not {op}ed: Redis: {e.detail}") from e
-    return json_response({"tag": tag, "worker": held.worker, op + "ed": True, "ttl_ms": ttl_ms})
+    done = "renewed" if op == "renew" else "released"  # not "releaseed"
+    return json_response({"tag": tag, "worker": held.worker, done: True, "ttl_ms": ttl_ms})
 
 
 async def renew(request: Request) -> Response:

@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from idpool_client.snowflake import TICK_SECONDS, SnowflakeClient, SnowflakeStopped
 from idpool_client.snowflake import Generator as ClientGenerator
 from idpool_client.snowflake import Layout as ClientLayout
+from idpool_client.snowflake import SnowflakeClient, SnowflakeStopped
 
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import ClockBehind, Generator, Layout
@@ -100,8 +105,8 @@ def test_a_client_that_cannot_renew_stops_before_its_lease_could_expire(
         while time.monotonic() < granted + 1.5 - 0.1:  # lease 2 s less the 0.5 s margin
             ids.next_id(tag)  # still within its lease
             time.sleep(0.01)
-        # the deadline, and at most one TICK_SECONDS run past it (a unit chosen in time)
-        time.sleep(max(0.0, killed + 1.5 + TICK_SECONDS + 0.1 - time.monotonic()))
+        # the deadline, and at most one time unit's run past it (a unit chosen in time)
+        time.sleep(max(0.0, killed + 1.5 + 0.1 - time.monotonic()))
         with pytest.raises(SnowflakeStopped):
             ids.next_id(tag)  # stopped before Redis could let the lease go
 
@@ -116,6 +121,7 @@ def fake_node(client: SnowflakeClient, epoch_ms: int) -> None:
         return {
             "worker": 7,
             "generation": 1,
+            "secret": "s",
             "floor_ms": 0,
             "ttl_ms": 60_000,
             "margin_ms": 2_000,
@@ -130,8 +136,51 @@ def test_a_client_called_now_and_then_hands_out_the_current_time() -> None:
     with SnowflakeClient("http://127.0.0.1:1") as ids:
         fake_node(ids, epoch)
         first = ids.next_id("t")
-        time.sleep(3 * TICK_SECONDS)
+        time.sleep(0.3)
         second = ids.next_id("t")  # not the rest of the first one's millisecond
     layout = Layout(41, 10, 12, 1, epoch)
     apart = layout.decode(second)["time_ms"] - layout.decode(first)["time_ms"]
-    assert apart >= 2 * TICK_SECONDS * 1000
+    assert apart >= 250
+
+
+def test_a_client_never_hands_out_a_time_unit_over_before_the_call() -> None:
+    wall = [time.time_ns()]
+    epoch = wall[0] // 1_000_000 - 1000
+    with SnowflakeClient("http://127.0.0.1:1", clock_ns=lambda: wall[0]) as ids:
+        fake_node(ids, epoch)
+        first = ids.next_id("t")  # its unit's rest is now the lock-free run
+        wall[0] += 1_500_000_000  # paused 1.5 s, no thread ran in between
+        second = ids.next_id("t")
+        third = ids.next_id("t")
+        assert first < second < third
+    layout = Layout(41, 10, 12, 1, epoch)
+    now_ms = wall[0] // 1_000_000
+    assert layout.decode(second)["time_ms"] == now_ms  # the run's rest was dropped
+    # the generator is past the dropped rest: nothing of it is ever made again
+    assert layout.decode(second)["sequence"] == 0
+
+
+def test_a_client_paused_by_sigstop_hands_out_no_id_older_than_the_call() -> None:
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'client'}"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.client_pause_worker", "2.5"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # in full swing: a run half used
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(1.2)
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["count"] > 1000 and found["rising"]
+    assert found["stale"] == 0, found  # every ID's unit still running when the call began

@@ -4,6 +4,8 @@ Leaf's path serve them from memory, /decode reads them, clients lease worker IDs
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -148,6 +150,31 @@ def test_one_decoders_table_serves_snowflake_and_obfuscated_tags(
     assert flake.status_code == 400 and flake.json()["error"] == "bad_format"
 
 
+def test_decode_refuses_what_the_tags_layout_cannot_have_made(node: TestClient, tag: str) -> None:
+    old = tag + "o"
+    add(node, old, epoch_ms=int(time.time() * 1000) - 30 * 86_400_000)  # a month older
+    add(node, tag)
+    older = node.get(f"/id/{old}").text
+    mine = node.get(f"/id/{tag}").text
+    assert node.get(f"/decode/{tag}/{mine}").status_code == 200
+    cases = {
+        older: "in the future",  # another tag's: a month ahead on this tag's epoch
+        "12345": "epoch",  # made up: time unit 0
+        str(2**63 - 1): "in the future",
+        str(2**63): "63-bit",  # past the layout's bits
+    }
+    for value, why in cases.items():
+        for path, headers in ((f"/decode/{tag}/{value}", {}), (f"/admin/tags/{tag}/decode", AUTH)):
+            params = {"value": value} if "admin" in path else None
+            refused = node.get(path, params=params, headers=headers)
+            assert refused.status_code == 400, (value, refused.text)
+            assert refused.json()["error"] == "bad_id" and why in refused.json()["message"]
+            assert "not an ID of this tag" in refused.json()["message"]
+    # Not to be told apart: the older tag decodes this tag's ID (same layout, its
+    # time looks a month later on the older epoch, and is in its past).
+    assert node.get(f"/decode/{old}/{mine}").status_code == 200
+
+
 def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, tag: str) -> None:
     add(node, tag)
     own = int(node.get(f"/id/{tag}").text)
@@ -155,10 +182,42 @@ def test_a_client_worker_id_is_granted_renewed_and_released(node: TestClient, ta
     node_worker = node.get(f"/decode/{tag}/{own}").json()["worker"]
     assert got["worker"] != node_worker and got["ttl_ms"] == 10_000
     body = {"worker": got["worker"], "generation": got["generation"], "last_ms": 1}
-    assert node.post(f"/worker/{tag}/renew", json=body).status_code == 200
-    assert node.post(f"/worker/{tag}/release", json=body).status_code == 200
+    body["secret"] = got["secret"]
+    assert node.post(f"/worker/{tag}/renew", json=body).json()["renewed"] is True
+    assert node.post(f"/worker/{tag}/release", json=body).json()["released"] is True
     again = node.post(f"/worker/{tag}/renew", json=body)
     assert again.status_code == 409 and again.json()["error"] == "worker_lost"
+
+
+def test_only_the_holder_can_renew_or_release_a_worker_lease(
+    node: TestClient, tag: str, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    add(node, tag, worker_bits=1)  # two worker IDs: the node's and the client's
+    node.get(f"/id/{tag}")
+    got = node.post(f"/worker/{tag}?holder=victim").json()
+    # What anyone can know or guess: the worker ID, the generation (the ledger's max_id).
+    guessed = {"worker": got["worker"], "generation": got["generation"], "last_ms": 1}
+    for op in ("release", "renew"):
+        bare = node.post(f"/worker/{tag}/{op}", json=guessed)
+        assert bare.status_code == 400 and bare.json()["error"] == "bad_secret", bare.text
+        wrong = node.post(f"/worker/{tag}/{op}", json={**guessed, "secret": "A" * 22})
+        assert wrong.status_code == 403 and wrong.json()["error"] == "wrong_secret", wrong.text
+        assert "nothing was changed" in wrong.json()["message"]
+    secret = got["secret"]
+    # Still held: the worker ID is not granted to a second holder.
+    second = node.post(f"/worker/{tag}?holder=thief")
+    assert second.status_code == 503 and second.json()["error"] == "worker_unavailable"
+    field = redis.Redis.from_url(settings.redis_url).hget(
+        Keys(settings.redis_prefix).workers(tag), f"w:{got['worker']}"
+    )
+    assert field is not None and b" victim " in field and secret.encode() not in field
+    assert node.post(f"/worker/{tag}/renew", json={**guessed, "secret": secret}).status_code == 200
+    # The secret is the holder's alone: not in a log, the status page or the metrics.
+    for page in ("/status", "/metrics", "/openapi.json"):
+        assert secret not in node.get(page).text
+    assert secret not in caplog.text
+    assert f"lease={hashlib.sha256(secret.encode()).hexdigest()[:12]}" in caplog.text
 
 
 def test_a_renewal_with_a_last_time_past_what_the_script_keeps_exactly_is_refused(
@@ -167,6 +226,7 @@ def test_a_renewal_with_a_last_time_past_what_the_script_keeps_exactly_is_refuse
     add(node, tag, worker_bits=1)
     got = node.post(f"/worker/{tag}?holder=test").json()
     body = {"worker": got["worker"], "generation": got["generation"], "last_ms": 2**63 - 1}
+    body["secret"] = got["secret"]
     bad = node.post(f"/worker/{tag}/renew", json=body)
     # Lua keeps it as 9.2233720368548e+18: the field's numbers no longer parse,
     # and the next grant of the worker ID read its last time as 9

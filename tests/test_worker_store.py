@@ -70,6 +70,56 @@ async def test_a_worker_id_comes_back_only_after_expiry_above_its_last_time(
     assert e.value.why == "lost"
 
 
+async def test_a_renewal_or_release_needs_the_lease_secret_and_changes_nothing_without_it(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    assert held.secret and held.secret not in repr(held)
+    key = Keys(settings.redis_prefix).workers(tag)
+    r = redis.Redis.from_url(settings.redis_url)
+    before = r.hget(key, "w:0")
+    assert before is not None and held.secret.encode() not in before
+    # The generation is the tag's ledger max_id: anyone may guess it.
+    forged = Grant(held.worker, held.generation, 0, 0, 0, "guessed")
+    for op in (store.release, store.renew):
+        with pytest.raises(WorkerRefused) as e:
+            if op == store.release:
+                await store.release(tag, forged, 10**13, TTL)
+            else:
+                await store.renew(tag, forged, 10**13, TTL, TTL)
+        assert e.value.why == "wrong_secret"
+    assert r.hget(key, "w:0") == before  # not even the floor raised
+    with pytest.raises(WorkerRefused):
+        await grant(store, tag, 2, workers=1)  # still held: no second holder
+    await store.renew(tag, held, held.server_ms, TTL, TTL)
+    await store.release(tag, held, held.server_ms, TTL)
+
+
+async def test_a_lease_written_before_secrets_is_never_renewed_and_waits_out_its_expiry(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    # Upgrade: a field the old script wrote ("gen expires last holder", no hash). Its
+    # holder cannot show a secret, and whoever shows one is not provably its holder.
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    key = Keys(settings.redis_prefix).workers(tag)
+    r = redis.Redis.from_url(settings.redis_url)
+    gen, expires, last, holder, _ = r.hget(key, "w:0").decode().split(" ")  # type: ignore[union-attr]
+    r.hset(key, "w:0", f"{gen} {expires} {last} {holder}")
+    for secret in (held.secret, ""):
+        with pytest.raises(WorkerRefused) as e:
+            await store.renew(tag, Grant(0, held.generation, 0, 0, 0, secret), 1, TTL, TTL)
+        assert e.value.why == "lost" and "before worker secrets" in str(e.value)
+    with pytest.raises(WorkerRefused) as e:
+        await store.release(tag, Grant(0, held.generation, 0, 0, 0, secret), 1, TTL)
+    with pytest.raises(WorkerRefused):
+        await grant(store, tag, 2, workers=1)  # its old holder may still be making IDs
+    await asyncio.sleep(TTL / 1000 + 0.1)
+    again = await grant(store, tag, 3, workers=1)  # expired: granted above its expiry
+    assert again.worker == 0 and again.floor_ms >= int(expires)
+
+
 async def test_a_released_worker_id_is_granted_again_above_its_last_time(
     redis_pool: RedisPool, tag: str
 ) -> None:

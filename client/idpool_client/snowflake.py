@@ -4,7 +4,8 @@
 node once (``POST /worker/{tag}``), then makes time-ordered IDs from the wall
 clock, the worker ID and a sequence, under a lock. A thread renews the lease
 every quarter of its TTL with the last time used (``POST /worker/{tag}/renew``,
-any node). The client stops making IDs ``margin_ms`` before the lease could
+any node; it shows the lease's secret, which only the grant's answer carries).
+The client stops making IDs ``margin_ms`` before the lease could
 expire, by its own monotonic clock counted from when the last successful
 renewal was *sent*, and at once when a renewal is refused (409
 ``worker_lost``): it then asks for a new worker ID, whose time floor is above
@@ -23,21 +24,20 @@ checks that both make the same IDs from the same clocks.
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import socket
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
 from .transport import Transport
 
 MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
-TICK_SECONDS = 0.1  # a run ends this long after it started, at most (see _Run)
 
 
 class SnowflakeStopped(IdPoolError):
@@ -123,33 +123,39 @@ class Generator:
         next_ms = self._epoch + (self.last + 1) * self._unit
         return max(0.0005, (next_ms - self._clock_ms()) / 1000)
 
-    def take_unit(self) -> tuple[int, int] | None:
-        """An ID and the end of its unit's IDs: the rest of the unit's sequence
-        is the caller's to hand out (this generator moves past it). None: wait
-        for the next unit."""
+    def take_unit(self) -> tuple[int, int, int] | None:
+        """An ID, the end of its unit's IDs, and the unix ns at which its unit
+        ends: the rest of the unit's sequence is the caller's to hand out until
+        then (this generator moves past it: no time and sequence is used twice,
+        and ``last_ms`` already counts the unit). None: wait for the next unit."""
         value = self.take()
         if value is None:
             return None
         limit = value - self.sequence + self._max_seq + 1
         self.sequence = self._max_seq
-        return value, limit
+        return value, limit, (self._epoch + (self.last + 1) * self._unit) * 1_000_000
 
 
-class _Run:
+class _Run(NamedTuple):
     """The rest of one time unit's sequence: what ``next_id`` reads without a lock.
 
-    ``ids`` counts through the unit's IDs (one C call under the GIL: two threads
-    never draw the same); below ``limit`` no check is needed. The ticker sets
-    ``limit`` to 0 every TICK_SECONDS, so a run never hands out a time more
-    than about that old: the next ID goes through the slow path, which reads
-    the clock and the lease's deadline.
+    ``ids`` is a ``range`` iterator over the unit's IDs (``next()`` on it is one C
+    call under the GIL: two threads never draw the same, and it ends by itself
+    at the unit's last sequence). An ID drawn from it is handed out only while
+    the wall clock, read right then, is before ``until_ns``, the end of the run's
+    unit. So an ID never carries a time unit that had ended when ``next_id`` read
+    the clock: a process paused (SIGSTOP, a VM stalled, a long GC) with a run
+    half used finds its unit over on the first ID after, and drops the run's rest
+    (never handed out, never made again: the generator is already past it).
+
+    A ticker thread that ended each run every 0.1 s did not do this: after a
+    pause, the thread that held the GIL went on handing out the old run for up
+    to a switch interval before the ticker could run, IDs over a second older
+    than ones nodes had made meanwhile.
     """
 
-    __slots__ = ("ids", "limit")
-
-    def __init__(self, first: int, limit: int) -> None:
-        self.ids = itertools.count(first)
-        self.limit = limit
+    ids: Iterator[int]
+    until_ns: int
 
 
 class _Held:
@@ -157,6 +163,9 @@ class _Held:
         self.tag = tag
         self.worker = int(grant["worker"])
         self.generation = int(grant["generation"])
+        # Renewals and the release show it: the generation alone is guessable. Kept
+        # here only (never logged); a node older than worker secrets gives none.
+        self.secret = str(grant.get("secret", ""))
         self.ttl = int(grant["ttl_ms"]) / 1000
         self.margin = int(grant["margin_ms"]) / 1000
         self.gen = gen
@@ -172,6 +181,7 @@ class SnowflakeClient:
         timeout: float = 5.0,
         holder: str | None = None,
         transport: Transport | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.transport = transport or Transport(
             [urls] if isinstance(urls, str) else list(urls), timeout
@@ -182,22 +192,26 @@ class SnowflakeClient:
         self._runs: dict[str, _Run] = {}  # tag -> the current unit's run (the hot path)
         self._lock = threading.Lock()
         self._closed = False
-        self._stopped = threading.Event()
-        self._ticker: threading.Thread | None = None
+        # The wall clock IDs are made from (a test passes its own): read once per ID,
+        # as next_id's default argument (a local: an attribute read costs as much as
+        # the rest of the hot path).
+        self._clock_ns = clock_ns
+        if clock_ns is not time.time_ns:
+            self.next_id = functools.partial(self.next_id, _now=clock_ns)  # type: ignore[method-assign]
 
-    def next_id(self, tag: str) -> int:
+    def next_id(self, tag: str, *, _now: Callable[[], int] = time.time_ns) -> int:
         """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
         or the clock far behind), IdPoolUnavailable (no worker ID to be had).
 
-        No lock and no clock while the current run lasts (see _Run)."""
-        try:
-            run = self._runs[tag]  # a subscript is cheaper than .get(); try costs nothing
-        except KeyError:
+        No lock while the current run lasts, one clock read (see _Run)."""
+        try:  # try costs nothing until it catches
+            ids, until_ns = self._runs[tag]
+            i = next(ids)
+        except (KeyError, StopIteration):  # no run yet; the unit's sequence used up
             return self._slow_id(tag)
-        i = next(run.ids)
-        if i < run.limit:
+        if _now() < until_ns:
             return i
-        return self._slow_id(tag)  # i is skipped, never handed out
+        return self._slow_id(tag)  # the unit is over: i is skipped, never handed out
 
     def next_ids(self, tag: str, n: int) -> list[int]:
         return [self.next_id(tag) for _ in range(n)]
@@ -211,12 +225,20 @@ class SnowflakeClient:
             held = self._held.get(tag) or self._grant(tag)
             try:
                 with held.lock:
+                    run = self._runs.get(tag)
+                    if run is not None and held.gen.lost is None:
+                        # Another thread made a run while this one waited for the
+                        # lock: draw from it while its unit lasts (asking the
+                        # generator would find the unit used up and wait for the next).
+                        i = next(run.ids, None)
+                        if i is not None and self._clock_ns() < run.until_ns:
+                            return i
                     got = held.gen.take_unit()
                     if got is not None:
-                        value, limit = got
-                        # The rest of this unit's sequence goes to the lock-free path.
-                        self._runs[tag] = _Run(value + 1, limit)
-                        self._start_ticker()
+                        value, limit, until_ns = got
+                        # The rest of this unit's sequence goes to the lock-free path,
+                        # for as long as the unit lasts.
+                        self._runs[tag] = _Run(iter(range(value + 1, limit)), until_ns)
                         return value
             except SnowflakeStopped:
                 self._runs.pop(tag, None)
@@ -229,18 +251,6 @@ class SnowflakeClient:
                         del self._held[tag]
                 continue
             time.sleep(held.gen.wait_seconds())  # the next time unit
-
-    def _start_ticker(self) -> None:
-        if self._ticker is None:
-            self._ticker = threading.Thread(target=self._tick, daemon=True)
-            self._ticker.start()
-
-    def _tick(self) -> None:
-        """Ends every run TICK_SECONDS after it may have started: IDs stay
-        time-ordered at the scale of a second with no clock read per ID."""
-        while not self._stopped.wait(TICK_SECONDS):
-            for run in list(self._runs.values()):
-                run.limit = 0
 
     def _grant(self, tag: str) -> _Held:
         with self._lock:
@@ -258,7 +268,14 @@ class SnowflakeClient:
                 lay["epoch_ms"],
             )  # fmt: skip
             stop_at = sent + (int(grant["ttl_ms"]) - int(grant["margin_ms"])) / 1000
-            gen = Generator(layout, int(grant["worker"]), int(grant["floor_ms"]), stop_at)
+            clock = self._clock_ns
+            gen = Generator(
+                layout,
+                int(grant["worker"]),
+                int(grant["floor_ms"]),
+                stop_at,
+                clock_ms=lambda: clock() // 1_000_000,
+            )
             held = _Held(tag, grant, gen)
             self._held[tag] = held
             threading.Thread(target=self._renew, args=(held,), daemon=True).start()
@@ -267,7 +284,12 @@ class SnowflakeClient:
     def _body(self, held: _Held) -> dict[str, Any]:
         with held.lock:
             last_ms = held.gen.last_ms
-        return {"worker": held.worker, "generation": held.generation, "last_ms": last_ms}
+        return {
+            "worker": held.worker,
+            "generation": held.generation,
+            "secret": held.secret,
+            "last_ms": last_ms,
+        }
 
     def _renew(self, held: _Held) -> None:
         path = f"/worker/{quote(held.tag, safe='')}/renew"
@@ -291,9 +313,10 @@ class SnowflakeClient:
             held_now = list(self._held.values())
             self._held.clear()
             for run in self._runs.values():
-                run.limit = 0
+                # exhausted in one C call: a thread that read the run before the
+                # clear draws nothing more from it
+                run.ids.__setstate__(sys.maxsize)  # type: ignore[attr-defined]
             self._runs.clear()
-            self._stopped.set()
         for held in held_now:
             held.done.set()
             with held.lock:

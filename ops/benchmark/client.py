@@ -15,7 +15,12 @@ included on both sides:
 - ``next_ids(1000)``, in IDs/s; the asyncio client's ``await next_id()``
   against an ``await`` of a coroutine that only draws from a count;
 - HTTP lease calls per million IDs, and the most IDs the client held at once
-  against twice its ``max_count``.
+  against twice its ``max_count``;
+- ``SnowflakeClient.next_id(tag)`` on a snowflake tag (6 worker bits, 16
+  sequence bits: the default 12 would cap one worker ID at 4,096 IDs per ms, and
+  that cap, not the hot path, would be measured), in 1 and 4 threads, in the same
+  rounds, against the segment client's ``next_id(tag)`` (issue 25's target:
+  within 2x).
 
 Prints what it measured and the command that reproduces it. Not run by the tests.
 """
@@ -38,11 +43,14 @@ from pathlib import Path
 
 import pymysql
 from idpool_client import AsyncIdPoolClient, IdPoolClient
+from idpool_client.snowflake import SnowflakeClient
 
 from ops.toolkit import NodeProcess, RedisServer, env_with
 
 DATABASE = "idpool_bench_client"  # created and dropped here; nothing else uses it
 TAG = "bench"
+SNOWFLAKE_TAG = "sf"  # a snowflake tag: SnowflakeClient.next_id against next_id on TAG
+SNOWFLAKE_BITS = ("--worker-bits", "6", "--sequence-bits", "16")
 MAX_COUNT = 1_000_000  # the client's; its holdings must stay within twice this
 BIG = 10**15  # the in-memory designs draw from [0, BIG): no refill during a run
 
@@ -194,11 +202,15 @@ def _aio_loop(client: AsyncIdPoolClient, calls: int, repeat: int) -> tuple[float
     return asyncio.run(run())
 
 
-def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
+def measure(
+    client: IdPoolClient, snowflakes: SnowflakeClient, calls: int, repeat: int
+) -> dict[str, float]:
     # Warm up: the lease size doubles per lease until a lease lasts target_seconds.
     ids = client.ids(TAG)
     for _ in range(3 * calls):
         next(ids)
+    for _ in range(calls):
+        snowflakes.next_id(SNOWFLAKE_TAG)  # the worker ID is granted on the first
     counter = itertools.count()
     one: dict[str, Callable[[int], float]] = {
         "count": _loop(next, counter),
@@ -209,6 +221,7 @@ def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
         "getattr": _loop(_getattr_design(), TAG),
         "takewhile": _loop(next, _takewhile_design()),
         "bytecode": _loop(_Bytecode().next_id, TAG),
+        "snowflake": _loop(snowflakes.next_id, SNOWFLAKE_TAG),
     }
     shared = itertools.count()
     four: dict[str, Callable[[int], float]] = {
@@ -216,6 +229,7 @@ def measure(client: IdPoolClient, calls: int, repeat: int) -> dict[str, float]:
         "next_id": _loop(client.next_id, TAG),
         "next_id_for": _loop(client.next_id_for(TAG)),
         "ids": _loop(next, ids),
+        "snowflake": _loop(snowflakes.next_id, SNOWFLAKE_TAG),
     }
     batches = max(1, calls // 1000)
     best: dict[str, float] = {}
@@ -251,6 +265,12 @@ def report(results: dict[str, float], aio: tuple[float, float], command: str) ->
         ns = results[name]
         lines.append(f"  {name:<12} {what[:80]}")
         lines.append(f"  {'':<12} {verdict:<42} {ns:7.1f}  {ns / c:6.2f}x")
+    flake, segment = results["snowflake"], results["next_id"]
+    lines.append(f"  {'snowflake':<12} SnowflakeClient.next_id(tag) on a snowflake tag")
+    lines.append(
+        f"  {'':<12} {f'{flake / segment:.2f}x client.next_id (target <= 2x)':<42} "
+        f"{flake:7.1f}  {flake / c:6.2f}x"
+    )
     c4 = results["count_4t"]
     lines.append("4 threads at once, wall ns per ID")
     for name, label in (
@@ -258,9 +278,12 @@ def report(results: dict[str, float], aio: tuple[float, float], command: str) ->
         ("next_id", "client.next_id(tag)"),
         ("next_id_for", "next_id(), next_id = client.next_id_for(tag)"),
         ("ids", "next() on client.ids(tag)"),
+        ("snowflake", "SnowflakeClient.next_id(tag)"),
     ):
         ns = results[f"{name}_4t"]
         lines.append(f"  {label:<54} {ns:7.1f}  {ns / c4:6.2f}x")
+    flake4, segment4 = results["snowflake_4t"], results["next_id_4t"]
+    lines.append(f"  {'SnowflakeClient / client.next_id, 4 threads':<54} {flake4 / segment4:7.2f}x")
     batch = results["next_ids"]
     lines.append(
         f"{'client.next_ids(tag, 1000), per ID':<56} {batch:7.2f}  {1e3 / batch:.0f}M IDs/s"
@@ -299,9 +322,14 @@ def main(argv: Sequence[str]) -> int:
     try:
         cli = [sys.executable, "-m", "idpool.service.cli", "tag", "add", TAG, "--step", "1000"]
         subprocess.run(cli, env=env, check=True, stdout=subprocess.DEVNULL)
+        flake = [*cli[:-3], SNOWFLAKE_TAG, "--snowflake", *SNOWFLAKE_BITS]
+        subprocess.run(flake, env=env, check=True, stdout=subprocess.DEVNULL)
         node.start()
-        with IdPoolClient([node.base_url], max_count=MAX_COUNT, return_at_exit=False) as client:
-            results = measure(client, args.calls, args.repeat)
+        with (
+            IdPoolClient([node.base_url], max_count=MAX_COUNT, return_at_exit=False) as client,
+            SnowflakeClient([node.base_url]) as snowflakes,
+        ):
+            results = measure(client, snowflakes, args.calls, args.repeat)
         aio_client = AsyncIdPoolClient([node.base_url], max_count=MAX_COUNT, return_at_exit=False)
         aio = _aio_loop(aio_client, args.calls, max(1, args.repeat // 4))
         print(f"{command}\nnode log: {node.logs[-1]}")
