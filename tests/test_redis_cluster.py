@@ -337,6 +337,17 @@ async def rig(cs: Settings, cluster: LocalCluster) -> AsyncIterator[Rig]:
         await r.close()
 
 
+@pytest.fixture
+async def rig_unmarked(cs: Settings, cluster: LocalCluster) -> AsyncIterator[Rig]:
+    """The default IDPOOL_REDIS_MARK_REPLICAS=0: a raise counts on the primary."""
+    r = Rig(cs.with_changes(preload_interval=0.2), tags_over_shards(cluster, 4, "cu"))
+    await r.start()
+    try:
+        yield r
+    finally:
+        await r.close()
+
+
 async def _run(rig: Rig, seconds: float, fault: object = None) -> None:
     consumers = [asyncio.ensure_future(rig.consume(i)) for i in range(16)]
     try:
@@ -393,6 +404,43 @@ async def test_a_primary_killed_under_load_repeats_nothing(rig: Rig, cluster: Lo
             await asyncio.to_thread(cluster.restart, victim)
         await asyncio.to_thread(cluster.wait_ok, 30.0)
     rig.assert_no_duplicate()
+
+
+async def test_claims_resume_within_5s_of_a_promotion_by_default(
+    rig_unmarked: Rig, cluster: LocalCluster
+) -> None:
+    """Issue 22's target with the default settings: a primary killed under load,
+    its tags served throughout and claimed again within 5 s of the promotion."""
+    rig = rig_unmarked
+    keys = rig.pools[0].keys
+    victim = cluster.primary_of(keys.pool(rig.tags[0]))
+    replica = cluster.replicas_of(victim)[0]
+    on_victim = [t for t in rig.tags if cluster.primary_of(keys.pool(t)).port == victim.port]
+    resumed: list[float] = []
+
+    async def kill_and_promote() -> None:
+        await asyncio.to_thread(victim.kill9)
+        killed = time.monotonic()
+        await asyncio.to_thread(cluster.wait_promoted, replica, 30.0)
+        promoted = time.monotonic()
+        await asyncio.sleep(6.0)  # load goes on after the promotion
+        for tag in on_victim:
+            after = [t for t in rig.served_at[tag] if t > promoted]
+            assert after, f"{tag} not served after the promotion"
+        others = [t for t in rig.tags if t not in on_victim]
+        assert any(killed < t < promoted for tag in others for t in rig.raised_at.get(tag, []))
+        for tag in on_victim:
+            claimed = [t for t in rig.raised_at.get(tag, []) if t > promoted]
+            assert claimed, f"no claim of {tag} after the promotion"
+            resumed.append(min(claimed) - promoted)
+
+    try:
+        await _run(rig, 2.0, kill_and_promote())
+    finally:
+        await asyncio.to_thread(cluster.restart, victim)  # back as a replica
+        await asyncio.to_thread(cluster.wait_ok, 30.0)
+    rig.assert_no_duplicate()
+    assert max(resumed) < 5.0, resumed
 
 
 def _replicas_online(node: RedisServer) -> int:
