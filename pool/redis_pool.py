@@ -151,7 +151,9 @@ return {dropped, n}
 _RAISE_HWM = """
 local function above(a, b) return #a > #b or (#a == #b and a > b) end
 local online = 0
-for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+  if tonumber(lag) <= 2 then online = online + 1 end  -- _ACK_LAG_SECONDS
+end
 local new = ARGV[1]
 for i = 1, #KEYS do
   local cur = redis.call('GET', KEYS[i])
@@ -168,7 +170,9 @@ return {new, online}
 # online, read in one step: a claim is not made while a raise could not count.
 _READ_HWM = """
 local online = 0
-for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+  if tonumber(lag) <= 2 then online = online + 1 end  -- _ACK_LAG_SECONDS
+end
 local found = {online}
 for i = 1, #KEYS do found[#found + 1] = redis.call('GET', KEYS[i]) or '' end
 return found
@@ -185,7 +189,9 @@ return found
 # A fingerprint found is SET again, as the raise does: a WAIT then covers it.
 _FENCE_FORMAT = """
 local online = 0
-for _ in string.gmatch(redis.call('INFO', 'replication'), 'state=online') do online = online + 1 end
+for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
+  if tonumber(lag) <= 2 then online = online + 1 end  -- _ACK_LAG_SECONDS
+end
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if cur ~= ARGV[1] then return {'other', online} end
@@ -858,15 +864,23 @@ async def run_script(client: Client, script: Lua, keys: list[str], args: list[st
         return await client.eval(script.text, len(keys), *keys, *args)
 
 
+# A replica acknowledges its offset every second; one whose last acknowledgement is
+# older (frozen, stalled) is not counted, as if it were not online: a raise then is
+# refused at once (no claim made, no WAIT held on the request path) and the probe
+# reports claims stopped. The scripts above count the same way (the "2" in them).
+_ACK_LAG_SECONDS = 2
+
+
 def _replicas_online(info: Mapping[str, Any]) -> int:
-    """Replicas in ``state=online`` in a parsed INFO replication (as the raise
-    script counts them: only those can acknowledge a WAIT)."""
+    """Replicas in ``state=online`` that acknowledged within _ACK_LAG_SECONDS, in a
+    parsed INFO replication (as the raise script counts them)."""
     return sum(
         1
         for name, replica in info.items()
         if name.startswith("slave")
         and isinstance(replica, dict)
         and replica.get("state") == "online"
+        and int(replica.get("lag", 0)) <= _ACK_LAG_SECONDS
     )
 
 

@@ -378,6 +378,44 @@ async def test_a_mark_is_refused_while_a_replica_is_cut_off(
         primary.kill9()
 
 
+async def test_a_frozen_replica_still_online_stops_claims_at_once(
+    settings: Settings, tag: str, tmp_path: Path
+) -> None:
+    """A replica frozen (SIGSTOP) stays "online" on its primary until repl-timeout
+    (60 s), acknowledging nothing: each raise used to wait out its WAIT on the
+    request path and waste its range. Once its last acknowledgement is over 2 s
+    old it is counted as gone: the claim is not made and the probe says so."""
+    primary = RedisServer(tmp_path / "primary", "--save", "", "--repl-diskless-sync-delay", "0")
+    primary.start()
+    replica = RedisServer(
+        tmp_path / "replica", "--save", "", "--replicaof", "127.0.0.1", str(primary.port)
+    ).start()
+    pool = RedisPool.from_settings(
+        settings.with_changes(redis_url=primary.url, store_timeout=2.0, redis_mark_replicas=1)
+    )
+    plain = redis.Redis(port=primary.port, socket_timeout=5, decode_responses=True)
+    try:
+        _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
+        assert await pool.raise_high_water(tag, 100) == 100
+        replica.pause()
+        _wait_until(lambda: plain.info("replication")["slave0"]["lag"] > 2)
+        assert plain.info("replication")["slave0"]["state"] == "online"  # still, for the primary
+        assert await pool.mark_replicas() == (0, 1)
+        # "only 0 online": refused before any WAIT (a WAIT refusal reads "reached 0 of 1")
+        with pytest.raises(TooFewReplicas, match="only 0 of 1 replicas online"):
+            await pool.high_water_to_claim(tag)
+        with pytest.raises(TooFewReplicas, match="only 0 of 1 replicas online"):
+            await pool.raise_high_water(tag, 200)
+        replica.resume()
+        _wait_until(lambda: plain.info("replication")["slave0"]["lag"] <= 1)
+        assert await pool.raise_high_water(tag, 300) == 300
+    finally:
+        await pool.close()
+        replica.resume()
+        replica.kill9()
+        primary.kill9()
+
+
 async def test_the_preloaders_tick_cleans_a_new_incarnation(
     redis_pool: RedisPool, tag: str
 ) -> None:
