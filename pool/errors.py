@@ -174,7 +174,12 @@ class NoRangeAvailable(IdPoolError):
     def __init__(self, tag: str, errors: list[StoreUnavailable]) -> None:
         stores = " and ".join(dict.fromkeys(e.store for e in errors))
         details = "; ".join(str(e) for e in errors)
-        super().__init__(f"no ID range available for tag {tag!r}: {stores} down ({details})")
+        if errors and all(isinstance(e, TooFewReplicas) for e in errors):
+            # Redis answers: only its replicas are short, and only claims stopped
+            why = "claims stopped, too few Redis replicas"
+        else:
+            why = f"{stores} down"
+        super().__init__(f"no ID range available for tag {tag!r}: {why} ({details})")
         self.stores = [e.store for e in errors]
 
 
