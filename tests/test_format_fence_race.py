@@ -1,7 +1,8 @@
 """Regressions (adversarial review of issue 24), both failing on main 854f735.
 
-1. Two `tag add` of one new name with the same template race, and the loser's `unfence_format` deletes the fingerprint
-of the tag the winner made and a node already serves.
+1. Two `tag add` of one new name with the same template race, and the loser's
+`unfence_format` deletes the fingerprint of the tag the winner made and a node
+already serves.
 
 create_tag fences the format ('set' for the first caller, 'same' for the second),
 then INSERTs. When the caller that got 'set' loses the INSERT to the one that got
