@@ -148,3 +148,36 @@ def test_a_running_node_does_not_take_a_format_edited_by_hand(settings: Settings
             seen.append(r.text)
     repeated = sorted({s for s in seen if seen.count(s) > 1})
     assert not repeated, f"{len(repeated)} strings handed out twice: {repeated[:5]}"
+
+
+def test_the_last_instant_before_midnight_is_rendered_with_its_own_day(
+    settings: Settings, tag: str
+) -> None:
+    """datetime.fromtimestamp rounds to the microsecond: the last float before a
+    UTC midnight (0.24 us before it, in 2026) renders as the next day, while the
+    period (TagFormat.period) and the date cache's window compare the raw float.
+    With a clock that only moves forward: a number of the 24th's row, taken at that
+    instant, is rendered 'D20261125000000-2', which the 25th's row hands out again
+    a moment later."""
+    import math
+    from datetime import UTC, datetime
+
+    from starlette.testclient import TestClient
+
+    from idpool.service.app import NodeApp, create_app
+
+    midnight = datetime(2026, 11, 25, tzinfo=UTC).timestamp()
+    now = [midnight - 1.5]
+    with TestClient(create_app(settings.with_changes(admin_token="t"))) as c:
+        app = c.app
+        assert isinstance(app, NodeApp) and app.node is not None
+        app.node.wall_clock = lambda: now[0]
+        fields = {"tag": tag, "step": 100, "format": "D{date:%Y%m%d%H%M%S}-{id}", "reset": "daily"}
+        r = c.post("/admin/tags", json=fields, headers={"authorization": "Bearer t"})
+        assert r.status_code == 201, r.text
+        seen = [c.get(f"/id/{tag}").text]  # 23:59:58.5: the 24th's row, number 1
+        now[0] = math.nextafter(midnight, 0)  # the last instant of the 24th
+        seen.append(c.get(f"/id/{tag}").text)  # the 24th's row, number 2
+        now[0] = midnight + 0.1
+        seen += [c.get(f"/id/{tag}").text for _ in range(3)]  # the 25th's row: 1, 2, 3
+    assert len(set(seen)) == len(seen), seen
