@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -118,7 +119,9 @@ def period_over(name: str, now: float) -> bool:
     _, mark, key = name.rpartition("@")
     if not mark or not key.isdigit() or len(key) not in _PERIOD_KEYS:
         return False
-    return key < datetime.fromtimestamp(now, UTC).strftime(_PERIOD_KEYS[len(key)])
+    # The whole second (fromtimestamp rounds to the microsecond: the last float
+    # before a midnight would read as the next day), as the formats choose periods.
+    return key < datetime.fromtimestamp(math.floor(now), UTC).strftime(_PERIOD_KEYS[len(key)])
 
 
 _PERIOD_KEYS = {8: "%Y%m%d", 6: "%Y%m", 4: "%Y"}
