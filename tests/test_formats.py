@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,6 +17,7 @@ from starlette.testclient import TestClient
 from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.service.app import NodeApp, create_app
+from idpool.service.formats import format_of
 
 TOKEN = "admin-secret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -235,9 +237,10 @@ def test_cli_add_list_and_decode(settings: Settings, tag: str) -> None:
     assert "format 'INV-{date:%Y%m%d}-{id:06d}'" in made.stdout
     listed = idpool(settings, "tag", "list")
     assert "format 'INV-{date:%Y%m%d}-{id:06d}'" in listed.stdout
+    # Well spelt, but no number of the tag was issued yet: the ledger says so.
     decoded = idpool(settings, "tag", "decode", tag, "INV-20261124-001234")
-    assert decoded.returncode == 0, decoded.stderr
-    assert "sequence number 1234" in decoded.stdout
+    assert decoded.returncode == 2, decoded.stdout
+    assert "was never issued" in decoded.stderr and "sequence number 1234" in decoded.stderr
     wrong = idpool(settings, "tag", "decode", tag, "INV-2026112x-00z234")
     assert wrong.returncode == 2 and "is not an ID of tag" in wrong.stderr
     hidden = tag + "o"
@@ -278,9 +281,49 @@ def test_admin_decode_dispatches_on_the_tag(admin: TestClient, tag: str) -> None
     outside = admin.get(f"/admin/tags/{tag}/decode", params={"value": "0"}, headers=AUTH)
     assert outside.status_code == 400
     plain = tag + "p"
-    add(admin, tag=plain)
+    add(admin, tag=plain, step=100)
+    assert admin.get(f"/ids/{plain}?count=17").status_code == 200
     r = admin.get(f"/admin/tags/{plain}/decode", params={"value": "17"}, headers=AUTH)
     assert r.json()["sequence"] == 17
+    above = str(listed(admin, plain)["max_id"])  # the next number a claim would take
+    never = admin.get(f"/admin/tags/{plain}/decode", params={"value": above}, headers=AUTH)
+    assert never.status_code == 400 and never.json()["error"] == "bad_value"
+    assert "never issued" in never.json()["message"]
+
+
+def test_decode_refuses_numbers_never_issued(admin: TestClient, tag: str) -> None:
+    """Decode checked the spelling only: a number the tag never handed out (at or
+    above its row's max_id, or of a period with no row) decoded as if it had been."""
+
+    def decoded(name: str, value: str) -> Any:
+        return admin.get(f"/admin/tags/{name}/decode", params={"value": value}, headers=AUTH)
+
+    add(admin, tag=tag, step=10, format="R{date:%Y%m%d}-{id}", reset="daily")
+    issued = admin.get(f"/ids/{tag}?count=3").json()["ids"]  # the period's row claims 1..10
+    day = issued[0][1:9]
+    r = decoded(tag, issued[2])
+    assert r.status_code == 200 and r.json()["sequence"] == 3 and r.json()["period"] == day
+    top = listed(admin, tag)["periods"][day]  # the period row's max_id: claimed below it
+    assert decoded(tag, f"R{day}-{top - 1}").status_code == 200  # claimed: maybe in a buffer
+    for value, says in ((f"R{day}-{top}", "not issued yet"), ("R20000101-1", "period 20000101")):
+        r = decoded(tag, value)
+        assert r.status_code == 400 and r.json()["error"] == "bad_value", r.text
+        assert "never issued" in r.json()["message"] and says in r.json()["message"]
+    hidden = tag + "o"
+    add(admin, tag=hidden, step=10, obfuscate=True, max=10**6)
+    assert decoded(hidden, admin.get(f"/id/{hidden}").text).status_code == 200
+    app = node_of(admin)
+    assert app.node is not None
+    fmt = format_of(app.node.tags.rows[hidden])
+    assert fmt is not None and fmt.obfuscation is not None
+    r = decoded(hidden, str(fmt.obfuscation.encode(listed(admin, hidden)["max_id"])))
+    assert r.status_code == 400 and "never issued" in r.json()["message"]
+
+
+def listed(admin: TestClient, tag: str) -> Any:
+    """The tag as GET /admin/tags shows it (max_id, and a reset tag's periods)."""
+    tags = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+    return next(t for t in tags if t["tag"] == tag)
 
 
 def test_disabling_a_reset_tag_stops_its_period_buffers(admin: TestClient, tag: str) -> None:

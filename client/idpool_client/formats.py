@@ -431,7 +431,16 @@ class TagFormat:
         """The sequence number of an ID this format made (with a reset: the
         number within its period). Raises ValueError, saying what does not match,
         for anything the format never makes: the decoded number (at the decoded
-        date) must render back to exactly ``value``."""
+        date) must render back to exactly ``value``.
+
+        It checks the spelling only: whether the number was ever handed out is
+        the ledger's to say (``max_id``; ``idpool tag decode`` and the admin call
+        check it). Without a ledger, a well-spelt number never issued decodes."""
+        return self.decode_period(value)[0]
+
+    def decode_period(self, value: int | str) -> tuple[int, str | None]:
+        """(sequence number, key of its period, None without a reset) of an ID this
+        format made: the period names the ledger row (``TAG@KEY``) it came from."""
         text = str(value)
         if self._parts is None:
             if not (text.isascii() and text.isdigit()):
@@ -446,7 +455,7 @@ class TagFormat:
                 f"{text[:80]!r} is not what the format makes: sequence number {n} "
                 f"renders as {again[:80]!r}"
             )
-        return n
+        return n, None if self.reset is None else period_bounds(self.reset, moment)[0]
 
     def _sequence(self, number: int) -> int:
         """The sequence number of ``number`` (the {id} value); ValueError if none."""

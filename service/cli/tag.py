@@ -32,7 +32,7 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
-from ..decode import decode, snowflake_fields
+from ..decode import decode_issued, snowflake_fields
 from ..formats import split_periods, tag_list_entry
 from ..kinds import KINDS, SEGMENT
 from ..snowflake import SNOWFLAKE, check_removable
@@ -279,7 +279,7 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
 
 async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
     try:
-        found = decode(await ledger.get_tag(args.tag), args.value)
+        found = await decode_issued(ledger, await ledger.get_tag(args.tag), args.value)
     except InvalidInput as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
