@@ -816,3 +816,34 @@ def test_a_row_edited_by_hand_to_another_format_is_not_served(
     finally:
         r.close()
     assert first.startswith("M-")
+
+
+def test_cli_speaks_of_a_reset_tags_periods_not_its_own_row(settings: Settings, tag: str) -> None:
+    """A reset tag's own row is never claimed from: disable, enable and remove named
+    its max_id ("the next range claimed starts at 1") as if it said something."""
+    from .test_cli import idpool
+
+    fields = ("--format", "D{date:%Y%m%d}-{id}", "--reset", "daily")
+    made = idpool(settings, "tag", "add", tag, *fields)
+    assert made.returncode == 0, made.stderr
+    off = idpool(settings, "tag", "disable", tag)
+    assert off.returncode == 0 and "period rows and their max_id are kept" in off.stdout
+    assert "max_id 1 " not in off.stdout
+    on = idpool(settings, "tag", "enable", tag)
+    assert on.returncode == 0 and "each period's numbers go on" in on.stdout
+    assert "starts at" not in on.stdout
+    asked = idpool(settings, "tag", "remove", tag)
+    assert asked.returncode == 2 and "its period rows stay" in asked.stderr
+    assert "starts at" not in asked.stderr
+    gone = idpool(settings, "tag", "remove", tag, "--yes")
+    assert gone.returncode == 0 and "its period rows stay" in gone.stdout, gone.stderr
+
+
+def test_an_exhausted_period_is_named_as_the_period(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, step=2, max=2, format="E{date:%Y%m%d}-{id}", reset="daily")
+    for _ in range(2):
+        assert admin.get(f"/id/{tag}").status_code == 200
+    r = admin.get(f"/id/{tag}")
+    assert r.status_code == 503 and r.json()["error"] == "tag_exhausted", r.text
+    day = datetime.now(UTC).strftime("%Y%m%d")
+    assert f"tag {tag!r}, in today's period {day}" in r.json()["message"], r.text
