@@ -124,8 +124,10 @@ class TagDirectory:
             if self.fingerprints.setdefault(row.tag, fingerprint) != fingerprint:
                 self.changed.add(row.tag)
                 found[row.tag] = None  # in formats, so NodeApp never serves it plain
-            else:
-                self.changed.discard(row.tag)  # edited back: the format it always had
+            elif row.tag in self.changed:  # edited back: the format it always had
+                self.changed.discard(row.tag)
+                if row.tag not in found:  # plain, as first read: served plain again
+                    self.formats.pop(row.tag, None)
         self.formats.update(found)
 
     def forget_format(self, tag: str) -> None:

@@ -847,3 +847,42 @@ def test_an_exhausted_period_is_named_as_the_period(admin: TestClient, tag: str)
     assert r.status_code == 503 and r.json()["error"] == "tag_exhausted", r.text
     day = datetime.now(UTC).strftime("%Y%m%d")
     assert f"tag {tag!r}, in today's period {day}" in r.json()["message"], r.text
+
+
+def test_a_running_node_refuses_a_key_or_format_edited_under_it(
+    settings: Settings, tag: str
+) -> None:
+    """At a reload a node took a row's edited key (or a format given to a plain tag)
+    unchecked, and leased it to clients: refused now, on every path, until edited back."""
+    import pymysql
+
+    def edit(sql: str, *args: object) -> None:
+        params = settings.mysql_params()
+        conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                               database=params.database, autocommit=True)  # fmt: skip
+        try:
+            conn.cursor().execute(sql, args)
+        finally:
+            conn.close()
+
+    plain = tag + "p"
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        app = node_of(c)
+        assert app.node is not None and c.portal is not None
+        add(c, tag=tag, step=10, obfuscate=True, max=1000)
+        add(c, tag=plain, step=10)
+        assert c.get(f"/id/{tag}").status_code == 200
+        assert c.post(f"/lease/{tag}?count=2").status_code == 200
+        assert c.get(f"/id/{plain}").text == "1"
+        edit("UPDATE idpool_tags SET secret = %s WHERE tag = %s", "ab" * 16, tag)
+        edit("UPDATE idpool_tags SET options = %s WHERE tag = %s", '{"format": "{id:x}"}', plain)
+        c.portal.call(app.node.refresh_tags)
+        for name in (tag, plain):
+            for path in (f"/id/{name}", f"/ids/{name}?count=2", f"/api/segment/get/{name}"):
+                r = c.get(path)
+                assert r.status_code == 503 and "changed since" in r.json()["message"], r.text
+            r = c.post(f"/lease/{name}?count=2")
+            assert r.status_code == 503 and "format" not in r.json(), r.text
+        edit("UPDATE idpool_tags SET options = '' WHERE tag = %s", plain)
+        c.portal.call(app.node.refresh_tags)
+        assert int(c.get(f"/id/{plain}").text) > 1  # edited back: served as it always was
