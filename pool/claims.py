@@ -263,10 +263,28 @@ async def create_tag(
         )
     except (TagExists, FormatChanged):
         if pool is not None and fenced == "set":
-            # The name is another tag's (made meanwhile): our fingerprint is not its.
+            # The name is another tag's (made meanwhile): take our fingerprint back,
+            # unless it is that tag's too. Race: two adds of one new name with one
+            # template both fence ('set', then 'same': byte-identical, no key), the
+            # 'same' one INSERTs first; a compare-and-delete by the loser then took
+            # the winner's fingerprint, and the name could come back plain.
             with contextlib.suppress(StoreUnavailable):
-                await pool.unfence_format(tag, fingerprint)
+                if await _owner_fingerprint(ledger, tag) != fingerprint:
+                    await pool.unfence_format(tag, fingerprint)
         raise
+
+
+async def _owner_fingerprint(ledger: LedgerStore, tag: str) -> str | None:
+    """The fingerprint of the format the name now has in the ledger: its live row's,
+    else its tombstone's; None when neither is there (then no tag of the name renders
+    with ours). Raises StoreUnavailable: the caller then keeps the fingerprint (a
+    fingerprint left behind only refuses other formats under the name, never repeats)."""
+    try:
+        row = await ledger.get_tag(tag)
+        return format_fingerprint(row.options, row.secret)
+    except UnknownTag:
+        kept = await ledger.removed_format(tag)
+        return None if kept is None else format_fingerprint(*kept)
 
 
 async def move_start(

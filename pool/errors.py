@@ -203,10 +203,10 @@ class FormatNotFenced(IdPoolError):
     """A formatted tag whose row's format is not the one recorded for its name in
     Redis (a row inserted or edited by hand): never served (503)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, why: str = "") -> None:
+        why = why or "its format is not the one this name was used with (idpool:{tag}:format)"
         super().__init__(
-            f"tag {tag!r}: its format is not the one this name was used with "
-            "(idpool:{tag}:format): a row inserted or edited by hand could repeat strings "
+            f"tag {tag!r}: {why}: a row inserted or edited by hand could repeat strings "
             "the old tag handed out, so it is not served; remove it and choose a new name"
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -118,10 +119,22 @@ def period_over(name: str, now: float) -> bool:
     _, mark, key = name.rpartition("@")
     if not mark or not key.isdigit() or len(key) not in _PERIOD_KEYS:
         return False
-    return key < datetime.fromtimestamp(now, UTC).strftime(_PERIOD_KEYS[len(key)])
+    # The whole second (fromtimestamp rounds to the microsecond: the last float
+    # before a midnight would read as the next day), as the formats choose periods.
+    return key < datetime.fromtimestamp(math.floor(now), UTC).strftime(_PERIOD_KEYS[len(key)])
 
 
 _PERIOD_KEYS = {8: "%Y%m%d", 6: "%Y%m", 4: "%Y"}
+_PERIOD_NAMES = {8: "today's", 6: "this month's", 4: "this year's"}
+
+
+def row_named(name: str) -> str:
+    """A ledger row as a message names it: a period row (``TAG@KEY``, formats with a
+    reset) as its tag's period, which is what a user knows, rather than the row."""
+    tag, mark, key = name.rpartition("@")
+    if not mark or not key.isdigit() or len(key) not in _PERIOD_NAMES:
+        return f"tag {name!r}"
+    return f"tag {tag!r}, in {_PERIOD_NAMES[len(key)]} period {key} (ledger row {name!r}),"
 
 
 def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
@@ -131,7 +144,7 @@ def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
         raise TagDisabled(f"tag {tag!r} is disabled; enable it with `idpool tag enable {tag}`")
     if start >= end_id:
         bound = "64-bit IDs" if end_id >= MAX_ID else f"IDs up to its max {end_id - 1}"
-        raise TagExhausted(f"tag {tag!r} has run out of {bound}")
+        raise TagExhausted(f"{row_named(tag)} has run out of {bound}")
     # Written as start < end_id - ids so the sum cannot leave 64 bits.
     return IdRange(start, start + ids if start < end_id - ids else end_id)
 

@@ -25,7 +25,7 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
-from .decode import decode, snowflake_fields
+from .decode import decode_issued, snowflake_fields
 from .errors import HttpRefusal, error, json_response
 from .formats import describe, split_periods
 from .runtime import Runtime
@@ -144,7 +144,7 @@ async def decode_id(request: Request) -> Response:
     values = request.query_params.getlist("value")
     if len(values) != 1:
         raise InvalidInput("bad_value", "give value exactly once: ?value=<an ID of the tag>")
-    return json_response(decode(await run.ledger.get_tag(tag), values[0]))
+    return json_response(await decode_issued(run.ledger, await run.ledger.get_tag(tag), values[0]))
 
 
 async def remove(request: Request) -> Response:

@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from idpool_client.formats import TagFormat
+from idpool_client.formats import TagFormat, period_row
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from idpool.pool.errors import InvalidInput
+from idpool.pool.errors import InvalidInput, UnknownTag
 from idpool.pool.snowflake import Layout, wall_ms
+from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
 from .errors import json_response
@@ -44,7 +45,7 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
         # and refuses any other spelling (a wrong width, leading zeros, a date no
         # clock shows, a character outside the alphabet); a plain ID is canonical
         # decimal. Both within the tag's bound.
-        number = (fmt or _PLAIN).decode(value)
+        number, period = (fmt or _PLAIN).decode_period(value)
         if number >= row.end_id and (fmt is None or fmt.obfuscation is None):
             raise ValueError(f"sequence number {number} is above the tag's max {row.end_id - 1}")
     except ValueError as e:
@@ -56,7 +57,47 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
     if shown is not None:
         found["format"] = shown
         if shown["reset"]:
-            found["note"] = f"sequence number within its {shown['reset']} period (the ID's date)"
+            found["period"] = period
+            found["note"] = (
+                f"sequence number within its {shown['reset']} period {period} (the ID's date)"
+            )
+    return found
+
+
+async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
+    """Refuse (400 ``bad_value``) a decoded segment ID whose number its sequence never
+    handed out: at or above the ``max_id`` of the row it comes from (the tag's own,
+    or with a reset its period's ``TAG@KEY``, which must exist). ``max_id`` is the
+    next number a claim would take, so every number claimed is below it; a number
+    claimed but still in the pool or a buffer passes (the ledger cannot tell)."""
+    if row.kind != SEGMENT:
+        return
+    value, number = found["value"], found["sequence"]
+    period = found.get("period")
+    source = row
+    if period is not None:
+        try:
+            source = await ledger.get_tag(period_row(row.tag, period))
+        except UnknownTag:
+            raise InvalidInput(
+                "bad_value",
+                f"{value[:80]!r} was never issued by tag {row.tag!r}: no number of its "
+                f"period {period} was issued (no row {row.tag}@{period})",
+            ) from None
+    if number >= source.max_id:
+        where = f"its period {period}" if period is not None else "it"
+        raise InvalidInput(
+            "bad_value",
+            f"{value[:80]!r} was never issued by tag {row.tag!r} (not issued yet): sequence "
+            f"number {number}, while {where} issued numbers below {source.max_id} only",
+        )
+
+
+async def decode_issued(ledger: LedgerStore, row: TagRow, value: str) -> dict[str, Any]:
+    """``decode``, and for a segment tag the ledger's word that the number was issued
+    (``check_issued``): what ``idpool tag decode`` and the admin call answer."""
+    found = decode(row, value)
+    await check_issued(ledger, row, found)
     return found
 
 

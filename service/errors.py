@@ -95,7 +95,11 @@ ERRORS: tuple[ErrorRow, ...] = (
         "bad_reset", 400, "reset is not daily, monthly or yearly, or the format lacks its date"
     ),
     ErrorRow("bad_obfuscate", 400, "obfuscate is not true or false"),
-    ErrorRow("bad_value", 400, "decode: the value is not an ID this tag's format makes"),
+    ErrorRow(
+        "bad_value",
+        400,
+        "decode: the value is not an ID this tag's format makes, or its number was never issued",
+    ),
     ErrorRow("bad_disabled", 400, "disabled is not true or false"),
     ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
     ErrorRow(

@@ -138,7 +138,10 @@ class FormattedTags:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._creating: dict[str, asyncio.Task[None]] = {}
-        self._fenced: set[str] = set()  # tags whose format this process checked in Redis
+        # (tag, fingerprint) whose format this process checked in Redis: keyed on the
+        # format too, so a row whose format differs from the one checked is checked
+        # again (and refused), never taken as checked
+        self._fenced: set[tuple[str, str]] = set()
 
     def format_for(self, tag: str) -> TagFormat | None:
         """The tag's format, None for a plain tag; raises KindNotServed for a
@@ -146,6 +149,8 @@ class FormattedTags:
         formats = self.node.tags.formats
         if tag not in formats:
             return None
+        if tag in self.node.tags.changed:
+            raise FormatNotFenced(tag, "its row's format changed since this node read it")
         fmt = formats[tag]
         if fmt is None:
             raise KindNotServed(tag, "segment, with a format this node cannot read")
@@ -203,16 +208,18 @@ class FormattedTags:
         repeat strings the name handed out. A missing record is written (a Redis
         that lost it gets it back). Raises StoreUnavailable (no claim without Redis
         either)."""
+        tags = self.node.tags
+        row = tags.rows.get(tag) or await tags.lookup(tag)
+        if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)
+            raise FormatNotFenced(tag, "its row's format changed since this node read it")
+        fingerprint = format_fingerprint(row.options, row.secret)
         marks = self.node.source.claims.marks
-        if tag in self._fenced or marks is None:
+        if (tag, fingerprint) in self._fenced or marks is None:
             return
-        row = self.node.tags.rows.get(tag) or await self.node.tags.lookup(tag)
-        found = await marks.fence_format(
-            tag, format_fingerprint(row.options, row.secret), serving=True
-        )
+        found = await marks.fence_format(tag, fingerprint, serving=True)
         if found not in ("same", "set"):
             raise FormatNotFenced(tag)
-        self._fenced.add(tag)
+        self._fenced.add((tag, fingerprint))
 
     async def _period_row(self, tag: str, name: str) -> None:
         """Make sure the period's ledger row exists (one creation at a time per name)."""

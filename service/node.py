@@ -194,7 +194,13 @@ class Node:
         up in a loop must not flood the log. A formatted tag's IDs are counted by
         their sequence numbers (with a reset: numbers within their period)."""
         fmt = self.tags.formats.get(tag)
-        numbers = [int(v) for v in ids] if fmt is None else [fmt.decode(v) for v in ids]
+        try:
+            numbers = [int(v) for v in ids] if fmt is None else [fmt.decode(v) for v in ids]
+        except ValueError:
+            # Rendered with a format this node has since refused (a row edited by
+            # hand, TagDirectory.changed): its numbers cannot be read back here.
+            logger.warning("event=undelivered_unread tag=%s ids=%d", tag, len(ids))
+            return
         self.waste.undelivered(tag, numbers)
 
     def _forget(self, tag: str, buf: SegmentBuffer) -> None:
@@ -262,8 +268,9 @@ class Node:
         # A removed formatted tag's format goes once no buffer of its name is left
         # (never a formatted tag's buffer served as a plain one): its name is then
         # unknown (404), or a tag added again under it is read with its own format.
-        for tag in set(self.tags.formats) - set(self.tags.rows) - set(self.buffers):
-            del self.tags.formats[tag]
+        known = set(self.tags.formats) | set(self.tags.fingerprints)
+        for tag in known - set(self.tags.rows) - set(self.buffers):
+            self.tags.forget_format(tag)
 
     async def _stop_disabled(
         self, tag: str, buf: SegmentBuffer, reason: Reason = Reason.TAG_DISABLED

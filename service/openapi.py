@@ -723,6 +723,10 @@ def _admin_tag_paths() -> Schema:
                                 "kind": {"type": "string"},
                                 "value": {"type": "string"},
                                 "sequence": {"type": "integer"},
+                                "period": {
+                                    "type": "string",
+                                    "description": "a reset tag's period key (its row TAG@KEY)",
+                                },
                             },
                         },
                     ),

@@ -23,7 +23,7 @@ from idpool_client.formats import TagFormat
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from idpool.pool.stores import LedgerStore
 from idpool.pool.tokens import TokenRow
-from idpool.pool.values import TagRow
+from idpool.pool.values import TagRow, format_fingerprint
 
 from .formats import formats_of, parent_of
 
@@ -49,6 +49,13 @@ class TagDirectory:
         # the rows; kept when a row goes (a format never changes), so NodeApp never
         # answers a formatted tag's buffer as a plain one.
         self.formats: dict[str, TagFormat | None] = {}
+        # tag -> fingerprint of the format (options, secret) this process first read
+        # in its row ('' for a plain tag), and the tags whose row now reads otherwise:
+        # a format never changes, so such a row was edited by hand and is refused
+        # (FormatNotFenced, 503), never rendered nor served plain. Both go with the
+        # tag's format (Node.refresh_tags).
+        self.fingerprints: dict[str, str] = {}
+        self.changed: set[str] = set()
         self._clock = clock
         self._loaded_at: float | None = None  # when the last reload was started
         self.full_at: float | None = None  # when the last whole list was read
@@ -99,9 +106,36 @@ class TagDirectory:
 
     def added(self, row: TagRow) -> None:
         """A row this node just created (a period's row): known at once."""
-        self.formats.update(formats_of([row]))
+        self._learn_formats([row])
         self.rows[row.tag] = row
         self._unknown.pop(row.tag, None)
+
+    def _learn_formats(self, rows: Sequence[TagRow]) -> None:
+        """What ``formats`` learns from rows read now. A tag's format is the one its
+        row had when this process first read it: a row read again with other options
+        or another key (edited by hand in the ledger) never replaces it. Taken at a
+        reload, unchecked, it rendered new numbers as strings the old format had
+        handed out (``H{id}`` edited to ``H{id:x}``: 51 became ``H33``, which 33 was);
+        the first-serve check (``FormattedTags.check_fence``) runs once per tag and
+        format, and the fast path never runs it. So the tag is refused instead."""
+        found = formats_of(list(rows))
+        for row in rows:
+            fingerprint = format_fingerprint(row.options, row.secret)
+            if self.fingerprints.setdefault(row.tag, fingerprint) != fingerprint:
+                self.changed.add(row.tag)
+                found[row.tag] = None  # in formats, so NodeApp never serves it plain
+            elif row.tag in self.changed:  # edited back: the format it always had
+                self.changed.discard(row.tag)
+                if row.tag not in found:  # plain, as first read: served plain again
+                    self.formats.pop(row.tag, None)
+        self.formats.update(found)
+
+    def forget_format(self, tag: str) -> None:
+        """A removed tag whose buffers are gone: a tag added again under its name is
+        read afresh (and checked against the name's fingerprint in Redis)."""
+        self.formats.pop(tag, None)
+        self.fingerprints.pop(tag, None)
+        self.changed.discard(tag)
 
     async def _lookup_one(self, tag: str) -> TagRow | None:
         """One name, by primary key, one lookup at a time for the whole node."""
@@ -122,7 +156,7 @@ class TagDirectory:
                     # Its tokens before its row: a tag found this way is never served open.
                     if tokens:
                         self.tokens[tag] = frozenset(t.token_hash for t in tokens)
-                    self.formats.update(formats_of([row]))  # before the row: see formats
+                    self._learn_formats([row])  # before the row: see formats
                     self.rows[tag] = row
                 return row
         finally:
@@ -157,7 +191,7 @@ class TagDirectory:
                 # removed (idpool tag remove): unknown from now on; its format goes
                 # once its buffer has (Node.refresh_tags)
                 self.rows.pop(gone, None)
-            self.formats.update(formats_of(rows))
+            self._learn_formats(rows)
             self.rows.update(found)
             self.tokens = _hashes(tokens)
             return
@@ -176,7 +210,7 @@ class TagDirectory:
             self._loading = None
         self._error = None
         # Both in one synchronous step: no request sees new rows with old tokens.
-        self.formats.update(formats_of(rows))
+        self._learn_formats(rows)
         self.rows = {row.tag: row for row in rows}
         self.tokens = _hashes(tokens)
         self.full_at = self._clock()

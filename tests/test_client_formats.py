@@ -403,3 +403,22 @@ def test_decode_of_a_bare_number_is_canonical() -> None:
     for bad in ("0" + str(value), "1001", "0"):
         with pytest.raises(ValueError):
             ob.decode(bad)
+
+
+def test_the_last_float_before_midnight_renders_and_chooses_its_own_day() -> None:
+    """fromtimestamp rounds to the microsecond: the last float before a UTC midnight
+    rendered as the next day, while the period compared the raw float (old day)."""
+    import math
+
+    from idpool_client.formats import period_bounds, whole_second
+
+    midnight = datetime(2026, 11, 25, tzinfo=UTC).timestamp()
+    last = math.nextafter(midnight, 0)
+    assert whole_second(last) == midnight - 1
+    fmt = TagFormat("D{date:%Y%m%d}-{id}", "daily")
+    assert fmt.period(last)[0] == period_bounds("daily", last)[0] == "20261124"
+    assert fmt.render(7, last) == "D20261124-7"  # cold cache
+    assert fmt.render(8, midnight) == "D20261125-8"
+    assert fmt.render_many([9], last) == ["D20261124-9"]  # the cache window, from the other side
+    seconds = TagFormat("{date:%H%M%S}-{id}")
+    assert seconds.render(1, last) == "235959-1" and seconds.render(2, midnight) == "000000-2"

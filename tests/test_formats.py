@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,6 +17,7 @@ from starlette.testclient import TestClient
 from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.service.app import NodeApp, create_app
+from idpool.service.formats import format_of
 
 TOKEN = "admin-secret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -235,9 +237,10 @@ def test_cli_add_list_and_decode(settings: Settings, tag: str) -> None:
     assert "format 'INV-{date:%Y%m%d}-{id:06d}'" in made.stdout
     listed = idpool(settings, "tag", "list")
     assert "format 'INV-{date:%Y%m%d}-{id:06d}'" in listed.stdout
+    # Well spelt, but no number of the tag was issued yet: the ledger says so.
     decoded = idpool(settings, "tag", "decode", tag, "INV-20261124-001234")
-    assert decoded.returncode == 0, decoded.stderr
-    assert "sequence number 1234" in decoded.stdout
+    assert decoded.returncode == 2, decoded.stdout
+    assert "was never issued" in decoded.stderr and "sequence number 1234" in decoded.stderr
     wrong = idpool(settings, "tag", "decode", tag, "INV-2026112x-00z234")
     assert wrong.returncode == 2 and "is not an ID of tag" in wrong.stderr
     hidden = tag + "o"
@@ -278,9 +281,49 @@ def test_admin_decode_dispatches_on_the_tag(admin: TestClient, tag: str) -> None
     outside = admin.get(f"/admin/tags/{tag}/decode", params={"value": "0"}, headers=AUTH)
     assert outside.status_code == 400
     plain = tag + "p"
-    add(admin, tag=plain)
+    add(admin, tag=plain, step=100)
+    assert admin.get(f"/ids/{plain}?count=17").status_code == 200
     r = admin.get(f"/admin/tags/{plain}/decode", params={"value": "17"}, headers=AUTH)
     assert r.json()["sequence"] == 17
+    above = str(listed(admin, plain)["max_id"])  # the next number a claim would take
+    never = admin.get(f"/admin/tags/{plain}/decode", params={"value": above}, headers=AUTH)
+    assert never.status_code == 400 and never.json()["error"] == "bad_value"
+    assert "never issued" in never.json()["message"]
+
+
+def test_decode_refuses_numbers_never_issued(admin: TestClient, tag: str) -> None:
+    """Decode checked the spelling only: a number the tag never handed out (at or
+    above its row's max_id, or of a period with no row) decoded as if it had been."""
+
+    def decoded(name: str, value: str) -> Any:
+        return admin.get(f"/admin/tags/{name}/decode", params={"value": value}, headers=AUTH)
+
+    add(admin, tag=tag, step=10, format="R{date:%Y%m%d}-{id}", reset="daily")
+    issued = admin.get(f"/ids/{tag}?count=3").json()["ids"]  # the period's row claims 1..10
+    day = issued[0][1:9]
+    r = decoded(tag, issued[2])
+    assert r.status_code == 200 and r.json()["sequence"] == 3 and r.json()["period"] == day
+    top = listed(admin, tag)["periods"][day]  # the period row's max_id: claimed below it
+    assert decoded(tag, f"R{day}-{top - 1}").status_code == 200  # claimed: maybe in a buffer
+    for value, says in ((f"R{day}-{top}", "not issued yet"), ("R20000101-1", "period 20000101")):
+        r = decoded(tag, value)
+        assert r.status_code == 400 and r.json()["error"] == "bad_value", r.text
+        assert "never issued" in r.json()["message"] and says in r.json()["message"]
+    hidden = tag + "o"
+    add(admin, tag=hidden, step=10, obfuscate=True, max=10**6)
+    assert decoded(hidden, admin.get(f"/id/{hidden}").text).status_code == 200
+    app = node_of(admin)
+    assert app.node is not None
+    fmt = format_of(app.node.tags.rows[hidden])
+    assert fmt is not None and fmt.obfuscation is not None
+    r = decoded(hidden, str(fmt.obfuscation.encode(listed(admin, hidden)["max_id"])))
+    assert r.status_code == 400 and "never issued" in r.json()["message"]
+
+
+def listed(admin: TestClient, tag: str) -> Any:
+    """The tag as GET /admin/tags shows it (max_id, and a reset tag's periods)."""
+    tags = admin.get("/admin/tags", headers=AUTH).json()["tags"]
+    return next(t for t in tags if t["tag"] == tag)
 
 
 def test_disabling_a_reset_tag_stops_its_period_buffers(admin: TestClient, tag: str) -> None:
@@ -363,7 +406,10 @@ def test_a_format_this_node_cannot_read_is_refused_not_served_bare(
     assert admin.get(f"/id/{tag}").text == "X1"
     tags = app.node.tags
     row = dataclasses.replace(tags.rows[tag], options='{"format": "X{id}", "reset": "hourly"}')
-    tags.added(row)  # as a reload would find a newer idpool's options
+    # As a node reading the row first finds a newer idpool's options (a node that
+    # knew the tag refuses any other options as changed: test_format_fence_race.py).
+    tags.forget_format(tag)
+    tags.added(row)
     assert tags.formats[tag] is None
     for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
         r = admin.get(path)
@@ -770,3 +816,73 @@ def test_a_row_edited_by_hand_to_another_format_is_not_served(
     finally:
         r.close()
     assert first.startswith("M-")
+
+
+def test_cli_speaks_of_a_reset_tags_periods_not_its_own_row(settings: Settings, tag: str) -> None:
+    """A reset tag's own row is never claimed from: disable, enable and remove named
+    its max_id ("the next range claimed starts at 1") as if it said something."""
+    from .test_cli import idpool
+
+    fields = ("--format", "D{date:%Y%m%d}-{id}", "--reset", "daily")
+    made = idpool(settings, "tag", "add", tag, *fields)
+    assert made.returncode == 0, made.stderr
+    off = idpool(settings, "tag", "disable", tag)
+    assert off.returncode == 0 and "period rows and their max_id are kept" in off.stdout
+    assert "max_id 1 " not in off.stdout
+    on = idpool(settings, "tag", "enable", tag)
+    assert on.returncode == 0 and "each period's numbers go on" in on.stdout
+    assert "starts at" not in on.stdout
+    asked = idpool(settings, "tag", "remove", tag)
+    assert asked.returncode == 2 and "its period rows stay" in asked.stderr
+    assert "starts at" not in asked.stderr
+    gone = idpool(settings, "tag", "remove", tag, "--yes")
+    assert gone.returncode == 0 and "its period rows stay" in gone.stdout, gone.stderr
+
+
+def test_an_exhausted_period_is_named_as_the_period(admin: TestClient, tag: str) -> None:
+    add(admin, tag=tag, step=2, max=2, format="E{date:%Y%m%d}-{id}", reset="daily")
+    for _ in range(2):
+        assert admin.get(f"/id/{tag}").status_code == 200
+    r = admin.get(f"/id/{tag}")
+    assert r.status_code == 503 and r.json()["error"] == "tag_exhausted", r.text
+    day = datetime.now(UTC).strftime("%Y%m%d")
+    assert f"tag {tag!r}, in today's period {day}" in r.json()["message"], r.text
+
+
+def test_a_running_node_refuses_a_key_or_format_edited_under_it(
+    settings: Settings, tag: str
+) -> None:
+    """At a reload a node took a row's edited key (or a format given to a plain tag)
+    unchecked, and leased it to clients: refused now, on every path, until edited back."""
+    import pymysql
+
+    def edit(sql: str, *args: object) -> None:
+        params = settings.mysql_params()
+        conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                               database=params.database, autocommit=True)  # fmt: skip
+        try:
+            conn.cursor().execute(sql, args)
+        finally:
+            conn.close()
+
+    plain = tag + "p"
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        app = node_of(c)
+        assert app.node is not None and c.portal is not None
+        add(c, tag=tag, step=10, obfuscate=True, max=1000)
+        add(c, tag=plain, step=10)
+        assert c.get(f"/id/{tag}").status_code == 200
+        assert c.post(f"/lease/{tag}?count=2").status_code == 200
+        assert c.get(f"/id/{plain}").text == "1"
+        edit("UPDATE idpool_tags SET secret = %s WHERE tag = %s", "ab" * 16, tag)
+        edit("UPDATE idpool_tags SET options = %s WHERE tag = %s", '{"format": "{id:x}"}', plain)
+        c.portal.call(app.node.refresh_tags)
+        for name in (tag, plain):
+            for path in (f"/id/{name}", f"/ids/{name}?count=2", f"/api/segment/get/{name}"):
+                r = c.get(path)
+                assert r.status_code == 503 and "changed since" in r.json()["message"], r.text
+            r = c.post(f"/lease/{name}?count=2")
+            assert r.status_code == 503 and "format" not in r.json(), r.text
+        edit("UPDATE idpool_tags SET options = '' WHERE tag = %s", plain)
+        c.portal.call(app.node.refresh_tags)
+        assert int(c.get(f"/id/{plain}").text) > 1  # edited back: served as it always was

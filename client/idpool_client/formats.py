@@ -31,6 +31,7 @@ Standard library only: the client package has no dependencies.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping
@@ -216,9 +217,21 @@ def _missing_for_reset(reset: str, directives: frozenset[str]) -> str | None:
 # -- periods -------------------------------------------------------------------
 
 
+def whole_second(now: float) -> int:
+    """The unix second holding ``now``: every date field and period is rendered and
+    chosen from it. ``datetime.fromtimestamp`` rounds to the microsecond, so the
+    last float before a midnight (0.24 us before it, in 2026) gave the next day's
+    date while a comparison of the raw float still chose the old day's period: a
+    number of the old period's sequence rendered with the new day, which the new
+    period's sequence hands out again. Every allowed directive is in seconds, and
+    every period bound and cache window is a whole second, so comparing the raw
+    float with them agrees with this floor."""
+    return math.floor(now)
+
+
 def period_bounds(reset: str, now: float) -> tuple[str, float, float]:
     """(key, first second, first second after) of the UTC period holding ``now``."""
-    at = datetime.fromtimestamp(now, UTC)
+    at = datetime.fromtimestamp(whole_second(now), UTC)
     if reset == "daily":
         start = datetime(at.year, at.month, at.day, tzinfo=UTC)
         end = start + timedelta(days=1)
@@ -402,11 +415,14 @@ class TagFormat:
 
     def _render_dates(self, now: float) -> tuple[float, float, str, str]:
         assert self._parts is not None
-        at = datetime.fromtimestamp(now, UTC)
+        second = whole_second(now)  # never rounded up into the next second (or day)
+        at = datetime.fromtimestamp(second, UTC)
         before = "".join(at.strftime(s) if d else s for d, s in self._parts.before)
         after = "".join(at.strftime(s) if d else s for d, s in self._parts.after)
         step = self._step
-        start = now // step * step if step else float("-inf")
+        # Whole seconds: the window [start, start + step) holds exactly the floats
+        # whose floor renders as above (step > 0 whenever there is a date field).
+        start = float(second - second % step) if step else float("-inf")
         # One tuple, assigned at once: threads of a client read it without a lock.
         self._dates = found = (start, start + step if step else float("inf"), before, after)
         return found
@@ -415,7 +431,16 @@ class TagFormat:
         """The sequence number of an ID this format made (with a reset: the
         number within its period). Raises ValueError, saying what does not match,
         for anything the format never makes: the decoded number (at the decoded
-        date) must render back to exactly ``value``."""
+        date) must render back to exactly ``value``.
+
+        It checks the spelling only: whether the number was ever handed out is
+        the ledger's to say (``max_id``; ``idpool tag decode`` and the admin call
+        check it). Without a ledger, a well-spelt number never issued decodes."""
+        return self.decode_period(value)[0]
+
+    def decode_period(self, value: int | str) -> tuple[int, str | None]:
+        """(sequence number, key of its period, None without a reset) of an ID this
+        format made: the period names the ledger row (``TAG@KEY``) it came from."""
         text = str(value)
         if self._parts is None:
             if not (text.isascii() and text.isdigit()):
@@ -430,7 +455,7 @@ class TagFormat:
                 f"{text[:80]!r} is not what the format makes: sequence number {n} "
                 f"renders as {again[:80]!r}"
             )
-        return n
+        return n, None if self.reset is None else period_bounds(self.reset, moment)[0]
 
     def _sequence(self, number: int) -> int:
         """The sequence number of ``number`` (the {id} value); ValueError if none."""
@@ -445,7 +470,7 @@ class TagFormat:
         value = self._number(n)
         if self._parts is None:
             return str(value)
-        at = datetime.fromtimestamp(moment, UTC)
+        at = datetime.fromtimestamp(whole_second(moment), UTC)
         before = "".join(at.strftime(s) if d else s for d, s in self._parts.before)
         after = "".join(at.strftime(s) if d else s for d, s in self._parts.after)
         return before + self._id(value) + after

@@ -32,7 +32,7 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
-from ..decode import decode, snowflake_fields
+from ..decode import decode_issued, snowflake_fields
 from ..formats import split_periods, tag_list_entry
 from ..kinds import KINDS, SEGMENT
 from ..snowflake import SNOWFLAKE, check_removable
@@ -279,7 +279,7 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
 
 async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
     try:
-        found = decode(await ledger.get_tag(args.tag), args.value)
+        found = await decode_issued(ledger, await ledger.get_tag(args.tag), args.value)
     except InvalidInput as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -348,7 +348,7 @@ async def _token(ledger: LedgerStore, args: argparse.Namespace) -> int:
 async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
     if args.tag_command == "enable":
         row = await enable_tag(ledger, args.tag)
-        print(f"{row.tag}: enabled; the next range claimed starts at {row.max_id}")
+        print(f"{row.tag}: enabled; {_goes_on(row)}")
         return 0
     pool = await open_pool(settings, check=False)
     try:
@@ -364,12 +364,34 @@ async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
         await pool.close()
     WasteRecorder().record(row.tag, drained, Reason.TAG_DISABLED)  # logged; counted nowhere
     ids = sum(map(len, drained))
+    # A reset tag's own row is never claimed from (TagRow.by_period): its max_id says
+    # nothing; its period rows are disabled with it and keep theirs.
+    kept = f"max_id {row.max_id} is kept"
+    if row.by_period:
+        kept = "its period rows and their max_id are kept"
     print(
         f"{row.tag}: disabled (410 tag_disabled at every node within "
-        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; "
-        f"max_id {row.max_id} is kept"
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; {kept}"
     )
     return 0
+
+
+def _goes_on(row: TagRow) -> str:
+    """Where a tag's numbers go on (enabled, or added again after a removal)."""
+    if row.by_period:
+        return "each period's numbers go on above what that period issued (its period rows)"
+    return f"the next range claimed starts at {row.max_id}"
+
+
+def _added_again(row: TagRow) -> str:
+    """What the name of a removed tag does when added again."""
+    if row.by_period:
+        # A reset tag's own row is never claimed from: its max_id says nothing.
+        return (
+            "its period rows stay, so the name added again (with the same format) goes "
+            "on above what each period issued"
+        )
+    return f"the name added again starts at {row.max_id} or above"
 
 
 async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
@@ -381,10 +403,11 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
             return EXIT_USAGE
     if not args.yes:
         row = await ledger.get_tag(args.tag)
+        again = _added_again(row)
         print(
             f"idpool: this removes {row.tag} for good: requests get 404 unknown_tag, its "
-            "tokens are dropped, its ready ranges are wasted, and the name added again starts "
-            f"at {row.max_id} or above; run again with --yes to remove it",
+            f"tokens are dropped, its ready ranges are wasted, and {again}; "
+            "run again with --yes to remove it",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -408,7 +431,7 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
     if removed is None and not drained:
         raise UnknownTag(args.tag)
     WasteRecorder().record(args.tag, drained, Reason.TAG_REMOVED)  # logged; counted nowhere
-    kept = "" if removed is None else f"; added again it starts at {removed.max_id} or above"
+    kept = "" if removed is None else f"; {_added_again(removed)}"
     print(
         f"{args.tag}: removed (404 unknown_tag at every node within "
         f"IDPOOL_TAG_RELOAD_SECONDS); {sum(map(len, drained))} ready IDs in {len(drained)} "
