@@ -1,0 +1,136 @@
+"""Adversarial review of snowflake tags (issue 25): each test here failed on main
+at af3aa50 and shows a way one worker ID gets two holders (duplicate IDs).
+
+1. The first-grant exception (``first = generation == row.start_id``) trusts the
+   generation's *value*, not the order in which grants ran: ``tag start`` moves a
+   snowflake tag's ``start_id`` up to its ``max_id``, so the next generation
+   claimed is "first" again; and a generation claimed first may be granted last.
+   Either way, on a Redis that forgot the hash (restart empty, or the hash deleted
+   by hand, which design.md calls safe), a grant skips the quarantine while an
+   older holder of the same worker ID still makes IDs.
+2. Generator.take checks the lease deadline, *then* reads the wall clock: a pause
+   between the two (SIGSTOP, a thread holding the GIL in a C call) makes an ID
+   with a time past the lease's expiry, where a new holder of the worker ID
+   already makes IDs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import redis
+from idpool_client.snowflake import Generator as ClientGenerator
+from idpool_client.snowflake import Layout as ClientLayout
+from idpool_client.snowflake import SnowflakeStopped
+from starlette.testclient import TestClient
+
+from idpool.pool.errors import IdPoolError
+from idpool.pool.keys import Keys
+from idpool.pool.redis_pool import RedisPool
+from idpool.pool.settings import Settings
+from idpool.pool.snowflake import Generator, Layout
+from idpool.pool.worker_store import WorkerRefused, WorkerStore
+from idpool.service.app import create_app
+
+TOKEN = "admin-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TTL = 400  # ms
+
+
+def worker_of(value: int) -> int:
+    return (value >> 12) & 1023  # the default layout
+
+
+def test_tag_start_on_a_snowflake_tag_does_not_let_a_grant_skip_the_quarantine(
+    settings: Settings, tag: str
+) -> None:
+    s = settings.with_changes(admin_token=TOKEN, worker_lease_seconds=30.0)
+    with TestClient(create_app(s)) as a, TestClient(create_app(s)) as b:
+        made = a.post("/admin/tags", json={"tag": tag, "kind": "snowflake"}, headers=AUTH)
+        assert made.status_code == 201, made.text
+        held = int(a.get(f"/id/{tag}").text)  # node A holds a worker ID (renewed every 7.5 s)
+        # Redis forgets the hash (restarted empty; design.md: deleting it is safe)
+        redis.Redis.from_url(s.redis_url).delete(Keys(s.redis_prefix).workers(tag))
+        row = a.get("/admin/tags", headers=AUTH).json()["tags"]
+        max_id = next(t["max_id"] for t in row if t["tag"] == tag)
+        # an operator's `idpool tag start` (allowed on a snowflake tag, meaningless there)
+        a.patch(f"/admin/tags/{tag}", json={"start": max_id}, headers=AUTH)
+        answer = b.get(f"/id/{tag}")  # node B's first grant
+        still = int(a.get(f"/id/{tag}").text)  # node A serves on until its next renewal
+        if answer.status_code == 200:
+            # Without the quarantine B may only get a worker ID nobody holds.
+            assert worker_of(int(answer.text)) != worker_of(still), (
+                f"nodes A and B both hold worker {worker_of(held)}: duplicate IDs"
+            )
+        else:
+            assert answer.json()["error"] == "worker_unavailable", answer.text
+
+
+@pytest.mark.anyio
+async def test_a_first_generation_granted_after_a_later_one_does_not_skip_the_quarantine(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    store = WorkerStore(redis_pool.client, redis_pool.keys, redis_pool.send)
+
+    async def grant(gen: int, first: bool) -> object:
+        return await store.grant(
+            tag,
+            generation=gen,
+            first=first,
+            workers=1,
+            holder=f"h{gen}",
+            ttl_ms=TTL,
+            quarantine_ms=TTL,
+        )
+
+    await store.init(tag)  # idpool tag add
+    # Node A claimed generation 1 first, but node B's grant (generation 2) ran first.
+    await grant(2, first=False)  # B holds worker 0 and makes IDs
+    # Redis restarts empty before A's grant arrives (or the hash is deleted by hand).
+    redis.Redis.from_url(settings.redis_url).delete(Keys(settings.redis_prefix).workers(tag))
+    try:
+        await grant(1, first=True)
+    except WorkerRefused as e:
+        assert e.why == "quarantine"
+    else:
+        pytest.fail("worker 0 granted again with floor 0 while generation 2 still holds it")
+
+
+LAYOUT = (41, 10, 12, 1)
+NOW = 1_764_000_000_000
+PAUSE_MS = 30_000
+
+
+def paused_after_the_read(wall: list[int], stop_at: float) -> Callable[[], float]:
+    """A monotonic clock read just before the deadline, after which the process
+    is paused for PAUSE_MS (SIGSTOP, or another thread holding the GIL)."""
+
+    def read() -> float:
+        now = stop_at - 0.001
+        wall[0] += PAUSE_MS  # what the wall clock says once the process runs again
+        return now
+
+    return read
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_a_pause_right_after_the_deadline_check_makes_no_id_past_the_lease(side: str) -> None:
+    wall = [NOW]
+    stop_at = 100.0  # the wall clock says NOW at that monotonic time; the lease ends ~2 s on
+    monotonic = paused_after_the_read(wall, stop_at)
+    gen: Generator | ClientGenerator
+    if side == "server":
+        layout = Layout(*LAYOUT, NOW - 10_000)
+        gen = Generator("t", layout, 0, 0, stop_at, clock_ms=lambda: wall[0], monotonic=monotonic)
+    else:
+        mirror = ClientLayout(*LAYOUT, NOW - 10_000)
+        gen = ClientGenerator(mirror, 0, 0, stop_at, clock_ms=lambda: wall[0], monotonic=monotonic)
+    try:
+        value = gen.take()
+    except (IdPoolError, SnowflakeStopped):
+        return  # refusing is right
+    assert value is not None
+    made_ms = NOW - 10_000 + (value >> 22)
+    # The server's expiry is about NOW + margin; a new holder starts above it.
+    assert made_ms < NOW + 2_000, f"an ID {made_ms - NOW} ms past the deadline check"
