@@ -16,6 +16,7 @@ at af3aa50 and shows a way one worker ID gets two holders (duplicate IDs).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -30,7 +31,7 @@ from idpool.pool.keys import Keys
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Generator, Layout
-from idpool.pool.worker_store import WorkerRefused, WorkerStore
+from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
 from idpool.service.app import create_app
 
 TOKEN = "admin-secret"
@@ -134,3 +135,45 @@ def test_a_pause_right_after_the_deadline_check_makes_no_id_past_the_lease(side:
     made_ms = NOW - 10_000 + (value >> 22)
     # The server's expiry is about NOW + margin; a new holder starts above it.
     assert made_ms < NOW + 2_000, f"an ID {made_ms - NOW} ms past the deadline check"
+
+
+@pytest.mark.anyio
+async def test_a_renewal_through_a_node_with_a_shorter_lease_does_not_shorten_the_holders(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    """Nodes whose IDPOOL_WORKER_LEASE_SECONDS differ (a rolling restart that lowers
+    it, as design.md suggests): the client counts its deadline from the TTL of the
+    node that granted it, the script takes the TTL of the node that renews it. An
+    end-to-end run (grant by a 20 s node, renewals through a 4 s node every 5 s):
+    the worker ID granted again between two renewals, 47,741 duplicate IDs in 15 s."""
+    store = WorkerStore(redis_pool.client, redis_pool.keys, redis_pool.send)
+    long_ttl, short_ttl = 3000, 400
+
+    async def grant(gen: int) -> Grant:
+        return await store.grant(
+            tag,
+            generation=gen,
+            first=gen == 1,
+            workers=1,
+            holder=f"h{gen}",
+            ttl_ms=long_ttl,
+            quarantine_ms=long_ttl,
+        )
+
+    held = await grant(1)  # the holder stops at sent + 3 s - margin by its own clock
+    await store.renew(tag, held, held.server_ms, short_ttl, short_ttl)  # via the 0.4 s node
+    await asyncio.sleep(short_ttl / 1000 + 0.2)  # well within the holder's own 3 s
+    try:
+        await store.grant(
+            tag,
+            generation=2,
+            first=False,
+            workers=1,
+            holder="h2",
+            ttl_ms=short_ttl,
+            quarantine_ms=short_ttl,
+        )
+    except WorkerRefused as e:
+        assert e.why == "full"
+    else:
+        pytest.fail("worker 0 granted again while its holder still serves by its own deadline")
