@@ -177,3 +177,22 @@ async def test_a_renewal_through_a_node_with_a_shorter_lease_does_not_shorten_th
         assert e.why == "full"
     else:
         pytest.fail("worker 0 granted again while its holder still serves by its own deadline")
+
+
+def test_a_batch_never_holds_ids_made_a_second_before_it_is_answered(
+    settings: Settings, tag: str
+) -> None:
+    """A layout with few IDs per unit (valid: 4 per 100 ms) makes /ids?count=200 wait
+    5 s, collecting IDs all along, and answer them at the end: an end-to-end run had
+    80 of its 200 IDs below an ID node B handed out 3 s before the batch was answered
+    (a count of 10,000 would hold the request for over 4 minutes)."""
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as node:
+        fields = {"tag": tag, "kind": "snowflake", "sequence_bits": 2, "unit_ms": 100}
+        made = node.post("/admin/tags", json=fields, headers=AUTH)
+        assert made.status_code == 201, made.text
+        answer = node.get(f"/ids/{tag}?count=200")
+        if answer.status_code == 400:
+            return  # refused up front, saying why: fine
+        ids = answer.json()["ids"]
+        unit_span = (max(ids) >> 12) - (min(ids) >> 12)  # 10 worker + 2 sequence bits
+        assert unit_span * 100 < 1000, f"one batch spans {unit_span * 100} ms of IDs"
