@@ -196,3 +196,47 @@ def test_a_batch_never_holds_ids_made_a_second_before_it_is_answered(
         ids = answer.json()["ids"]
         unit_span = (max(ids) >> 12) - (min(ids) >> 12)  # 10 worker + 2 sequence bits
         assert unit_span * 100 < 1000, f"one batch spans {unit_span * 100} ms of IDs"
+
+
+@pytest.mark.anyio
+async def test_a_quarantine_set_by_a_node_with_a_shorter_lease_outlasts_longer_leases(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    """The quarantine after a Redis restarted empty is the TTL of whichever node first
+    saw it; holders granted by a node with a longer TTL may serve past its end (with
+    no field left, only ``f = q`` fences them). A field that survived (a failover,
+    an older snapshot) keeps its old expiry as its floor, which does fence them."""
+    store = WorkerStore(redis_pool.client, redis_pool.keys, redis_pool.send)
+    long_ttl, short_ttl = 3000, 400
+    await store.grant(
+        tag,
+        generation=1,
+        first=True,
+        workers=1,
+        holder="h1",
+        ttl_ms=long_ttl,
+        quarantine_ms=long_ttl,
+    )  # serves up to 3 s (less its margin) after its last renewal
+    key = Keys(settings.redis_prefix).workers(tag)
+    redis.Redis.from_url(settings.redis_url).delete(key)  # as a Redis restarted empty
+
+    async def grant_short(gen: int) -> Grant:
+        return await store.grant(
+            tag,
+            generation=gen,
+            first=False,
+            workers=1,
+            holder=f"h{gen}",
+            ttl_ms=short_ttl,
+            quarantine_ms=short_ttl,
+        )
+
+    with pytest.raises(WorkerRefused):
+        await grant_short(2)  # the short node sees the new incarnation first
+    await asyncio.sleep(short_ttl / 1000 + 0.2)
+    try:
+        await grant_short(3)
+    except WorkerRefused as e:
+        assert e.why == "quarantine"
+    else:
+        pytest.fail("granted 0.6 s after the restart; a holder of a 3 s lease may still serve")
