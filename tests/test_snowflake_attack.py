@@ -17,6 +17,7 @@ at af3aa50 and shows a way one worker ID gets two holders (duplicate IDs).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -240,3 +241,27 @@ async def test_a_quarantine_set_by_a_node_with_a_shorter_lease_outlasts_longer_l
         assert e.why == "quarantine"
     else:
         pytest.fail("granted 0.6 s after the restart; a holder of a 3 s lease may still serve")
+
+
+def test_a_holder_cannot_keep_a_worker_id_from_everyone_for_ever(
+    settings: Settings, tag: str
+) -> None:
+    """Any holder (POST /worker needs no token unless the tag has some) may renew
+    with last_ms up to 10^14 - 1, the year 5138: released, the worker ID is never
+    granted again. Two grants and two renewals took a 1-worker-bit tag down for
+    good (503 worker_unavailable, every worker ID held)."""
+    s = settings.with_changes(
+        admin_token=TOKEN, worker_lease_seconds=1.0, worker_margin_seconds=0.2
+    )
+    with TestClient(create_app(s)) as node:
+        fields = {"tag": tag, "kind": "snowflake", "worker_bits": 1}
+        assert node.post("/admin/tags", json=fields, headers=AUTH).status_code == 201
+        for _ in range(2):
+            got = node.post(f"/worker/{tag}?holder=burner").json()
+            body = {k: got[k] for k in ("worker", "generation", "secret")}
+            node.post(f"/worker/{tag}/renew", json={**body, "last_ms": 10**14 - 1})
+            node.post(f"/worker/{tag}/release", json={**body, "last_ms": 10**14 - 1})
+        deadline = time.monotonic() + 5  # far more than a lease
+        while (answer := node.get(f"/id/{tag}")).status_code != 200:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.2)
