@@ -2,9 +2,10 @@
 in memory (``pool/snowflake.py``), no store call per ID.
 
 The first request for a snowflake tag claims a generation from the ledger and
-asks Redis for a worker ID (``pool/worker_store.py``); a background task renews
-the lease every quarter of ``IDPOOL_WORKER_LEASE_SECONDS``, carrying the last
-time used. The generator stops by itself ``IDPOOL_WORKER_MARGIN_SECONDS``
+asks Redis for a worker ID (``pool/worker_store.py``) for the tag's lease TTL
+(recorded in its row when it was added; ``IDPOOL_WORKER_LEASE_SECONDS`` for a
+tag made before); a background task renews the lease every quarter of it,
+carrying the last time used. The generator stops by itself ``IDPOOL_WORKER_MARGIN_SECONDS``
 before the lease could expire, by this process's monotonic clock, from the
 moment the last successful renewal was *sent*; a lost lease stops it at once.
 Either way requests get 503 naming the cause, and the task asks for a new
