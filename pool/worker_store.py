@@ -159,8 +159,11 @@ if tonumber(exp) <= now then
   return {'lost', 'the lease expired before this renewal'}
 end
 if ARGV[1] == 'renew' then
-  redis.call('HSET', KEYS[1], key, gen .. ' ' .. (now + ttl) .. tail)
-  return {'ok', tostring(now + ttl), tostring(now), tostring(ttl)}
+  -- Never earlier than it was (a lease written before TTLs were recorded, renewed
+  -- through a node with a shorter one); the holder's next deadline counts from ttl.
+  local expires = math.max(tonumber(exp), now + ttl)
+  redis.call('HSET', KEYS[1], key, gen .. ' ' .. expires .. tail)
+  return {'ok', tostring(expires), tostring(now), tostring(ttl)}
 end
 redis.call('HSET', KEYS[1], key, '0 ' .. now .. ' ' .. last .. ' -')
 return {'ok', tostring(now), tostring(now), tostring(ttl)}
@@ -236,10 +239,12 @@ class WorkerStore:
         reply = await self._send(self._script(keys=keys, args=args))
         return [str(x) for x in reply]
 
-    async def init(self, tag: str) -> None:
+    async def init(self, tag: str, quarantine_ms: int = 0) -> None:
         """Make the hash of a tag just created (no generation claimed yet), so its
-        first grants need no quarantine even when several nodes race for them."""
-        await self._run(tag, ["init", "0", "0", "0"])
+        first grants need no quarantine even when several nodes race for them.
+        On a hash of another incarnation (a row deleted by hand and added again)
+        it sets the quarantine like any other call: ``quarantine_ms`` at least."""
+        await self._run(tag, ["init", "0", str(quarantine_ms), "0"])
 
     async def grant(
         self,
@@ -285,7 +290,9 @@ class WorkerStore:
 
     async def release(self, tag: str, grant: Grant, last_ms: int, quarantine_ms: int) -> None:
         """Give the worker ID back, with the last time used (a graceful stop)."""
-        await self._change("release", tag, grant, last_ms, 0, quarantine_ms)
+        # the quarantine as TTL: only a lease written before TTLs were recorded uses
+        # it, to bound last_ms (at least its TTL, so never a bound below the renewals')
+        await self._change("release", tag, grant, last_ms, quarantine_ms, quarantine_ms)
 
     async def _change(
         self, op: str, tag: str, grant: Grant, last_ms: int, ttl_ms: int, quarantine_ms: int

@@ -405,4 +405,5 @@ async def prepare_tag(pool: object, row: TagRow) -> None:
     if row.kind != SNOWFLAKE or row.max_id != row.start_id or not isinstance(pool, RedisPool):
         return
     with contextlib.suppress(StoreUnavailable):
-        await WorkerStore(pool.client, pool.keys, pool.send).init(row.tag)
+        store = WorkerStore(pool.client, pool.keys, pool.send)
+        await store.init(row.tag, lease_ms_of(row.layout))

@@ -285,3 +285,22 @@ async def test_a_renewal_extends_by_the_leases_recorded_ttl_and_answers_it(
     renewed = await store.renew(tag, held, held.server_ms, 60_000, 60_000)  # a longer node's
     assert renewed.ttl_ms == TTL
     assert renewed.expires_ms == renewed.server_ms + TTL
+
+
+async def test_a_renewal_never_moves_a_leases_expiry_earlier(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    # Upgrade: a field written before TTLs were recorded ("gen expires last holder
+    # hash"), granted for 3 s by an older node, renewed through a node of 0.4 s.
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    key = Keys(settings.redis_prefix).workers(tag)
+    r = redis.Redis.from_url(settings.redis_url)
+    gen, _, last, holder, hashed, _ttl = r.hget(key, "w:0").decode().split(" ")  # type: ignore[union-attr]
+    long_expiry = held.server_ms + 3000
+    r.hset(key, "w:0", f"{gen} {long_expiry} {last} {holder} {hashed}")
+    renewed = await store.renew(tag, held, held.server_ms, TTL, TTL)
+    assert renewed.ttl_ms == TTL and renewed.expires_ms == long_expiry
+    with pytest.raises(WorkerRefused) as e:
+        await grant(store, tag, 2, workers=1)
+    assert e.value.why == "full"
