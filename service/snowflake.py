@@ -335,7 +335,8 @@ class SnowflakeKind:
                 continue
             gen.lost = "the node is shutting down"
             with contextlib.suppress(StoreUnavailable, WorkerRefused, LastTooLate):
-                await store.release(tag, held.grant, gen.last_ms, int(self.ttl * 1000))
+                quarantine_ms = max(int(self.ttl * 1000), held.grant.ttl_ms)
+                await store.release(tag, held.grant, gen.last_ms, quarantine_ms)
                 logger.info("event=worker_released tag=%s worker=%d", tag, gen.worker)
         self.generators.clear()
 
