@@ -101,7 +101,13 @@ tick's work, never an ID):
     ``w:{n}`` = ``"generation expires_ms last_ms holder hash"`` per worker ID (hash:
     SHA-256 of the lease's secret; see worker_store.py).
     Written and read only by the worker script (grant, renew, release), on
-    nodes; ``idpool tag list`` reads how many are held.
+    nodes; ``idpool tag list`` reads how many are held. Each ``w:{n}`` of a held
+    lease ends with its TTL in ms (renewals extend by it, whoever sends them).
+
+``idpool:{orders}:worker_lease``  STRING, the largest worker-lease TTL (ms) ever
+    granted for the tag on this Redis; only raised, by the grant script, and read
+    by it to size a quarantine (a hash deleted alone still knows how long its
+    leases ran). A Redis that lost it is covered by the tag's lease in the ledger.
 
 ``idpool:nodes``  ZSET of node ids scored by the unix time of their last
     heartbeat (ZADD by each node every ``IDPOOL_REPORT_SECONDS``; entries older
@@ -178,6 +184,9 @@ class Keys:
 
     def workers(self, tag: str) -> str:
         return self._of(tag, "workers")
+
+    def worker_lease(self, tag: str) -> str:
+        return self._of(tag, "worker_lease")
 
     @property
     def nodes(self) -> str:

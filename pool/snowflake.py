@@ -160,6 +160,18 @@ class Layout:
         }
 
 
+def lease_ms_of(text: str) -> int:
+    """The tag's worker-lease TTL in ms, recorded in its ``layout`` column at
+    creation (``.l10000``), or 0 for a tag made before it was recorded. One
+    value per tag, read by every node: grants use it, whatever the node's
+    ``IDPOOL_WORKER_LEASE_SECONDS``, so a quarantine of that length (or more)
+    outlasts every lease of the tag, even after Redis lost all it knew."""
+    for part in text.split("."):
+        if part[:1] == "l" and part[1:].isdigit():
+            return int(part[1:])
+    return 0
+
+
 LAYOUTS = {
     "default": Layout(41, 10, 12, 1),
     "js53": Layout(37, 8, 8, 10),  # every ID below 2^53: exact in JavaScript
@@ -284,11 +296,15 @@ class Generator:
         # but the two clocks.
         if self.lost is not None:
             raise WorkerLeaseLost(self.tag, self.lost)
+        # The wall clock first, then the deadline: the ID's time is read before the
+        # check that the lease still held, so a pause between the two (SIGSTOP, a
+        # thread holding the GIL) can only make the check stricter. The other way
+        # round, a pause after the check made an ID whose time was past the lease.
+        now = (self._clock_ns() - self._epoch_ns) // self._unit_ns
         if self._monotonic() >= self.stop_at:
             raise WorkerLeaseLost(
                 self.tag, "the worker ID's lease was not renewed in time (is Redis reachable?)"
             )
-        now = (self._clock_ns() - self._epoch_ns) // self._unit_ns
         last = self.last
         if now > last:
             if now >> self.layout.time_bits:

@@ -4,8 +4,9 @@ One hash per tag (``idpool:{tag}:workers``, in the tag's slot; see ``keys.py``) 
 every change, so grant, renew and release are atomic on the server and timed by
 its clock (``TIME``). A grant carries a *generation* claimed from the ledger
 first (the tag's ``max_id``, fenced by the high-water mark like any claim): it
-names the lease (a renewal must show it) and it tells a tag's first grant ever,
-which needs no quarantine. The argument (why no worker ID has two holders, even
+names the lease (a renewal must show it). Only ``init``, run when the tag is
+made (before any generation is claimed), makes the hash without a quarantine; a
+grant that finds none always waits one. The argument (why no worker ID has two holders, even
 across a Redis that restarts empty or fails over) is in docs/design.md,
 "Snowflake tags".
 
@@ -15,10 +16,15 @@ Fields of the hash:
 * ``q``: server unix ms before which nothing is granted (the quarantine after a
   new incarnation was first seen); ``f``: the time floor of a worker ID with no
   field of its own (set with ``q``).
-* ``w:{n}``: ``"gen expires_ms last_ms holder hash"`` for worker ID n: the lease's
-  generation (0: free), when it expires unless renewed, the last time it may
-  have used (renewals raise it; a new grant starts above it), who holds it, and
-  the SHA-256 of the lease's *secret* (none once free).
+* ``w:{n}``: ``"gen expires_ms last_ms holder hash ttl_ms"`` for worker ID n: the
+  lease's generation (0: free), when it expires unless renewed, the last time it
+  may have used (renewals raise it; a new grant starts above it), who holds it,
+  the SHA-256 of the lease's *secret* (none once free), and the lease's TTL:
+  every renewal, through whichever node, extends by it (never by the caller's).
+
+``idpool:{tag}:worker_lease`` keeps the largest TTL ever granted for the tag; a
+quarantine lasts at least that, and at least the caller's ``quarantine_ms`` (the
+tag's lease from the ledger row, which survives a Redis that lost both keys).
 
 The secret is made here at each grant (``new_secret``, as a client lease's in
 ``lease_store.py``) and given only to the holder (the grant's answer); Redis keeps
@@ -31,17 +37,19 @@ The script checks the secret before it changes anything.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import StoreUnavailable
 from .keys import Keys
 from .lease_store import hash_secret, new_secret
 
-# KEYS[1] = workers hash. ARGV[1] = op (init, grant, renew, release), ARGV[2] = lease
-# TTL ms, ARGV[3] = quarantine ms, ARGV[4] = generation; grant: ARGV[5] = worker
-# IDs, ARGV[6] = holder, ARGV[7] = '1' for the tag's first generation ever, ARGV[8] =
-# the secret's hash; renew, release: ARGV[5] = worker ID, ARGV[6] = last unix ms used,
-# ARGV[7] = the hash of the secret shown.
+# KEYS[1] = workers hash, KEYS[2] = the tag's lease key (largest TTL ever granted).
+# ARGV[1] = op (init, grant, renew, release), ARGV[2] = lease TTL ms (a grant's; a
+# renewal extends by the TTL recorded in the field, whatever the caller's), ARGV[3] =
+# quarantine ms (at least the longest lease any node may grant for the tag), ARGV[4] =
+# generation; grant: ARGV[5] = worker IDs, ARGV[6] = holder, ARGV[7] = unused (was the
+# "first generation" flag), ARGV[8] = the secret's hash; renew, release: ARGV[5] =
+# worker ID, ARGV[6] = last unix ms used, ARGV[7] = the hash of the secret shown.
 _WORKERS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -62,19 +70,24 @@ if seen ~= inc then
       redis.call('HSET', KEYS[1], fields[i], '0 0 ' .. floor .. ' -')
     end
   end
-  -- Only a tag just made (init) or its very first grant, on a hash that never
-  -- existed, may skip it: no generation was claimed before, so no holder exists.
-  local first = ARGV[1] == 'init' or (ARGV[1] == 'grant' and ARGV[7] == '1')
-  if not (seen == false and #fields == 0 and first) then
-    local q = now + tonumber(ARGV[3])
+  -- Only init (the tag just made, before any generation was claimed: no holder
+  -- can exist) may make a missing hash without a quarantine. A grant that finds
+  -- no hash always waits: whether a grant ran before is not in Redis (the hash
+  -- was lost), and a generation's value says nothing of the order grants ran in.
+  if not (seen == false and #fields == 0 and ARGV[1] == 'init') then
+    -- As long as the longest lease any node may have granted: the caller's (the
+    -- tag's lease, from the ledger row, or its own setting) or the largest this
+    -- Redis saw granted (a hash deleted alone keeps KEYS[2]).
+    local longest = math.max(tonumber(ARGV[3]), tonumber(redis.call('GET', KEYS[2]) or '0'))
+    local q = now + longest
     local f = math.max(q, tonumber(redis.call('HGET', KEYS[1], 'f') or '0'))
     redis.call('HSET', KEYS[1], 'q', q, 'f', f)
   end
   redis.call('HSET', KEYS[1], 'inc', inc)
 end
 if ARGV[1] == 'init' then return {'ok'} end
-local ttl = tonumber(ARGV[2])
 if ARGV[1] == 'grant' then
+  local ttl = tonumber(ARGV[2])
   local q = tonumber(redis.call('HGET', KEYS[1], 'q') or '0')
   if now < q then return {'quarantine', tostring(q), tostring(now)} end
   local base = tonumber(redis.call('HGET', KEYS[1], 'f') or '0')
@@ -92,9 +105,13 @@ if ARGV[1] == 'grant' then
       if exp <= now and last < now then floor = math.max(exp, last, base) end
     end
     if floor then
-      local v2 = ARGV[4] .. ' ' .. (now + ttl) .. ' ' .. floor .. ' ' .. ARGV[6] .. ' ' .. ARGV[8]
+      -- The TTL is the lease's own (the field's last word): every renewal, through
+      -- any node, extends by it; and the tag's largest, which a later quarantine covers.
+      local v2 = ARGV[4] .. ' ' .. (now + ttl) .. ' ' .. floor .. ' ' .. ARGV[6] .. ' ' ..
+        ARGV[8] .. ' ' .. ttl
       redis.call('HSET', KEYS[1], 'w:' .. w, v2)
-      return {'ok', tostring(w), tostring(floor), tostring(now), tostring(now + ttl)}
+      if ttl > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], ttl) end
+      return {'ok', tostring(w), tostring(floor), tostring(now), tostring(now + ttl), tostring(ttl)}
     end
   end
   return {'full', tostring(now)}
@@ -102,7 +119,12 @@ end
 local key = 'w:' .. ARGV[5]
 local v = redis.call('HGET', KEYS[1], key)
 if not v then return {'lost', 'no lease of this worker ID in this Redis'} end
-local gen, exp, last, holder, hash = string.match(v, '^(%d+) (%d+) (%d+) (%S+) ?(%x*)$')
+local gen, exp, last, holder, hash, lttl =
+  string.match(v, '^(%d+) (%d+) (%d+) (%S+) ?(%x*) ?(%d*)$')
+if gen == '0' and exp ~= '0' then
+  return {'released', 'the lease was released (by its holder, with its secret): the worker ID ' ..
+    'is free; ask for a new one'}
+end
 if gen ~= ARGV[4] then
   return {'lost', 'the lease is gone (a new Redis incarnation, or expired and granted again)'}
 end
@@ -121,18 +143,30 @@ local function same(a, b)  -- constant time: how long it takes says nothing of w
   return diff == 0
 end
 if not same(hash, ARGV[7]) then return {'wrong_secret', 'not the secret of this lease'} end
+-- A lease written before TTLs were recorded renews by the caller's TTL (as before).
+local ttl = tonumber(lttl ~= '' and lttl or ARGV[2])
+-- A last time far past this server's clock would keep the worker ID from everyone
+-- until then (10^14 ms: the year 5138). No holder reaches it: its clock is less than
+-- the margin ahead of this one, its last unit ends at most a unit (1 s) on.
+local bound = now + ttl + 1000
+if tonumber(ARGV[6]) > bound then
+  return {'bad_last', tostring(bound)}
+end
 last = math.max(tonumber(last), tonumber(ARGV[6]))
+local tail = ' ' .. last .. ' ' .. holder .. ' ' .. hash .. (lttl ~= '' and (' ' .. lttl) or '')
 if tonumber(exp) <= now then
-  redis.call('HSET', KEYS[1], key, gen .. ' ' .. exp .. ' ' .. last .. ' ' .. holder .. ' ' .. hash)
+  redis.call('HSET', KEYS[1], key, gen .. ' ' .. exp .. tail)
   return {'lost', 'the lease expired before this renewal'}
 end
 if ARGV[1] == 'renew' then
-  redis.call('HSET', KEYS[1], key,
-    gen .. ' ' .. (now + ttl) .. ' ' .. last .. ' ' .. holder .. ' ' .. hash)
-  return {'ok', tostring(now + ttl), tostring(now)}
+  -- Never earlier than it was (a lease written before TTLs were recorded, renewed
+  -- through a node with a shorter one); the holder's next deadline counts from ttl.
+  local expires = math.max(tonumber(exp), now + ttl)
+  redis.call('HSET', KEYS[1], key, gen .. ' ' .. expires .. tail)
+  return {'ok', tostring(expires), tostring(now), tostring(ttl)}
 end
 redis.call('HSET', KEYS[1], key, '0 ' .. now .. ' ' .. last .. ' -')
-return {'ok', tostring(now), tostring(now)}
+return {'ok', tostring(now), tostring(now), tostring(ttl)}
 """
 
 
@@ -152,17 +186,41 @@ class Grant:
     # shown by the holder to renew or release; only its hash is in Redis. Never in
     # a repr, a log (which name it by ``fingerprint``), /status or the metrics.
     secret: str = field(default="", repr=False)
+    ttl_ms: int = 0  # the lease's TTL as Redis recorded it: every renewal extends by it
+
+
+class Renewed(NamedTuple):
+    """A renewal's (or release's) answer, in the Redis server's ms."""
+
+    expires_ms: int
+    server_ms: int
+    ttl_ms: int  # the lease's recorded TTL: the holder's deadline counts from it
 
 
 class WorkerRefused(Exception):
     """No worker ID now: ``why`` is ``quarantine``, ``full`` or ``lost``; or, for a
-    renewal or release, ``wrong_secret`` (nothing changed: the caller is not the
-    holder)."""
+    renewal or release, ``released`` (the lease was given back already) or
+    ``wrong_secret`` (nothing changed: the caller is not the holder)."""
 
     def __init__(self, why: str, message: str, retry_ms: int = 0) -> None:
         super().__init__(message)
         self.why = why
         self.retry_ms = retry_ms
+
+
+class LastTooLate(ValueError):
+    """A renewal or release whose ``last_ms`` is past the Redis server's clock by
+    more than the lease's TTL and a unit (``bound_ms``): refused, nothing changed.
+    No holder within the clock assumptions reaches it; taken, it would keep the
+    worker ID from everyone until then."""
+
+    def __init__(self, last_ms: int, bound_ms: int) -> None:
+        super().__init__(
+            f"last_ms {last_ms} is past the Redis server's clock plus the lease's TTL and a "
+            f"unit: at most {bound_ms} now (is this machine's clock far ahead?)"
+        )
+        self.last_ms = last_ms
+        self.bound_ms = bound_ms
 
 
 class WorkerStore:
@@ -177,33 +235,41 @@ class WorkerStore:
         self._send = send
 
     async def _run(self, tag: str, args: list[str]) -> list[str]:
-        reply = await self._send(self._script(keys=[self._keys.workers(tag)], args=args))
+        keys = [self._keys.workers(tag), self._keys.worker_lease(tag)]
+        reply = await self._send(self._script(keys=keys, args=args))
         return [str(x) for x in reply]
 
-    async def init(self, tag: str) -> None:
+    async def init(self, tag: str, quarantine_ms: int = 0) -> None:
         """Make the hash of a tag just created (no generation claimed yet), so its
-        first grants need no quarantine even when several nodes race for them."""
-        await self._run(tag, ["init", "0", "0", "0"])
+        first grants need no quarantine even when several nodes race for them.
+        On a hash of another incarnation (a row deleted by hand and added again)
+        it sets the quarantine like any other call: ``quarantine_ms`` at least."""
+        await self._run(tag, ["init", "0", str(quarantine_ms), "0"])
 
     async def grant(
         self,
         tag: str,
         *,
         generation: int,
-        first: bool,
+        first: bool = False,
         workers: int,
         holder: str,
         ttl_ms: int,
         quarantine_ms: int,
     ) -> Grant:
+        """A worker ID for ``ttl_ms``. ``quarantine_ms`` is how long to wait when the
+        hash is missing or of another incarnation: at least the longest lease any
+        node may have granted for the tag. ``first`` is ignored: a grant that finds
+        no hash always waits (only ``init``, at tag creation, skips it)."""
+        del first  # kept for callers; the generation's value proves nothing (issue 25)
         secret = new_secret()
         args = ["grant", str(ttl_ms), str(quarantine_ms), str(generation), str(workers)]
         holder = "".join("_" if c.isspace() else c for c in holder) or "-"  # one field
-        args += [holder, "1" if first else "0", hash_secret(secret)]
+        args += [holder, "0", hash_secret(secret)]
         reply = await self._run(tag, args)
         if reply[0] == "ok":
-            w, floor, now, expires = (int(x) for x in reply[1:5])
-            return Grant(w, generation, floor, now, expires, secret)
+            w, floor, now, expires, ttl = (int(x) for x in reply[1:6])
+            return Grant(w, generation, floor, now, expires, secret, ttl)
         if reply[0] == "quarantine":
             left = int(reply[1]) - int(reply[2])
             raise WorkerRefused(
@@ -216,22 +282,36 @@ class WorkerStore:
 
     async def renew(
         self, tag: str, grant: Grant, last_ms: int, ttl_ms: int, quarantine_ms: int
-    ) -> int:
-        """Extend the lease (server expiry returned); raises WorkerRefused('lost')."""
+    ) -> Renewed:
+        """Extend the lease by the TTL recorded at its grant (``ttl_ms`` only for a
+        lease granted before TTLs were recorded); raises WorkerRefused ('lost',
+        'released', 'wrong_secret') or LastTooLate."""
         return await self._change("renew", tag, grant, last_ms, ttl_ms, quarantine_ms)
 
     async def release(self, tag: str, grant: Grant, last_ms: int, quarantine_ms: int) -> None:
         """Give the worker ID back, with the last time used (a graceful stop)."""
-        await self._change("release", tag, grant, last_ms, 0, quarantine_ms)
+        # the quarantine as TTL: only a lease written before TTLs were recorded uses
+        # it, to bound last_ms (at least its TTL, so never a bound below the renewals')
+        await self._change("release", tag, grant, last_ms, quarantine_ms, quarantine_ms)
 
     async def _change(
         self, op: str, tag: str, grant: Grant, last_ms: int, ttl_ms: int, quarantine_ms: int
-    ) -> int:
+    ) -> Renewed:
         args = [op, str(ttl_ms), str(quarantine_ms), str(grant.generation), str(grant.worker)]
         reply = await self._run(tag, [*args, str(last_ms), hash_secret(grant.secret)])
+        if reply[0] == "bad_last":
+            raise LastTooLate(last_ms, int(reply[1]))
         if reply[0] != "ok":
             raise WorkerRefused(reply[0], reply[1])
-        return int(reply[1])
+        return Renewed(int(reply[1]), int(reply[2]), int(reply[3]))
 
 
-__all__ = ["MAX_LAST_MS", "Grant", "StoreUnavailable", "WorkerRefused", "WorkerStore"]
+__all__ = [
+    "MAX_LAST_MS",
+    "Grant",
+    "LastTooLate",
+    "Renewed",
+    "StoreUnavailable",
+    "WorkerRefused",
+    "WorkerStore",
+]

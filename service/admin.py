@@ -29,7 +29,7 @@ from .decode import decode_issued, snowflake_fields
 from .errors import HttpRefusal, error, json_response
 from .formats import describe, split_periods
 from .runtime import Runtime
-from .snowflake import check_removable
+from .snowflake import check_range_change, check_removable
 from .tag_fields import check_int, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
@@ -103,7 +103,8 @@ async def list_tags(request: Request) -> Response:
 
 async def add_tag(request: Request) -> Response:
     run = _admitted(request)
-    spec = new_tag(await _body(request), run.settings.default_step)
+    lease_ms = int(run.settings.worker_lease_seconds * 1000)  # a snowflake tag's, for good
+    spec = new_tag(await _body(request), run.settings.default_step, lease_ms=lease_ms)
     row = await spec.create(run.ledger, run.pool)
     return json_response(tag_fields(row), 201)
 
@@ -124,6 +125,8 @@ async def change_tag(request: Request) -> Response:
     step = check_int("step", body["step"], MAX_STEP) if "step" in body else None
     start = check_int("start", body["start"], MAX_ID) if "start" in body else None
     row = await run.ledger.get_tag(tag)
+    if start is not None or step is not None:
+        check_range_change(row, "start" if start is not None else "step")
     if start is not None:
         row = await move_start(run.ledger, run.pool, tag, start)
     if step is not None:

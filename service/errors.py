@@ -58,7 +58,12 @@ class ErrorRow:
 
 ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("bad_tag", 400, "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -"),
-    ErrorRow("bad_count", 400, "count missing, repeated, not an integer, or out of range"),
+    ErrorRow(
+        "bad_count",
+        400,
+        "count missing, repeated, not an integer, or out of range (a snowflake tag: at most "
+        "what one worker ID makes in 500 ms)",
+    ),
     ErrorRow("bad_body", 400, "the body is not a JSON object, or names a field it does not take"),
     ErrorRow("bad_step", 400, "step is not an integer in range"),
     ErrorRow("bad_start", 400, "start is not an integer in range"),

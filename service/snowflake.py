@@ -2,9 +2,10 @@
 in memory (``pool/snowflake.py``), no store call per ID.
 
 The first request for a snowflake tag claims a generation from the ledger and
-asks Redis for a worker ID (``pool/worker_store.py``); a background task renews
-the lease every quarter of ``IDPOOL_WORKER_LEASE_SECONDS``, carrying the last
-time used. The generator stops by itself ``IDPOOL_WORKER_MARGIN_SECONDS``
+asks Redis for a worker ID (``pool/worker_store.py``) for the tag's lease TTL
+(recorded in its row when it was added; ``IDPOOL_WORKER_LEASE_SECONDS`` for a
+tag made before); a background task renews the lease every quarter of it,
+carrying the last time used. The generator stops by itself ``IDPOOL_WORKER_MARGIN_SECONDS``
 before the lease could expire, by this process's monotonic clock, from the
 moment the last successful renewal was *sent*; a lost lease stops it at once.
 Either way requests get 503 naming the cause, and the task asks for a new
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,17 +39,26 @@ from idpool.pool.snowflake import (
     Layout,
     WorkerLeaseLost,
     lease_clock,
+    lease_ms_of,
     wall_ms,
 )
 from idpool.pool.values import TagRow
-from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
+from idpool.pool.worker_store import Grant, LastTooLate, WorkerRefused, WorkerStore
 
 if TYPE_CHECKING:
     from .node import Node
 
 SNOWFLAKE = "snowflake"
+# A batch (/ids) answers no ID made more than this before it is answered, so a
+# batch keeps time order at the scale of a second with IDs other nodes hand out.
+BATCH_MS = 500
 RETRY_SECONDS = 0.5  # after a failed grant, requests fail at once for this long
 logger = logging.getLogger("idpool.snowflake")
+
+
+def batch_limit(layout: Layout) -> int:
+    """The most IDs one worker ID makes in BATCH_MS (at least one unit's sequence)."""
+    return (layout.max_sequence + 1) * max(1, BATCH_MS // layout.unit_ms)
 
 
 @dataclass
@@ -88,6 +98,20 @@ class SnowflakeKind:
         self.ttl = node.worker_lease_seconds
         self.margin = node.worker_margin_seconds
 
+    def lease_ms(self, row: TagRow) -> tuple[int, int]:
+        """The TTL of a grant for the tag, and the quarantine any grant or renewal
+        sets on a hash it finds missing or of another incarnation.
+
+        The TTL is the tag's own, recorded in its ledger row at creation, whatever
+        this node's IDPOOL_WORKER_LEASE_SECONDS (this node's for a tag made before
+        it was recorded). The quarantine is the largest of that and this node's
+        setting (the script adds the largest TTL its Redis saw granted): it must
+        outlast every lease any node may have granted, even after Redis lost all
+        it knew; with the tag's TTL the same on every node, it does."""
+        own = int(self.ttl * 1000)
+        recorded = lease_ms_of(row.layout)
+        return (recorded or own), max(recorded, own)
+
     def store(self) -> WorkerStore:
         if self._store is None:
             pool = self.node.source.pool
@@ -109,15 +133,36 @@ class SnowflakeKind:
             await asyncio.sleep(gen.wait_seconds())  # the next time unit
 
     async def next_ids(self, tag: str, count: int) -> list[int]:
-        found: list[int] = []
+        """``count`` IDs, none made more than BATCH_MS before the answer.
+
+        A batch longer than the layout makes in BATCH_MS (one worker ID) is
+        refused up front (400 ``bad_count``, naming this tag's maximum): collected
+        over seconds, its first IDs would be older than IDs other nodes handed out
+        before it was answered (time order at a second). IDs that still grew
+        stale while the batch waited (other requests sharing the sequence) are
+        dropped, never served, and made again."""
+        gen = await self.generator(tag)
+        limit = batch_limit(gen.layout)
+        if count > limit:
+            raise InvalidInput(
+                "bad_count",
+                f"count {count} is more than tag {tag!r} makes in {BATCH_MS} ms per worker ID "
+                f"({gen.layout.max_sequence + 1} per {gen.layout.unit_ms} ms unit): at most "
+                f"{limit} per batch here, or IDs would be answered older than ones handed out "
+                "meanwhile",
+            )
+        found: deque[tuple[float, int]] = deque()  # (monotonic time made, ID)
         while len(found) < count:
             gen = await self.generator(tag)
             value = self._take(gen)
             if value is None:
                 await asyncio.sleep(gen.wait_seconds())
-            else:
-                found.append(value)
-        return found
+                continue
+            made = self._monotonic()
+            found.append((made, value))
+            while made - found[0][0] > BATCH_MS / 1000:
+                found.popleft()  # too old to answer: skipped, never served
+        return [value for _, value in found]
 
     def _take(self, gen: Generator) -> int | None:
         try:
@@ -158,6 +203,14 @@ class SnowflakeKind:
         if row.kind != SNOWFLAKE:
             raise InvalidInput("wrong_kind", f"tag {tag!r} is a {row.kind} tag, not snowflake")
         layout = Layout.from_text(row.layout)
+        ttl_ms, quarantine_ms = self.lease_ms(row)
+        if ttl_ms <= 2 * self.margin * 1000:
+            # The holder would stop at once (its deadline is the lease less the margin).
+            raise WorkerLeaseLost(
+                tag,
+                f"the tag's worker lease ({ttl_ms} ms, fixed when it was added) is not more than "
+                f"twice this node's IDPOOL_WORKER_MARGIN_SECONDS ({self.margin} s): lower it",
+            )
         store = self.store()
         # After a refusal, ask again only once it may be answered otherwise: a
         # quarantine's end, or a moment after a store failed (no claim per request).
@@ -166,7 +219,7 @@ class SnowflakeKind:
             raise WorkerLeaseLost(tag, why)
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
-            # lease, and tells the tag's first grant ever (no holder can exist before it).
+            # lease, which a renewal or release must show.
             claim = await self.node.source.claims.claim(tag, 1)
         except (UnknownTag, TagDisabled):
             raise
@@ -175,14 +228,15 @@ class SnowflakeKind:
         generation = claim.range.start
         sent = self._monotonic()
         try:
+            # No "first grant" exception: a grant that finds no hash always waits a
+            # quarantine (only the tag's creation makes the hash without one).
             grant = await store.grant(
                 tag,
                 generation=generation,
-                first=generation == row.start_id,
                 workers=layout.workers,
                 holder=holder,
-                ttl_ms=int(self.ttl * 1000),
-                quarantine_ms=int(self.ttl * 1000),
+                ttl_ms=ttl_ms,
+                quarantine_ms=quarantine_ms,
             )
         except WorkerRefused as e:
             raise self._refuse(tag, str(e), max(RETRY_SECONDS, e.retry_ms / 1000)) from None
@@ -214,7 +268,7 @@ class SnowflakeKind:
             layout,
             grant.worker,
             grant.floor_ms,
-            sent + self.ttl - self.margin,
+            sent + grant.ttl_ms / 1000 - self.margin,
             clock_ms=self._clock_ms,
             monotonic=self._monotonic,
         )
@@ -229,13 +283,18 @@ class SnowflakeKind:
 
     async def _renew(self, tag: str, held: Held, store: WorkerStore) -> None:
         gen = held.generator
-        ttl_ms = int(self.ttl * 1000)
+        ttl = held.grant.ttl_ms / 1000  # the lease's own, as Redis recorded it
         while gen.lost is None:
-            await asyncio.sleep(self.ttl / 4)
+            await asyncio.sleep(ttl / 4)
             sent = self._monotonic()
+            row = self.node.tags.rows.get(tag)
+            _, quarantine_ms = self.lease_ms(row) if row else (0, int(self.ttl * 1000))
+            quarantine_ms = max(quarantine_ms, held.grant.ttl_ms)
             try:
-                await store.renew(tag, held.grant, gen.last_ms, ttl_ms, ttl_ms)
-            except WorkerRefused as e:
+                renewed = await store.renew(
+                    tag, held.grant, gen.last_ms, held.grant.ttl_ms, quarantine_ms
+                )
+            except (WorkerRefused, LastTooLate) as e:
                 gen.lost = f"the worker ID's lease was lost: {e}"
                 logger.error(
                     "event=worker_lease_lost tag=%s worker=%d detail=%r", tag, gen.worker, str(e)
@@ -252,7 +311,8 @@ class SnowflakeKind:
                     e.detail,
                 )
                 continue
-            gen.stop_at = max(gen.stop_at, sent + self.ttl - self.margin)
+            # The deadline counts from the TTL the renewal extended by (the lease's).
+            gen.stop_at = max(gen.stop_at, sent + renewed.ttl_ms / 1000 - self.margin)
         if self.generators.get(tag) is gen:
             del self.generators[tag]  # the next request asks for a new worker ID
 
@@ -274,8 +334,9 @@ class SnowflakeKind:
             if gen.lost is not None:
                 continue
             gen.lost = "the node is shutting down"
-            with contextlib.suppress(StoreUnavailable, WorkerRefused):
-                await store.release(tag, held.grant, gen.last_ms, int(self.ttl * 1000))
+            with contextlib.suppress(StoreUnavailable, WorkerRefused, LastTooLate):
+                quarantine_ms = max(int(self.ttl * 1000), held.grant.ttl_ms)
+                await store.release(tag, held.grant, gen.last_ms, quarantine_ms)
                 logger.info("event=worker_released tag=%s worker=%d", tag, gen.worker)
         self.generators.clear()
 
@@ -321,12 +382,29 @@ def check_removable(row: TagRow) -> None:
         )
 
 
+def check_range_change(row: TagRow, change: str) -> None:
+    """Refuse a new start or step on a snowflake tag (InvalidInput ``wrong_kind``).
+    Its ``max_id`` counts worker-ID grants, not IDs: a step means nothing there, and
+    a start moved up once let a grant pass as the tag's first and skip the
+    quarantine (issue 25's review: 3,674 duplicate IDs). A kind never changes, so
+    reading the row first is enough."""
+    if row.kind == SNOWFLAKE:
+        raise InvalidInput(
+            "wrong_kind",
+            f"tag {row.tag!r} is a snowflake tag: it has no {change} (its IDs come from the "
+            "clock, a worker ID and a sequence; its layout is fixed at creation)",
+        )
+
+
 async def prepare_tag(pool: object, row: TagRow) -> None:
     """Make the worker hash of a snowflake tag just created, so that its first
-    grants need no quarantine even when several nodes race for them. Only while
-    no generation was claimed (``max_id == start_id``); with Redis down the first
-    grant waits out one quarantine instead (safe, only slower)."""
+    grants need no quarantine even when several nodes race for them: the only
+    way a hash is made without one. Only while no generation was claimed
+    (``max_id == start_id``, read in the row just made); with Redis down the
+    first grant waits out one quarantine instead (safe, only slower: a tag
+    created while Redis was down waits one quarantine, once)."""
     if row.kind != SNOWFLAKE or row.max_id != row.start_id or not isinstance(pool, RedisPool):
         return
     with contextlib.suppress(StoreUnavailable):
-        await WorkerStore(pool.client, pool.keys, pool.send).init(row.tag)
+        store = WorkerStore(pool.client, pool.keys, pool.send)
+        await store.init(row.tag, lease_ms_of(row.layout))

@@ -92,8 +92,12 @@ class NewTag:
         return row
 
 
-def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_is) -> NewTag:
-    """A new tag from its fields (only ``tag`` is required); raises InvalidInput."""
+def new_tag(
+    fields: Mapping[str, object], default_step: int, name: Spell = _as_is, *, lease_ms: int = 0
+) -> NewTag:
+    """A new tag from its fields (only ``tag`` is required); raises InvalidInput.
+    ``lease_ms`` (IDPOOL_WORKER_LEASE_SECONDS of whoever adds it) becomes a
+    snowflake tag's worker-lease TTL, recorded in its row for every node."""
     unknown = sorted(set(fields) - NEW_TAG_FIELDS)
     if unknown:
         raise InvalidInput(
@@ -147,16 +151,17 @@ def new_tag(fields: Mapping[str, object], default_step: int, name: Spell = _as_i
     if kind != SNOWFLAKE:
         if given:
             raise InvalidInput("bad_layout", f"{name(given[0])} is for snowflake tags only")
-        return NewTag(
-            tag, step, start, end_id, description, kind, options=options, secret=secret
-        )
+        return NewTag(tag, step, start, end_id, description, kind, options=options, secret=secret)
     if "step" in fields or top is not None:
         raise InvalidInput(
             "bad_body", f"a snowflake tag takes no {name('step')} or {name('max')}: give a layout"
         )
     layout = check_layout({f: fields.get(f) for f in given}, wall_ms(), name)
-    # The ledger row counts worker-ID grants (max_id: one generation per grant).
-    return NewTag(tag, 1, start, MAX_ID, description, kind, layout.to_text())
+    # The row counts worker-ID grants (max_id: one generation per grant) and keeps the
+    # tag's worker-lease TTL beside its layout (``.l10000``, pool/snowflake.py
+    # lease_ms_of): one value every node grants with, so a quarantine outlasts them all.
+    text = layout.to_text() + (f".l{lease_ms}" if lease_ms > 0 else "")
+    return NewTag(tag, 1, start, MAX_ID, description, kind, text)
 
 
 def _spelled(message: str, name: Spell) -> str:

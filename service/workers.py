@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
 from idpool.pool.snowflake import WorkerLeaseLost
-from idpool.pool.worker_store import MAX_LAST_MS, Grant, WorkerRefused
+from idpool.pool.worker_store import MAX_LAST_MS, Grant, LastTooLate, WorkerRefused
 
 from . import auth
 from .errors import HttpRefusal, json_response
@@ -67,7 +67,9 @@ async def grant(request: Request) -> Response:
             "secret": given.secret,  # only here: renew and release must show it
             "floor_ms": given.floor_ms,
             "server_ms": given.server_ms,
-            "ttl_ms": int(kind.ttl * 1000),
+            # The lease's TTL as Redis recorded it (the tag's): the holder's deadline
+            # counts from it, and from each renewal's ttl_ms after.
+            "ttl_ms": given.ttl_ms,
             "margin_ms": int(kind.margin * 1000),
             "layout": layout.describe(),
         }
@@ -106,12 +108,17 @@ async def _change(request: Request, op: str) -> Response:
     held, last_ms = _fields(body, tag)
     kind = _kind(run)
     store = kind.store()
-    ttl_ms = int(kind.ttl * 1000)
+    # ttl_ms only renews a lease granted before TTLs were recorded in its field;
+    # any other renews by its own recorded TTL, whichever node this is.
+    ttl_ms, quarantine_ms = kind.lease_ms(await run.node.tags.lookup(tag))
     try:
         if op == "renew":
-            await store.renew(tag, held, last_ms, ttl_ms, ttl_ms)
+            renewed = await store.renew(tag, held, last_ms, ttl_ms, quarantine_ms)
+            ttl_ms = renewed.ttl_ms
         else:
-            await store.release(tag, held, last_ms, ttl_ms)
+            await store.release(tag, held, last_ms, quarantine_ms)
+    except LastTooLate as e:
+        raise InvalidInput("bad_body", f"nothing was changed: {e}") from None
     except WorkerRefused as e:
         if e.why == "wrong_secret":
             logger.warning(

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
-from idpool.pool.snowflake import Layout
+from idpool.pool.snowflake import Layout, lease_ms_of
+from idpool.pool.values import TagRow
 from ops.toolkit import env_with, free_port
 
 
@@ -365,3 +368,24 @@ def test_snowflake_tag_add_list_and_decode(settings: Settings, tag: str) -> None
     refused = idpool(settings, "tag", "remove", tag, "--yes")
     assert refused.returncode == 2 and "idpool tag disable" in refused.stderr
     assert tag in idpool(settings, "tag", "list").stdout
+
+
+def test_snowflake_tag_refuses_start_and_step_and_records_its_lease(
+    settings: Settings, tag: str
+) -> None:
+    added = idpool(settings, "tag", "add", tag, "--snowflake", IDPOOL_WORKER_LEASE_SECONDS="7")
+    assert added.returncode == 0, added.stderr
+    for args in (("start", tag, "1000000"), ("step", tag, "5")):
+        refused = idpool(settings, "tag", *args)
+        assert refused.returncode == 2 and "is a snowflake tag" in refused.stderr, refused.stderr
+
+    async def row() -> TagRow:
+        ledger = await Ledger.connect(settings)
+        try:
+            return await ledger.get_tag(tag)
+        finally:
+            await ledger.close()
+
+    made = asyncio.run(row())
+    assert (made.start_id, made.step, made.max_id) == (1, 1, 1)  # nothing moved
+    assert lease_ms_of(made.layout) == 7000  # the adder's IDPOOL_WORKER_LEASE_SECONDS

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from idpool_client.snowflake import Generator as ClientGenerator
 from idpool_client.snowflake import Layout as ClientLayout
-from idpool_client.snowflake import SnowflakeClient, SnowflakeStopped
+from idpool_client.snowflake import SnowflakeClient, SnowflakeStopped, lease_clock
 
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import ClockBehind, Generator, Layout
@@ -184,3 +184,32 @@ def test_a_client_paused_by_sigstop_hands_out_no_id_older_than_the_call() -> Non
     found = json.loads(out.strip().splitlines()[-1])
     assert found["count"] > 1000 and found["rising"]
     assert found["stale"] == 0, found  # every ID's unit still running when the call began
+
+
+def test_a_client_counts_its_deadline_from_the_ttl_each_renewal_answers() -> None:
+    epoch = int(time.time() * 1000) - 1000
+    with SnowflakeClient("http://127.0.0.1:1") as ids:
+        fake_node(ids, epoch)
+        granted = ids.transport._post
+
+        def post(kind: str, path: str, payload: object, what: str, tag: str) -> object:
+            if "/renew" in path:
+                return {"renewed": True, "ttl_ms": 200}  # shorter than the grant's
+            answer = granted(kind, path, payload, what, tag)
+            return {**answer, "ttl_ms": 400, "margin_ms": 100}
+
+        ids.transport._post = post  # type: ignore[method-assign,assignment]
+        ids.next_id("t")
+        time.sleep(0.3)  # renewals every quarter of the TTL
+        held = ids._held["t"]
+        assert held.ttl == 0.2
+        assert held.gen.stop_at - lease_clock() <= 0.2 - 0.1  # never the grant's 0.4 s
+
+
+def test_a_run_ends_at_the_lease_deadline_when_that_comes_before_its_unit_ends() -> None:
+    now = 1_764_000_000_000
+    layout = ClientLayout(41, 10, 12, 1000, now - 10_000)  # 1 s units: this one ends at now + 1 s
+    gen = ClientGenerator(layout, 0, 0, 100.2, clock_ms=lambda: now, monotonic=lambda: 100.0)
+    got = gen.take_unit()
+    assert got is not None
+    assert got[2] == (now + 200) * 1_000_000  # the deadline, 0.2 s on: not the unit's end

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.ledger import Ledger
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import check_layout, wall_ms
+from idpool.service.snowflake import prepare_tag
 from ops.toolkit import NodeProcess, RedisServer, env_with
 
 pytestmark = pytest.mark.slow
@@ -29,11 +31,18 @@ LEASE_SECONDS = 3.0
 
 
 def add_snowflake(settings: Settings, tag: str) -> None:
+    """As ``idpool tag add --snowflake`` (the row, then the worker hash, so the first
+    grants need no quarantine), with the epoch a minute back and no lease recorded
+    in the row: the nodes grant with their own IDPOOL_WORKER_LEASE_SECONDS."""
+
     async def go() -> None:
         ledger = await Ledger.connect(settings)
         layout = check_layout({}, wall_ms() - 60_000).to_text()
-        await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
+        row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
         await ledger.close()
+        pool = RedisPool.from_settings(settings)
+        await prepare_tag(pool, row)
+        await pool.close()
 
     asyncio.run(go())
 

@@ -322,3 +322,47 @@ def test_the_embedded_mode_makes_snowflake_tags_but_says_they_need_redis(
         answer = c.get(f"/id/{tag}")
         assert answer.status_code == 503 and answer.json()["error"] == "worker_unavailable"
         assert "need Redis" in answer.json()["message"]
+
+
+def test_start_and_step_are_refused_on_a_snowflake_tag(node: TestClient, tag: str) -> None:
+    add(node, tag)
+    for change in ({"start": 10**6}, {"step": 5}):
+        answer = node.patch(f"/admin/tags/{tag}", json=change, headers=AUTH)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"] == "wrong_kind" and "snowflake" in answer.json()["message"]
+    row = [t for t in node.get("/admin/tags", headers=AUTH).json()["tags"] if t["tag"] == tag][0]
+    assert row["start_id"] == 1 and row["step"] == 1  # nothing changed
+
+
+def test_a_tags_lease_is_fixed_at_creation_and_used_by_every_node(
+    settings: Settings, tag: str
+) -> None:
+    long_ms = 20_000
+    adder = settings.with_changes(admin_token=TOKEN, worker_lease_seconds=long_ms / 1000)
+    with TestClient(create_app(adder)) as a:
+        add(a, tag)
+    short = settings.with_changes(worker_lease_seconds=4.0, worker_margin_seconds=1.0)
+    with TestClient(create_app(short)) as b:
+        got = b.post(f"/worker/{tag}?holder=c").json()
+        assert got["ttl_ms"] == long_ms  # the tag's, not this node's 4 s
+        body = {k: got[k] for k in ("worker", "generation", "secret")}
+        renewed = b.post(f"/worker/{tag}/renew", json={**body, "last_ms": got["server_ms"]})
+        assert renewed.status_code == 200 and renewed.json()["ttl_ms"] == long_ms
+        key = Keys(settings.redis_prefix).workers(tag)
+        field = redis.Redis.from_url(settings.redis_url).hget(key, f"w:{got['worker']}")
+        assert field is not None and field.decode().endswith(f" {long_ms}")
+        released = b.post(f"/worker/{tag}/release", json={**body, "last_ms": got["server_ms"]})
+        assert released.status_code == 200
+        again = b.post(f"/worker/{tag}/renew", json={**body, "last_ms": got["server_ms"]})
+        assert again.status_code == 409 and "released" in again.json()["message"]
+
+
+def test_a_batch_longer_than_the_layout_makes_in_half_a_second_is_refused(
+    node: TestClient, tag: str
+) -> None:
+    add(node, tag, sequence_bits=2, unit_ms=100)  # 4 IDs per 100 ms: 20 in 500 ms
+    refused = node.get(f"/ids/{tag}?count=21")
+    assert refused.status_code == 400 and refused.json()["error"] == "bad_count"
+    assert "at most 20" in refused.json()["message"]
+    ids = node.get(f"/ids/{tag}?count=20").json()["ids"]
+    assert ids == sorted(set(ids)) and ((ids[-1] >> 12) - (ids[0] >> 12)) * 100 <= 600

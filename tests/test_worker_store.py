@@ -14,7 +14,7 @@ import redis
 from idpool.pool.keys import Keys
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from idpool.pool.worker_store import Grant, WorkerRefused, WorkerStore
+from idpool.pool.worker_store import Grant, LastTooLate, WorkerRefused, WorkerStore
 from ops.toolkit import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -28,10 +28,13 @@ def store_of(pool: RedisPool) -> WorkerStore:
 async def grant(
     store: WorkerStore, tag: str, gen: int, *, first: bool = False, workers: int = 4
 ) -> Grant:
+    """``first``: the tag was just made (``init``, as ``idpool tag add`` runs it):
+    the only way a grant needs no quarantine on a hash that did not exist."""
+    if first:
+        await store.init(tag)  # a no-op on a hash of this incarnation
     return await store.grant(
         tag,
         generation=gen,
-        first=first,
         workers=workers,
         holder=f"h{gen}",
         ttl_ms=TTL,
@@ -105,7 +108,7 @@ async def test_a_lease_written_before_secrets_is_never_renewed_and_waits_out_its
     held = await grant(store, tag, 1, first=True, workers=1)
     key = Keys(settings.redis_prefix).workers(tag)
     r = redis.Redis.from_url(settings.redis_url)
-    gen, expires, last, holder, _ = r.hget(key, "w:0").decode().split(" ")  # type: ignore[union-attr]
+    gen, expires, last, holder, *_ = r.hget(key, "w:0").decode().split(" ")  # type: ignore[union-attr]
     r.hset(key, "w:0", f"{gen} {expires} {last} {holder}")
     for secret in (held.secret, ""):
         with pytest.raises(WorkerRefused) as e:
@@ -131,7 +134,8 @@ async def test_a_released_worker_id_is_granted_again_above_its_last_time(
     again = await grant(store, tag, 2, workers=1)
     assert again.worker == 0 and again.floor_ms >= ahead
     # a worker ID whose last time is still ahead of the server's clock is not reused
-    await store.release(tag, again, int(time.time() * 1000) + 60_000, TTL)
+    # (ahead by less than the lease's TTL and a unit: further is refused, LastTooLate)
+    await store.release(tag, again, int(time.time() * 1000) + 900, TTL)
     with pytest.raises(WorkerRefused):
         await grant(store, tag, 3, workers=1)
 
@@ -174,14 +178,14 @@ async def test_a_snapshot_older_than_the_holders_renewals_floors_at_the_quaranti
     after = await grant(store, tag, 2, workers=1)
     # the holder stopped before its renewed expiry: the new one starts above it
     # (above the quarantine's end), not above the snapshot's older floor
-    assert after.floor_ms >= renewed
+    assert after.floor_ms >= renewed.expires_ms
 
 
-async def test_an_empty_redis_quarantines_every_tag_but_a_first_grant(
+async def test_an_empty_redis_quarantines_every_tag_but_one_just_made(
     redis_pool: RedisPool, tag: str, settings: Settings
 ) -> None:
     store = store_of(redis_pool)
-    fresh = await grant(store, tag, 1, first=True)  # a tag's first grant ever: no wait
+    fresh = await grant(store, tag, 1, first=True)  # a tag just made (init): no wait
     assert fresh.worker == 0
     redis.Redis.from_url(settings.redis_url).delete(Keys(settings.redis_prefix).workers(tag))
     # Redis lost the hash; the ledger's generation says grants happened before
@@ -226,5 +230,77 @@ async def test_a_tag_just_made_needs_no_quarantine_whichever_grant_comes_first(
     store = store_of(redis_pool)
     await store.init(tag)  # idpool tag add: no generation claimed yet
     second = await grant(store, tag, 2)  # generation 2's script ran before generation 1's
-    first = await grant(store, tag, 1, first=True)
+    first = await grant(store, tag, 1)
     assert {second.worker, first.worker} == {0, 1}
+
+
+async def test_a_grant_that_finds_no_hash_waits_a_quarantine_whatever_its_generation(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    # No init: the tag was made while Redis was down, or Redis lost the hash. The
+    # generation's value (even the row's start_id) cannot tell whether a grant ran.
+    with pytest.raises(WorkerRefused) as q:
+        await store.grant(
+            tag, generation=1, first=True, workers=1, holder="h", ttl_ms=TTL, quarantine_ms=TTL
+        )
+    assert q.value.why == "quarantine"
+
+
+async def test_renewing_a_released_lease_says_it_was_released(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    await store.release(tag, held, held.server_ms, TTL)
+    with pytest.raises(WorkerRefused) as e:
+        await store.renew(tag, held, held.server_ms, TTL, TTL)
+    assert e.value.why == "released"
+    assert "released" in str(e.value)
+
+
+async def test_a_last_time_far_past_the_servers_clock_is_refused_and_changes_nothing(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    with pytest.raises(LastTooLate) as e:
+        await store.renew(tag, held, 10**14 - 1, TTL, TTL)
+    assert held.server_ms < e.value.bound_ms <= held.server_ms + TTL + 1000 + 1000
+    with pytest.raises(LastTooLate):
+        await store.release(tag, held, 10**14 - 1, TTL)
+    renewed = await store.renew(tag, held, held.server_ms + 10, TTL, TTL)  # still held
+    await store.release(tag, held, held.server_ms + 10, TTL)
+    await asyncio.sleep(0.05)  # the last time past
+    again = await grant(store, tag, 2, workers=1)
+    assert again.floor_ms < renewed.server_ms + TTL  # the refused last times were not kept
+
+
+async def test_a_renewal_extends_by_the_leases_recorded_ttl_and_answers_it(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    assert held.ttl_ms == TTL
+    renewed = await store.renew(tag, held, held.server_ms, 60_000, 60_000)  # a longer node's
+    assert renewed.ttl_ms == TTL
+    assert renewed.expires_ms == renewed.server_ms + TTL
+
+
+async def test_a_renewal_never_moves_a_leases_expiry_earlier(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    # Upgrade: a field written before TTLs were recorded ("gen expires last holder
+    # hash"), granted for 3 s by an older node, renewed through a node of 0.4 s.
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    key = Keys(settings.redis_prefix).workers(tag)
+    r = redis.Redis.from_url(settings.redis_url)
+    gen, _, last, holder, hashed, _ttl = r.hget(key, "w:0").decode().split(" ")  # type: ignore[union-attr]
+    long_expiry = held.server_ms + 3000
+    r.hset(key, "w:0", f"{gen} {long_expiry} {last} {holder} {hashed}")
+    renewed = await store.renew(tag, held, held.server_ms, TTL, TTL)
+    assert renewed.ttl_ms == TTL and renewed.expires_ms == long_expiry
+    with pytest.raises(WorkerRefused) as e:
+        await grant(store, tag, 2, workers=1)
+    assert e.value.why == "full"

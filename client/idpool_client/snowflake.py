@@ -101,9 +101,11 @@ class Generator:
         """An ID, or None to wait for the next time unit; raises SnowflakeStopped."""
         if self.lost is not None:
             raise SnowflakeStopped(self.lost)
+        # The wall clock first, then the deadline (as the server's): a pause between
+        # the two only makes the check stricter, never an ID past the lease.
+        now = (self._clock_ms() - self._epoch) // self._unit
         if self._monotonic() >= self.stop_at:
             raise SnowflakeStopped("the worker ID's lease was not renewed in time")
-        now = (self._clock_ms() - self._epoch) // self._unit
         if now > self.last:
             if now >> self.layout.time_bits:
                 raise SnowflakeStopped("the layout's time bits are used up")
@@ -125,15 +127,20 @@ class Generator:
 
     def take_unit(self) -> tuple[int, int, int] | None:
         """An ID, the end of its unit's IDs, and the unix ns at which its unit
-        ends: the rest of the unit's sequence is the caller's to hand out until
-        then (this generator moves past it: no time and sequence is used twice,
-        and ``last_ms`` already counts the unit). None: wait for the next unit."""
+        ends or the lease's deadline comes, whichever is first: the rest of the
+        unit's sequence is the caller's to hand out until then (this generator
+        moves past it: no time and sequence is used twice, and ``last_ms``
+        already counts the unit). None: wait for the next unit."""
         value = self.take()
         if value is None:
             return None
         limit = value - self.sequence + self._max_seq + 1
         self.sequence = self._max_seq
-        return value, limit, (self._epoch + (self.last + 1) * self._unit) * 1_000_000
+        unit_end_ns = (self._epoch + (self.last + 1) * self._unit) * 1_000_000
+        # Nor past the lease's deadline, as the wall clock will read it (the clock in
+        # ms rounds down: the run ends no later than the deadline).
+        left_ns = int((self.stop_at - self._monotonic()) * 1e9)
+        return value, limit, min(unit_end_ns, self._clock_ms() * 1_000_000 + left_ns)
 
 
 class _Run(NamedTuple):
@@ -296,13 +303,20 @@ class SnowflakeClient:
         while not held.done.wait(held.ttl / 4):
             sent = lease_clock()
             try:
-                self.transport._post("worker", path, self._body(held), "renewal", held.tag)
+                got = self.transport._post("worker", path, self._body(held), "renewal", held.tag)
             except IdPoolRequestError as e:
                 held.gen.lost = f"the worker ID's lease was lost: {e.message}"
                 return
             except IdPoolError:
                 continue  # not renewed: the generator stops on its own deadline
-            held.gen.stop_at = max(held.gen.stop_at, sent + held.ttl - held.margin)
+            # The deadline counts from the TTL this renewal gave (the lease's own,
+            # recorded at its grant), never a longer one of this client's.
+            # Not the larger of that and the last deadline: a node older than recorded
+            # TTLs renews by its own, which may have moved the server's expiry earlier.
+            answered = got.get("ttl_ms") if isinstance(got, dict) else None
+            if isinstance(answered, int) and not isinstance(answered, bool) and answered > 0:
+                held.ttl = answered / 1000
+            held.gen.stop_at = sent + held.ttl - held.margin
 
     def close(self) -> None:
         """Give every worker ID back with the last time it used; safe twice."""

@@ -35,7 +35,7 @@ from idpool.pool.waste import Reason, WasteRecorder
 from ..decode import decode_issued, snowflake_fields
 from ..formats import split_periods, tag_list_entry
 from ..kinds import KINDS, SEGMENT
-from ..snowflake import SNOWFLAKE, check_removable
+from ..snowflake import SNOWFLAKE, check_range_change, check_removable
 from ..status import runway_seconds, runway_text
 from ..tag_fields import check_int, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, flag, integer, show, tag_arg
@@ -189,7 +189,9 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         if getattr(args, field) is not None:
             fields[field] = getattr(args, field)
     try:
-        spec = new_tag(fields, settings.default_step, flag)
+        spec = new_tag(
+            fields, settings.default_step, flag, lease_ms=int(settings.worker_lease_seconds * 1000)
+        )
     except InvalidInput as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -292,7 +294,18 @@ async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _refused_change(ledger: LedgerStore, tag: str, change: str) -> bool:
+    try:
+        check_range_change(await ledger.get_tag(tag), change)  # a tag's kind never changes
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return True
+    return False
+
+
 async def _step(ledger: LedgerStore, args: argparse.Namespace) -> int:
+    if await _refused_change(ledger, args.tag, "step"):
+        return EXIT_USAGE
     row = await ledger.set_step(args.tag, args.step)
     periods = " (and its period rows: the current one, and those to come)" if row.by_period else ""
     print(f"{row.tag}: step is now {row.step}{periods}; ranges already claimed keep their size")
@@ -300,6 +313,8 @@ async def _step(ledger: LedgerStore, args: argparse.Namespace) -> int:
 
 
 async def _start(settings: Settings, ledger: LedgerStore, args: argparse.Namespace) -> int:
+    if await _refused_change(ledger, args.tag, "start"):
+        return EXIT_USAGE
     # No check: with Redis down the ledger's own max_id still refuses a start below it.
     pool = await open_pool(settings, check=False)
     try:
