@@ -4,11 +4,11 @@ One hash per tag (``idpool:{tag}:workers``, in the tag's slot; see ``keys.py``) 
 every change, so grant, renew and release are atomic on the server and timed by
 its clock (``TIME``). A grant carries a *generation* claimed from the ledger
 first (the tag's ``max_id``, fenced by the high-water mark like any claim): it
-names the lease (a renewal must show it). Only ``init``, run when the tag is
-made (before any generation is claimed), makes the hash without a quarantine; a
-grant that finds none always waits one. The argument (why no worker ID has two holders, even
-across a Redis that restarts empty or fails over) is in docs/design.md,
-"Snowflake tags".
+names the lease (a renewal must show it). Every hash made here starts with a
+quarantine, ``init``'s too; only ``lift``, which ``tag add`` runs after ``init``
+once the ledger row shows no generation claimed, clears it, so a new tag serves at
+once. The argument (why no worker ID has two holders, even across a Redis that
+restarts empty or fails over) is in docs/design.md, "Snowflake tags".
 
 Fields of the hash:
 
@@ -44,12 +44,13 @@ from .keys import Keys
 from .lease_store import hash_secret, new_secret
 
 # KEYS[1] = workers hash, KEYS[2] = the tag's lease key (largest TTL ever granted).
-# ARGV[1] = op (init, grant, renew, release), ARGV[2] = lease TTL ms (a grant's; a
+# ARGV[1] = op (init, lift, grant, renew, release), ARGV[2] = lease TTL ms (a grant's; a
 # renewal extends by the TTL recorded in the field, whatever the caller's), ARGV[3] =
 # quarantine ms (at least the longest lease any node may grant for the tag), ARGV[4] =
 # generation; grant: ARGV[5] = worker IDs, ARGV[6] = holder, ARGV[7] = unused (was the
 # "first generation" flag), ARGV[8] = the secret's hash; renew, release: ARGV[5] =
-# worker ID, ARGV[6] = last unix ms used, ARGV[7] = the hash of the secret shown.
+# worker ID, ARGV[6] = last unix ms used, ARGV[7] = the hash of the secret shown; lift:
+# ARGV[5] = the incarnation init saw, ARGV[6] = the quarantine's end init set.
 _WORKERS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -57,6 +58,21 @@ local server = redis.call('INFO', 'server')
 local repl = redis.call('INFO', 'replication')
 local inc = string.match(server, 'run_id:(%w+)') .. ':' .. string.match(repl, 'master_replid:(%w+)')
 local seen = redis.call('HGET', KEYS[1], 'inc')
+if ARGV[1] == 'lift' then
+  -- Race: a tag-add stalled after its row while a grant claimed a generation, was
+  -- granted, and Redis lost the hash; its late init made this one. Lifted only if
+  -- it is still the hash init made (same incarnation, same quarantine) and nothing
+  -- was granted in it: the caller checked, after init, that the ledger shows no
+  -- generation claimed, so every grant still to come claimed after init.
+  if seen ~= inc or inc ~= ARGV[5] or redis.call('HGET', KEYS[1], 'q') ~= ARGV[6] then
+    return {'kept'}
+  end
+  for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if name ~= 'inc' and name ~= 'q' and name ~= 'f' then return {'kept'} end
+  end
+  redis.call('HDEL', KEYS[1], 'q', 'f')
+  return {'ok'}
+end
 if seen ~= inc then
   -- A new Redis incarnation (restart, failover, restore from a snapshot), or a
   -- hash never made. Holders granted elsewhere may still be issuing, and none is
@@ -70,20 +86,22 @@ if seen ~= inc then
       redis.call('HSET', KEYS[1], fields[i], '0 0 ' .. floor .. ' -')
     end
   end
-  -- Only init (the tag just made, before any generation was claimed: no holder
-  -- can exist) may make a missing hash without a quarantine. A grant that finds
-  -- no hash always waits: whether a grant ran before is not in Redis (the hash
-  -- was lost), and a generation's value says nothing of the order grants ran in.
-  if not (seen == false and #fields == 0 and ARGV[1] == 'init') then
-    -- As long as the longest lease any node may have granted: the caller's (the
-    -- tag's lease, from the ledger row, or its own setting) or the largest this
-    -- Redis saw granted (a hash deleted alone keeps KEYS[2]).
-    local longest = math.max(tonumber(ARGV[3]), tonumber(redis.call('GET', KEYS[2]) or '0'))
-    local q = now + longest
-    local f = math.max(q, tonumber(redis.call('HGET', KEYS[1], 'f') or '0'))
-    redis.call('HSET', KEYS[1], 'q', q, 'f', f)
-  end
+  -- Every hash made here waits a quarantine, init's too (a tag just made):
+  -- whether a grant ran before is not in Redis (the hash was lost), and a
+  -- generation's value says nothing of the order grants ran in. `tag add` lifts
+  -- init's quarantine (below) only once the ledger shows no generation claimed.
+  -- As long as the longest lease any node may have granted: the caller's (the
+  -- tag's lease, from the ledger row, or its own setting) or the largest this
+  -- Redis saw granted (a hash deleted alone keeps KEYS[2]).
+  local longest = math.max(tonumber(ARGV[3]), tonumber(redis.call('GET', KEYS[2]) or '0'))
+  local q = now + longest
+  local f = math.max(q, tonumber(redis.call('HGET', KEYS[1], 'f') or '0'))
+  redis.call('HSET', KEYS[1], 'q', q, 'f', f)
   redis.call('HSET', KEYS[1], 'inc', inc)
+  -- init made the hash from nothing: say what it saw, for lift
+  if ARGV[1] == 'init' and seen == false and #fields == 0 then
+    return {'made', inc, tostring(q)}
+  end
 end
 if ARGV[1] == 'init' then return {'ok'} end
 if ARGV[1] == 'grant' then
@@ -189,6 +207,14 @@ class Grant:
     ttl_ms: int = 0  # the lease's TTL as Redis recorded it: every renewal extends by it
 
 
+class Made(NamedTuple):
+    """A hash ``init`` made from nothing: its incarnation and quarantine's end
+    (server unix ms), as the script wrote them; ``lift`` checks both."""
+
+    incarnation: str
+    quarantine: str
+
+
 class Renewed(NamedTuple):
     """A renewal's (or release's) answer, in the Redis server's ms."""
 
@@ -224,7 +250,7 @@ class LastTooLate(ValueError):
 
 
 class WorkerStore:
-    """The three worker-ID scripts, run at most once each (as every Redis call:
+    """The worker-ID script's ops, run at most once each (as every Redis call:
     ``send`` is RedisPool.send). A call that fails raises StoreUnavailable: a
     grant whose outcome is unknown leaves a worker ID held until it expires
     (never used); a renewal whose outcome is unknown counts as not renewed."""
@@ -239,12 +265,24 @@ class WorkerStore:
         reply = await self._send(self._script(keys=keys, args=args))
         return [str(x) for x in reply]
 
-    async def init(self, tag: str, quarantine_ms: int = 0) -> None:
-        """Make the hash of a tag just created (no generation claimed yet), so its
-        first grants need no quarantine even when several nodes race for them.
-        On a hash of another incarnation (a row deleted by hand and added again)
-        it sets the quarantine like any other call: ``quarantine_ms`` at least."""
-        await self._run(tag, ["init", "0", str(quarantine_ms), "0"])
+    async def init(self, tag: str, quarantine_ms: int = 0) -> Made | None:
+        """Make the hash of a tag just created, with a quarantine of ``quarantine_ms``
+        at least (like any new hash: a grant may have run, on a Redis that lost it
+        since). Returns what ``lift`` needs when this call made the hash from
+        nothing; None when it found one (nothing to lift)."""
+        reply = await self._run(tag, ["init", "0", str(quarantine_ms), "0"])
+        return Made(reply[1], reply[2]) if reply[0] == "made" else None
+
+    async def lift(self, tag: str, made: Made | None) -> bool:
+        """Clear the quarantine ``init`` set, so the new tag serves at once. Call it
+        only after ``init`` returned, with the ledger row read again *then* showing
+        no generation claimed: a grant that ran before init claimed its generation
+        before it. Atomic: lifted only if the hash is still the one init made (same
+        incarnation and quarantine) and holds no worker field. True if lifted."""
+        if made is None:
+            return False
+        reply = await self._run(tag, ["lift", "0", "0", "0", made.incarnation, made.quarantine])
+        return reply[0] == "ok"
 
     async def grant(
         self,
@@ -260,7 +298,7 @@ class WorkerStore:
         """A worker ID for ``ttl_ms``. ``quarantine_ms`` is how long to wait when the
         hash is missing or of another incarnation: at least the longest lease any
         node may have granted for the tag. ``first`` is ignored: a grant that finds
-        no hash always waits (only ``init``, at tag creation, skips it)."""
+        no hash always waits (only ``lift``, at tag creation, clears it)."""
         del first  # kept for callers; the generation's value proves nothing (issue 25)
         secret = new_secret()
         args = ["grant", str(ttl_ms), str(quarantine_ms), str(generation), str(workers)]
@@ -310,6 +348,7 @@ __all__ = [
     "MAX_LAST_MS",
     "Grant",
     "LastTooLate",
+    "Made",
     "Renewed",
     "StoreUnavailable",
     "WorkerRefused",

@@ -46,6 +46,8 @@ from idpool.pool.values import TagRow
 from idpool.pool.worker_store import Grant, LastTooLate, WorkerRefused, WorkerStore
 
 if TYPE_CHECKING:
+    from idpool.pool.stores import LedgerStore
+
     from .node import Node
 
 SNOWFLAKE = "snowflake"
@@ -396,15 +398,26 @@ def check_range_change(row: TagRow, change: str) -> None:
         )
 
 
-async def prepare_tag(pool: object, row: TagRow) -> None:
+async def prepare_tag(ledger: LedgerStore, pool: object, row: TagRow) -> None:
     """Make the worker hash of a snowflake tag just created, so that its first
-    grants need no quarantine even when several nodes race for them: the only
-    way a hash is made without one. Only while no generation was claimed
-    (``max_id == start_id``, read in the row just made); with Redis down the
-    first grant waits out one quarantine instead (safe, only slower: a tag
-    created while Redis was down waits one quarantine, once)."""
+    grants need no quarantine even when several nodes race for them. Only while
+    no generation was claimed (``max_id == start_id`` in the row just made);
+    with Redis or the ledger down the first grant waits out one quarantine
+    instead (safe, only slower, once).
+
+    ``init`` makes the hash *with* a quarantine, like any new hash; the row is
+    then read again, and only if it still shows no generation claimed does
+    ``lift`` clear it (atomically: if the hash is still init's, with no worker
+    granted in it). Race: this process stalls after the row, a node claims a
+    generation and is granted worker 0, Redis restarts empty, and only then
+    does init arrive; lifting there would grant worker 0 again while its holder
+    serves. Any grant that ran before init claimed its generation before it, so
+    the row read after init shows it (the quarantine stays); a grant claimed
+    after that read waits in the quarantine until lift, or finds it lifted."""
     if row.kind != SNOWFLAKE or row.max_id != row.start_id or not isinstance(pool, RedisPool):
         return
-    with contextlib.suppress(StoreUnavailable):
-        store = WorkerStore(pool.client, pool.keys, pool.send)
-        await store.init(row.tag, lease_ms_of(row.layout))
+    store = WorkerStore(pool.client, pool.keys, pool.send)
+    with contextlib.suppress(IdPoolError):  # StoreUnavailable, UnknownTag: keep it
+        made = await store.init(row.tag, lease_ms_of(row.layout))
+        if made is not None and (await ledger.get_tag(row.tag)).max_id == row.max_id:
+            await store.lift(row.tag, made)

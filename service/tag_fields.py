@@ -88,7 +88,7 @@ class NewTag:
             options=self.options,
             secret=self.secret,
         )
-        await prepare_tag(pool, row)
+        await prepare_tag(ledger, pool, row)
         return row
 
 

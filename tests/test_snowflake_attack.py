@@ -86,7 +86,7 @@ async def test_a_first_generation_granted_after_a_later_one_does_not_skip_the_qu
             quarantine_ms=TTL,
         )
 
-    await store.init(tag)  # idpool tag add
+    await store.lift(tag, await store.init(tag))  # idpool tag add
     # Node A claimed generation 1 first, but node B's grant (generation 2) ran first.
     await grant(2, first=False)  # B holds worker 0 and makes IDs
     # Redis restarts empty before A's grant arrives (or the hash is deleted by hand).
@@ -161,7 +161,7 @@ async def test_a_renewal_through_a_node_with_a_shorter_lease_does_not_shorten_th
             quarantine_ms=long_ttl,
         )
 
-    await store.init(tag)  # idpool tag add (a grant that finds no hash waits a quarantine)
+    await store.lift(tag, await store.init(tag))  # idpool tag add (no claim yet: lifted)
     held = await grant(1)  # the holder stops at sent + 3 s - margin by its own clock
     await store.renew(tag, held, held.server_ms, short_ttl, short_ttl)  # via the 0.4 s node
     await asyncio.sleep(short_ttl / 1000 + 0.2)  # well within the holder's own 3 s
@@ -210,7 +210,7 @@ async def test_a_quarantine_set_by_a_node_with_a_shorter_lease_outlasts_longer_l
     an older snapshot) keeps its old expiry as its floor, which does fence them."""
     store = WorkerStore(redis_pool.client, redis_pool.keys, redis_pool.send)
     long_ttl, short_ttl = 3000, 400
-    await store.init(tag)  # idpool tag add (a grant that finds no hash waits a quarantine)
+    await store.lift(tag, await store.init(tag))  # idpool tag add (no claim yet: lifted)
     await store.grant(
         tag,
         generation=1,

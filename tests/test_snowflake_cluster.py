@@ -39,10 +39,10 @@ def add_snowflake(settings: Settings, tag: str) -> None:
         ledger = await Ledger.connect(settings)
         layout = check_layout({}, wall_ms() - 60_000).to_text()
         row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
-        await ledger.close()
         pool = RedisPool.from_settings(settings)
-        await prepare_tag(pool, row)
+        await prepare_tag(ledger, pool, row)
         await pool.close()
+        await ledger.close()
 
     asyncio.run(go())
 

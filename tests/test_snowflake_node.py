@@ -15,8 +15,13 @@ from starlette.testclient import TestClient
 
 from idpool.pool.keys import Keys
 from idpool.pool.ledger import Ledger
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.pool.snowflake import check_layout, wall_ms
+from idpool.pool.values import TagRow
+from idpool.pool.worker_store import WorkerRefused, WorkerStore
 from idpool.service.app import create_app
+from idpool.service.snowflake import prepare_tag
 from ops.toolkit import TcpProxy
 
 TOKEN = "admin-secret"
@@ -366,3 +371,42 @@ def test_a_batch_longer_than_the_layout_makes_in_half_a_second_is_refused(
     assert "at most 20" in refused.json()["message"]
     ids = node.get(f"/ids/{tag}?count=20").json()["ids"]
     assert ids == sorted(set(ids)) and ((ids[-1] >> 12) - (ids[0] >> 12)) * 100 <= 600
+
+
+async def added(ledger: Ledger, pool: RedisPool, tag: str, *, claim_first: bool) -> TagRow:
+    """``tag add --snowflake`` as tag_fields.NewTag.create runs it: the row, then
+    prepare_tag; with ``claim_first``, a node claims a generation in between (the
+    add stalled after its row) and Redis loses the hash its grant made."""
+    layout = check_layout({}, wall_ms() - 60_000).to_text() + ".l400"
+    row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
+    if claim_first:
+        await ledger.claim(tag, 1)  # node B's generation; its grant ran, B serves
+        await pool.client.delete(pool.keys.workers(tag))
+    await prepare_tag(ledger, pool, row)
+    return row
+
+
+async def grant_now(pool: RedisPool, tag: str, generation: int) -> int:
+    store = WorkerStore(pool.client, pool.keys, pool.send)
+    got = await store.grant(
+        tag, generation=generation, workers=1, holder="c", ttl_ms=400, quarantine_ms=400
+    )
+    return got.worker
+
+
+@pytest.mark.anyio
+async def test_a_snowflake_tag_just_added_serves_at_once(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await added(ledger, redis_pool, tag, claim_first=False)
+    assert await grant_now(redis_pool, tag, 1) == 0  # no quarantine
+
+
+@pytest.mark.anyio
+async def test_a_late_tag_add_keeps_the_quarantine_once_a_generation_was_claimed(
+    ledger: Ledger, redis_pool: RedisPool, tag: str
+) -> None:
+    await added(ledger, redis_pool, tag, claim_first=True)
+    with pytest.raises(WorkerRefused) as q:
+        await grant_now(redis_pool, tag, 2)  # B may still hold worker 0
+    assert q.value.why == "quarantine"

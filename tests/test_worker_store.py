@@ -31,7 +31,7 @@ async def grant(
     """``first``: the tag was just made (``init``, as ``idpool tag add`` runs it):
     the only way a grant needs no quarantine on a hash that did not exist."""
     if first:
-        await store.init(tag)  # a no-op on a hash of this incarnation
+        await store.lift(tag, await store.init(tag))  # the ledger shows no claim: lifted
     return await store.grant(
         tag,
         generation=gen,
@@ -228,7 +228,7 @@ async def test_a_tag_just_made_needs_no_quarantine_whichever_grant_comes_first(
     redis_pool: RedisPool, tag: str
 ) -> None:
     store = store_of(redis_pool)
-    await store.init(tag)  # idpool tag add: no generation claimed yet
+    await store.lift(tag, await store.init(tag))  # idpool tag add: no generation claimed yet
     second = await grant(store, tag, 2)  # generation 2's script ran before generation 1's
     first = await grant(store, tag, 1)
     assert {second.worker, first.worker} == {0, 1}
@@ -244,6 +244,58 @@ async def test_a_grant_that_finds_no_hash_waits_a_quarantine_whatever_its_genera
         await store.grant(
             tag, generation=1, first=True, workers=1, holder="h", ttl_ms=TTL, quarantine_ms=TTL
         )
+    assert q.value.why == "quarantine"
+
+
+async def test_a_late_init_after_a_grant_and_a_redis_restarted_empty_keeps_the_quarantine(
+    tmp_path: Path, settings: Settings, tag: str
+) -> None:
+    """``tag add`` stalls after its row; node B claims a generation and is granted
+    worker 0; Redis restarts empty; only then does the add's ``init`` arrive. It
+    made the hash with no quarantine, and a third grant got worker 0 while B still
+    served (duplicate IDs). Now the row read again after init shows B's claim:
+    no lift, and the third grant waits."""
+    server = RedisServer(tmp_path / "r", "--save", "", "--appendonly", "no").start()
+    try:
+        s = settings.with_changes(redis_url=server.url)
+        pool = RedisPool.from_settings(s)
+        store = store_of(pool)
+        claimed = 0  # generations claimed since the row (its max_id less its start_id)
+        claimed += 1  # B claims generation 1: its grant finds no hash (quarantine)
+        with pytest.raises(WorkerRefused):
+            await grant(store, tag, 1, workers=1)
+        await asyncio.sleep(TTL / 1000 + 0.05)
+        claimed += 1
+        held = await grant(store, tag, 2, workers=1)  # B serves worker 0
+        assert held.worker == 0
+        server.kill9()
+        server.start()  # empty
+        await pool.close()
+        pool = RedisPool.from_settings(s)
+        store = store_of(pool)
+        made = await store.init(tag, TTL)  # the stalled tag add's init, at last
+        if claimed == 0:  # as prepare_tag: the row read again after init
+            await store.lift(tag, made)
+        with pytest.raises(WorkerRefused) as q:
+            await grant(store, tag, 3, workers=1)
+        assert q.value.why == "quarantine", "worker 0 granted again while B still serves"
+        await pool.close()
+    finally:
+        server.kill9()
+
+
+async def test_lift_keeps_the_quarantine_of_a_hash_changed_since_init(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    store = store_of(redis_pool)
+    made = await store.init(tag, TTL)
+    assert made is not None
+    key = Keys(settings.redis_prefix).workers(tag)
+    redis.Redis.from_url(settings.redis_url).hset(key, "w:0", "1 0 0 h")  # granted since
+    assert not await store.lift(tag, made)
+    assert not await store.lift(tag, await store.init(tag, TTL))  # found a hash: None
+    with pytest.raises(WorkerRefused) as q:
+        await grant(store, tag, 2)
     assert q.value.why == "quarantine"
 
 
