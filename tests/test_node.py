@@ -126,8 +126,15 @@ def test_a_list_running_low_is_refilled_without_a_tick(settings: Settings, tag: 
             r = client.get(f"/ids/{tag}", params={"count": 50})
             assert r.status_code == 200
             ids += r.json()["ids"]
-        counters = snapshot_of(client, tag)["counters"]
-    assert len(set(ids)) == 1500
+        for _ in range(100):  # on a loaded machine the refills may land after the surge
+            counters = snapshot_of(client, tag)["counters"]
+            if counters["ranges_from_pool"] > 4:
+                break
+            r = client.get(f"/ids/{tag}", params={"count": 50})
+            assert r.status_code == 200
+            ids += r.json()["ids"]
+            time.sleep(0.05)
+    assert len(set(ids)) == len(ids) >= 1500
     # The start tick pushed 4 ranges; more than 4 came from the pool, so the
     # nodes' low-water refills filled it with no second tick.
     assert counters["ranges_from_pool"] > 4
