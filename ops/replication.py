@@ -153,15 +153,21 @@ class RedisSentinelGroup:
         raise TimeoutError(f"Sentinels did not settle on master {port}: {self.sentinel_view()}")
 
     def wait_replicated(self, replica: RedisServer, timeout: float) -> float:
-        """Wait until ``replica``'s link to its master is up and in sync; returns the
-        seconds waited."""
+        """Wait until ``replica``'s link to its master is up and it has applied every
+        write the master had taken when called (a link up alone may still lack the
+        last ones); returns the seconds waited."""
         started = time.monotonic()
         role = None
+        target = None
         while time.monotonic() - started < timeout:
             try:
                 info = Redis(port=replica.port, socket_timeout=1).info("replication")
                 role = info.get("role")
-                if info.get("master_link_status") == "up":
+                if target is None and info.get("master_link_status") == "up":
+                    master = Redis(port=int(info["master_port"]), socket_timeout=1)
+                    target = int(master.info("replication")["master_repl_offset"])
+                done = int(info.get("slave_repl_offset", -1))
+                if target is not None and info.get("master_link_status") == "up" and done >= target:
                     return time.monotonic() - started
             except (RedisError, OSError):
                 pass
