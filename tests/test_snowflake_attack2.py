@@ -26,6 +26,10 @@ Each test here fails on main at a6c4ed8.
    name added with 1 worker bit, 1 sequence bit and 1 s units handed out 44, 45
    and 48 again; with js53 (10 ms units, 16 low bits) a removed tag that had
    handed out 400 million IDs is repeated for a minute.
+4. ``tag start`` is refused on a snowflake tag (``wrong_kind``), but ``start`` is
+   taken when one is added: its ``max_id`` counts grants, so a start near 2^63
+   leaves it two worker-ID grants for its whole life, then 503 "has run out of
+   64-bit IDs" for ever (it cannot be removed, nor its start moved).
 """
 
 from __future__ import annotations
@@ -169,3 +173,18 @@ def test_a_removed_tags_name_added_as_a_snowflake_tag_repeats_none_of_its_ids(
             time.sleep(0.2)
         again = {int(answer.text)} | {int(node.get(f"/id/{tag}").text) for _ in range(5)}
     assert not again & issued, f"IDs {sorted(again & issued)} of the removed tag handed out again"
+
+
+def test_a_snowflake_tag_added_with_a_start_keeps_granting_worker_ids(
+    settings: Settings, tag: str
+) -> None:
+    auth = {"Authorization": "Bearer admin"}
+    with TestClient(create_app(settings.with_changes(admin_token="admin"))) as node:
+        fields = {"tag": tag, "kind": "snowflake", "start": 2**63 - 3}
+        added = node.post("/admin/tags", json=fields, headers=auth)
+        if added.status_code != 201:
+            assert added.json()["error"] in ("bad_body", "wrong_kind"), added.text
+            return  # refused up front, saying why: fine
+        for holder in range(3):  # a node and two clients
+            granted = node.post(f"/worker/{tag}?holder=h{holder}")
+            assert granted.status_code == 200, f"grant {holder + 1}: {granted.text}"
