@@ -29,6 +29,7 @@ from .errors import (
     FormatChanged,
     MarkNotRaised,
     MarkNotReplicated,
+    NameUsedBefore,
     StaleLedger,
     StartAboveMax,
     StartBelowIssued,
@@ -213,10 +214,18 @@ async def create_tag(
     A row deleted by hand leaves no tombstone: the fingerprint beside the mark
     (``idpool:{tag}:format``, ``fence_format``) refuses it the same way, so a
     formatted tag is made only when that fingerprint could be written.
-    Raises TagExists, FormatChanged, StoreUnavailable (a formatted tag with
-    Redis down: nothing made).
+    A snowflake tag (``kind``) is made only under a name that never issued IDs:
+    no tombstone, and a mark in Redis read as 0 (NameUsedBefore otherwise). Its
+    IDs come from the clock since its epoch (its creation), so no ``max_id`` fences
+    the old tag's numbers. Race: a live tag of the name claims and is removed
+    between these reads and the INSERT: add_tag reads the tombstone again under
+    its lock and refuses too. A row deleted by hand leaves its mark, read here.
+    Raises TagExists, FormatChanged, NameUsedBefore, StoreUnavailable (a formatted
+    or snowflake tag with Redis down: nothing made).
     """
     kept = await ledger.removed_format(tag)
+    if kind == "snowflake":
+        await _check_unused(ledger, pool, tag, removed=kept is not None)
     if kept is not None:
         if options and kept[0] == options:
             secret = kept[1]  # the removed tag's key: its strings, continued above max_id
@@ -272,6 +281,31 @@ async def create_tag(
                 if await _owner_fingerprint(ledger, tag) != fingerprint:
                     await pool.unfence_format(tag, fingerprint)
         raise
+
+
+async def _check_unused(
+    ledger: LedgerStore, pool: HighWaterMarks | None, tag: str, *, removed: bool
+) -> None:
+    """Refuse a snowflake tag under a name that issued IDs (NameUsedBefore), or a
+    live tag's name (TagExists); with Redis down, StoreUnavailable (the mark unread)."""
+    mark = 0
+    if pool is not None:
+        try:
+            mark = await pool.high_water(tag)
+        except StoreUnavailable as e:
+            raise StoreUnavailable(
+                e.store,
+                f"a snowflake tag is made only once its name is known never to have issued "
+                f"IDs (its high-water mark in Redis: {e.detail}); nothing was made: try again",
+            ) from e
+    if not removed and mark <= 0:
+        return
+    with contextlib.suppress(UnknownTag):
+        await ledger.get_tag(tag)
+        raise TagExists(tag)  # a live tag of that name: say so, not "used before"
+    raise NameUsedBefore(
+        tag, "a removed tag's tombstone" if removed else f"its high-water mark in Redis is {mark}"
+    )
 
 
 async def _owner_fingerprint(ledger: LedgerStore, tag: str) -> str | None:

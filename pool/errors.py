@@ -33,6 +33,21 @@ class TagExists(IdPoolError):
         self.tag = tag
 
 
+class NameUsedBefore(InvalidInput):
+    """A snowflake tag added under a name that issued IDs before (a removed tag's
+    tombstone, or a high-water mark in Redis): its IDs come from the clock since a
+    new epoch, which no ``max_id`` fences, so they could repeat the old tag's
+    (409 ``name_used``)."""
+
+    def __init__(self, tag: str, before: str) -> None:
+        super().__init__(
+            "name_used",
+            f"tag {tag!r} issued IDs before ({before}); a snowflake tag makes its IDs from "
+            "the clock, not above the old ones, and could hand them out again: choose a new name",
+        )
+        self.tag = tag
+
+
 class FormatChanged(InvalidInput):
     """A tag name used before with another format (or none) added again with this one:
     the new format could render strings the old tag handed out (409 ``format_changed``)."""

@@ -20,6 +20,7 @@ import pymysql
 
 from .errors import (
     InvalidInput,
+    NameUsedBefore,
     StoreUnavailable,
     TagDisabled,
     TagExhausted,
@@ -322,6 +323,8 @@ class Ledger:
                 ) from None
             if removed is not None:
                 check_tombstone(tag, str(removed[1]), str(removed[2]), options, secret)
+                if kind == "snowflake":  # again under the lock: a removal since create_tag read
+                    raise NameUsedBefore(tag, "a removed tag's tombstone")
             first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 await cur.execute(

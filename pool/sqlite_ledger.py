@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import TagExists, UnknownTag
+from .errors import NameUsedBefore, TagExists, UnknownTag
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
@@ -125,6 +125,8 @@ class SqliteLedger:
             ).fetchone()
             if removed is not None:  # only with the format it had (see Ledger.add_tag)
                 check_tombstone(tag, str(removed[1]), str(removed[2]), options, secret)
+                if kind == "snowflake":  # again under the lock: a removal since create_tag read
+                    raise NameUsedBefore(tag, "a removed tag's tombstone")
             first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 conn.execute(

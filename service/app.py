@@ -30,6 +30,7 @@ from starlette.types import Lifespan, Message, Receive, Scope, Send
 from idpool.pool.errors import IdPoolError, InvalidInput
 from idpool.pool.ranges import TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
+from idpool.pool.snowflake import Layout
 from idpool.pool.stores import open_stores
 
 from . import admin, auth, decode, leases, metrics, status_page, workers
@@ -45,6 +46,7 @@ from .errors import (
 )
 from .node import Node
 from .runtime import Runtime, StoreOpener, open_runtime
+from .snowflake import SNOWFLAKE, check_count
 from .stats import route_of
 from .strict_tags import STRICT
 
@@ -447,7 +449,11 @@ async def many_ids(request: Request) -> Response:
         raise _head_refused()
     tag = checked_tag(request)
     run: Runtime = request.state.run
-    count = _parse_count(request, run.settings.max_count)
+    try:
+        count = _parse_count(request, run.settings.max_count)
+    except InvalidInput:
+        await _snowflake_count(run.node, tag, request)  # names the tag's own, smaller cap
+        raise
     await check_token(run.node, tag, request)
     ids = await run.node.next_ids(tag, count)
     if await request.is_disconnected():
@@ -456,6 +462,21 @@ async def many_ids(request: Request) -> Response:
     body = orjson.dumps({"tag": tag, "ids": ids})
     run.node.stats.latency["ids"].observe(_clock() - started)
     return Response(body, media_type="application/json")
+
+
+async def _snowflake_count(node: Node, tag: str, request: Request) -> None:
+    """For a count over IDPOOL_MAX_COUNT: a snowflake tag whose batch cap is lower
+    refuses it naming that cap (check_count), the one every smaller count meets too.
+    Not for a guarded tag (before its token is checked: its kind stays unsaid)."""
+    raw = request.query_params.get("count", "")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or tag in node.tags.tokens:
+        return
+    try:
+        row = await node.tags.lookup(tag)
+    except IdPoolError:
+        return  # the count's own message
+    if row.kind == SNOWFLAKE:
+        check_count(tag, Layout.from_text(row.layout), int(raw))
 
 
 async def healthz(request: Request) -> Response:

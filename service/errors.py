@@ -150,6 +150,12 @@ ERRORS: tuple[ErrorRow, ...] = (
         "the name was used before with another format (or none): add it with the same "
         "format, reset, obfuscate and max, or choose a new name",
     ),
+    ErrorRow(
+        "name_used",
+        409,
+        "a snowflake tag under a name that issued IDs before (removed, or its mark in "
+        "Redis): its clock-made IDs could repeat them; choose a new name",
+    ),
     ErrorRow("worker_lost", 409, "the worker ID's lease is gone: stop making IDs with it"),
     ErrorRow(
         "start_above_max", 409, "a start past the tag's max would leave it no ID", StartAboveMax

@@ -54,6 +54,9 @@ SNOWFLAKE = "snowflake"
 # A batch (/ids) answers no ID made more than this before it is answered, so a
 # batch keeps time order at the scale of a second with IDs other nodes hand out.
 BATCH_MS = 500
+# The least quarantine of a tag whose row records no lease TTL (made before it was
+# recorded): covers every node whose IDPOOL_WORKER_LEASE_SECONDS is up to 60 s.
+OLD_TAG_QUARANTINE_MS = 60_000
 RETRY_SECONDS = 0.5  # after a failed grant, requests fail at once for this long
 logger = logging.getLogger("idpool.snowflake")
 
@@ -61,6 +64,20 @@ logger = logging.getLogger("idpool.snowflake")
 def batch_limit(layout: Layout) -> int:
     """The most IDs one worker ID makes in BATCH_MS (at least one unit's sequence)."""
     return (layout.max_sequence + 1) * max(1, BATCH_MS // layout.unit_ms)
+
+
+def check_count(tag: str, layout: Layout, count: int) -> None:
+    """Refuse a batch longer than the tag makes in BATCH_MS (400 ``bad_count``,
+    naming this tag's maximum)."""
+    limit = batch_limit(layout)
+    if count > limit:
+        raise InvalidInput(
+            "bad_count",
+            f"count {count} is more than tag {tag!r} makes in {BATCH_MS} ms per worker ID "
+            f"({layout.max_sequence + 1} per {layout.unit_ms} ms unit): at most "
+            f"{limit} per batch here, or IDs would be answered older than ones handed out "
+            "meanwhile",
+        )
 
 
 @dataclass
@@ -112,7 +129,13 @@ class SnowflakeKind:
         it knew; with the tag's TTL the same on every node, it does."""
         own = int(self.ttl * 1000)
         recorded = lease_ms_of(row.layout)
-        return (recorded or own), max(recorded, own)
+        if not recorded:
+            # A tag made before the TTL was recorded: other nodes may grant it with a
+            # longer setting of their own, so the quarantine is at least OLD_TAG_QUARANTINE_MS
+            # (Redis restarted empty, A granted 20 s, B set 3 s: 4,548 duplicates).
+            # A node set above it is still covered only if it sees the restart first.
+            return own, max(own, OLD_TAG_QUARANTINE_MS)
+        return recorded, max(recorded, own)
 
     def store(self) -> WorkerStore:
         if self._store is None:
@@ -143,16 +166,8 @@ class SnowflakeKind:
         before it was answered (time order at a second). IDs that still grew
         stale while the batch waited (other requests sharing the sequence) are
         dropped, never served, and made again."""
-        gen = await self.generator(tag)
-        limit = batch_limit(gen.layout)
-        if count > limit:
-            raise InvalidInput(
-                "bad_count",
-                f"count {count} is more than tag {tag!r} makes in {BATCH_MS} ms per worker ID "
-                f"({gen.layout.max_sequence + 1} per {gen.layout.unit_ms} ms unit): at most "
-                f"{limit} per batch here, or IDs would be answered older than ones handed out "
-                "meanwhile",
-            )
+        # Before any worker grant: a tag in quarantine answers the 400 it will end in.
+        check_count(tag, Layout.from_text((await self.node.tags.lookup(tag)).layout), count)
         found: deque[tuple[float, int]] = deque()  # (monotonic time made, ID)
         while len(found) < count:
             gen = await self.generator(tag)
@@ -337,7 +352,9 @@ class SnowflakeKind:
                 continue
             gen.lost = "the node is shutting down"
             with contextlib.suppress(StoreUnavailable, WorkerRefused, LastTooLate):
-                quarantine_ms = max(int(self.ttl * 1000), held.grant.ttl_ms)
+                row = self.node.tags.rows.get(tag)
+                own = self.lease_ms(row)[1] if row else int(self.ttl * 1000)
+                quarantine_ms = max(own, held.grant.ttl_ms)
                 await store.release(tag, held.grant, gen.last_ms, quarantine_ms)
                 logger.info("event=worker_released tag=%s worker=%d", tag, gen.worker)
         self.generators.clear()

@@ -152,10 +152,17 @@ def new_tag(
         if given:
             raise InvalidInput("bad_layout", f"{name(given[0])} is for snowflake tags only")
         return NewTag(tag, step, start, end_id, description, kind, options=options, secret=secret)
-    if "step" in fields or top is not None:
+    moved = [f for f in ("start", "step") if fields.get(f) is not None]
+    if moved:
+        # Its max_id counts worker-ID grants: a start near 2^63 would leave it a few
+        # grants for its whole life (as PATCH refuses: snowflake.check_range_change).
         raise InvalidInput(
-            "bad_body", f"a snowflake tag takes no {name('step')} or {name('max')}: give a layout"
+            "wrong_kind",
+            f"a snowflake tag takes no {name(moved[0])} (its IDs come from the clock, a "
+            "worker ID and a sequence; its row counts worker-ID grants): give a layout",
         )
+    if top is not None:
+        raise InvalidInput("bad_body", f"a snowflake tag takes no {name('max')}: give a layout")
     layout = check_layout({f: fields.get(f) for f in given}, wall_ms(), name)
     # The row counts worker-ID grants (max_id: one generation per grant) and keeps the
     # tag's worker-lease TTL beside its layout (``.l10000``, pool/snowflake.py

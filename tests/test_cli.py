@@ -373,6 +373,8 @@ def test_snowflake_tag_add_list_and_decode(settings: Settings, tag: str) -> None
 def test_snowflake_tag_refuses_start_and_step_and_records_its_lease(
     settings: Settings, tag: str
 ) -> None:
+    refused = idpool(settings, "tag", "add", tag, "--snowflake", "--start", "5")
+    assert refused.returncode == 2 and "takes no --start" in refused.stderr, refused.stderr
     added = idpool(settings, "tag", "add", tag, "--snowflake", IDPOOL_WORKER_LEASE_SECONDS="7")
     assert added.returncode == 0, added.stderr
     for args in (("start", tag, "1000000"), ("step", tag, "5")):

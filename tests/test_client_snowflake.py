@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 from idpool_client.snowflake import Generator as ClientGenerator
 from idpool_client.snowflake import Layout as ClientLayout
-from idpool_client.snowflake import SnowflakeClient, SnowflakeStopped, lease_clock
+from idpool_client.snowflake import (
+    SnowflakeBatchTooLarge,
+    SnowflakeClient,
+    SnowflakeStopped,
+    lease_clock,
+)
 
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import ClockBehind, Generator, Layout
@@ -129,6 +134,17 @@ def fake_node(client: SnowflakeClient, epoch_ms: int) -> None:
         }
 
     client.transport._post = post  # type: ignore[method-assign,assignment]
+
+
+def test_a_client_batch_is_bounded_to_what_one_worker_makes_in_500_ms() -> None:
+    with SnowflakeClient("http://127.0.0.1:1") as ids:
+        fake_node(ids, int(time.time() * 1000) - 1000)
+        limit = 4096 * 500  # 12 sequence bits, 1 ms units: a node's /ids limit too
+        with pytest.raises(SnowflakeBatchTooLarge, match=f"at most {limit} IDs") as refused:
+            ids.next_ids("t", limit + 1)
+        assert isinstance(refused.value, ValueError) and refused.value.limit == limit
+        got = ids.next_ids("t", 5000)
+    assert len(set(got)) == 5000 and got == sorted(got)
 
 
 def test_a_client_called_now_and_then_hands_out_the_current_time() -> None:

@@ -30,14 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 LEASE_SECONDS = 3.0
 
 
-def add_snowflake(settings: Settings, tag: str) -> None:
+def add_snowflake(settings: Settings, tag: str, lease_ms: int = 0) -> None:
     """As ``idpool tag add --snowflake`` (the row, then the worker hash, so the first
-    grants need no quarantine), with the epoch a minute back and no lease recorded
-    in the row: the nodes grant with their own IDPOOL_WORKER_LEASE_SECONDS."""
+    grants need no quarantine), with the epoch a minute back and ``lease_ms``
+    recorded in the row (0: none, as a tag made before it was: the nodes grant with
+    their own IDPOOL_WORKER_LEASE_SECONDS, and quarantine at least 60 s)."""
 
     async def go() -> None:
         ledger = await Ledger.connect(settings)
         layout = check_layout({}, wall_ms() - 60_000).to_text()
+        layout += f".l{lease_ms}" if lease_ms else ""
         row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
         pool = RedisPool.from_settings(settings)
         await prepare_tag(ledger, pool, row)
@@ -146,7 +148,8 @@ def start_nodes(settings: Settings, tmp_path: Path, redis_url: str) -> list[Node
 def run_cluster(
     settings: Settings, tag: str, tmp_path: Path, redis_url: str, disrupt: object
 ) -> tuple[list[int], Callers]:
-    add_snowflake(settings, tag)
+    # Recorded, as a tag added now: an old tag's quarantine (60 s) would outlast the test
+    add_snowflake(settings, tag, int(LEASE_SECONDS * 1000))
     nodes = start_nodes(settings, tmp_path, redis_url)
     urls = [n.base_url for n in nodes]
     outs = [tmp_path / f"client{i}.ids" for i in range(6)]

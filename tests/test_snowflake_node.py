@@ -339,6 +339,53 @@ def test_start_and_step_are_refused_on_a_snowflake_tag(node: TestClient, tag: st
     assert row["start_id"] == 1 and row["step"] == 1  # nothing changed
 
 
+def test_start_and_step_are_refused_when_a_snowflake_tag_is_added(
+    node: TestClient, tag: str
+) -> None:
+    for given in ({"start": 2**63 - 3}, {"step": 5}):
+        answer = node.post(
+            "/admin/tags", json={"tag": tag, "kind": "snowflake", **given}, headers=AUTH
+        )
+        assert answer.status_code == 400 and answer.json()["error"] == "wrong_kind", answer.text
+        assert f"takes no {next(iter(given))}" in answer.json()["message"]
+
+
+def test_a_name_that_issued_ids_is_never_a_snowflake_tag_but_may_be_strict(
+    node: TestClient, settings: Settings, tag: str
+) -> None:
+    assert node.post("/admin/tags", json={"tag": tag}, headers=AUTH).status_code == 201
+    issued = node.get(f"/ids/{tag}?count=100").json()["ids"]
+    assert node.delete(f"/admin/tags/{tag}", headers=AUTH).status_code == 200
+    refused = node.post("/admin/tags", json={"tag": tag, "kind": "snowflake"}, headers=AUTH)
+    assert refused.status_code == 409 and refused.json()["error"] == "name_used", refused.text
+    assert "tombstone" in refused.json()["message"] and "new name" in refused.json()["message"]
+    # The strict kind counts from the ledger: added again, it goes on above the tombstone.
+    strict = node.post("/admin/tags", json={"tag": tag, "strict": True}, headers=AUTH)
+    assert strict.status_code == 201, strict.text
+    assert int(node.get(f"/id/{tag}").text) > max(issued)
+    # A live tag's name: it exists (not "used before")
+    again = node.post("/admin/tags", json={"tag": tag, "kind": "snowflake"}, headers=AUTH)
+    assert again.status_code == 409 and again.json()["error"] == "tag_exists", again.text
+    # A row deleted by hand leaves no tombstone, only its mark in Redis
+    other = tag + "-hand"
+    redis.Redis.from_url(settings.redis_url).set(Keys(settings.redis_prefix).hwm(other), 101)
+    by_mark = node.post("/admin/tags", json={"tag": other, "kind": "snowflake"}, headers=AUTH)
+    assert by_mark.status_code == 409 and "mark in Redis is 101" in by_mark.text, by_mark.text
+
+
+def test_a_batch_over_a_snowflake_tags_cap_names_it_before_any_grant(
+    node: TestClient, settings: Settings, tag: str
+) -> None:
+    add(node, tag, worker_bits=1, sequence_bits=1, unit_ms=1000)  # 2 IDs per 500 ms
+    # Redis lost the worker hash: the first grant waits a quarantine (503 meanwhile)
+    redis.Redis.from_url(settings.redis_url).delete(Keys(settings.redis_prefix).workers(tag))
+    for count in (3, settings.max_count + 1):
+        answer = node.get(f"/ids/{tag}?count={count}")
+        assert answer.status_code == 400 and answer.json()["error"] == "bad_count", answer.text
+        assert "at most 2 per batch" in answer.json()["message"]
+    assert node.get(f"/ids/{tag}?count=2").status_code == 503  # in quarantine
+
+
 def test_a_tags_lease_is_fixed_at_creation_and_used_by_every_node(
     settings: Settings, tag: str
 ) -> None:

@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -38,11 +39,32 @@ from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
 from .transport import Transport
 
 MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
+# A batch (next_ids) returns no ID made more than this before it returns, as a
+# node's /ids (service/snowflake.py BATCH_MS): time order at a second with others.
+BATCH_MS = 500
 
 
 class SnowflakeStopped(IdPoolError):
     """No ID now: the worker ID's lease is lost or about to expire, or the clock
     is far behind the last time used. ``why`` says which."""
+
+
+class SnowflakeBatchTooLarge(IdPoolError, ValueError):
+    """``next_ids`` asked for more IDs than one worker ID makes in BATCH_MS; the
+    message names the tag's maximum (``limit``)."""
+
+    def __init__(self, tag: str, n: int, limit: int) -> None:
+        super().__init__(
+            f"next_ids({tag!r}, {n}): at most {limit} IDs per batch for this tag (what one "
+            f"worker ID makes in {BATCH_MS} ms); collected over longer, its first IDs would "
+            "be older than IDs others handed out meanwhile: ask in batches of that size"
+        )
+        self.limit = limit
+
+
+def batch_limit(layout: Layout) -> int:
+    """The most IDs one worker ID makes in BATCH_MS (as the server's)."""
+    return (1 << layout.sequence_bits) * max(1, BATCH_MS // layout.unit_ms)
 
 
 @dataclass(frozen=True)
@@ -221,7 +243,23 @@ class SnowflakeClient:
         return self._slow_id(tag)  # the unit is over: i is skipped, never handed out
 
     def next_ids(self, tag: str, n: int) -> list[int]:
-        return [self.next_id(tag) for _ in range(n)]
+        """``n`` IDs of ``tag``, none made more than BATCH_MS before they are
+        returned (as a node's ``/ids``). Raises SnowflakeBatchTooLarge (also a
+        ValueError) when ``n`` is more than one worker ID makes in BATCH_MS; IDs
+        that grew stale while the batch waited (other threads sharing the
+        sequence, a pause) are dropped, never returned, and made again."""
+        held = self._held.get(tag) or self._grant(tag)
+        limit = batch_limit(held.gen.layout)
+        if n > limit:
+            raise SnowflakeBatchTooLarge(tag, n, limit)
+        found: deque[tuple[float, int]] = deque()  # (monotonic time made, ID)
+        while len(found) < n:
+            value = self.next_id(tag)
+            made = time.monotonic()
+            found.append((made, value))
+            while made - found[0][0] > BATCH_MS / 1000:
+                found.popleft()  # too old to return: skipped, never handed out
+        return [value for _, value in found]
 
     def _slow_id(self, tag: str) -> int:
         """A new run for the current unit, under the tag's lock: the lease's

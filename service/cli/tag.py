@@ -17,6 +17,7 @@ from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     FormatChanged,
     InvalidInput,
+    NameUsedBefore,
     StartAboveMax,
     StartBelowIssued,
     StartOnReset,
@@ -48,7 +49,7 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     add = tag.add_parser("add", parents=[embedded], help="create a tag")
     add.add_argument("tag", type=tag_arg)
     add.add_argument("--step", type=integer, default=None, help="IDs per range")
-    add.add_argument("--start", type=integer, default=1, help="first ID (default 1)")
+    add.add_argument("--start", type=integer, default=None, help="first ID (default 1)")
     add.add_argument("--description", default="")
     add.add_argument(
         "--max",
@@ -176,7 +177,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
-    fields = {"tag": args.tag, "start": args.start, "description": args.description}
+    fields: dict[str, object] = {"tag": args.tag, "description": args.description}
+    if args.start is not None:
+        fields["start"] = args.start  # given: a snowflake tag refuses it
     fields.update(max=args.max, kind="snowflake" if args.snowflake else args.kind)
     fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
     if args.strict:
@@ -203,7 +206,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
-    except FormatChanged as e:
+    except (FormatChanged, NameUsedBefore) as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
