@@ -102,12 +102,18 @@ class RedisSentinelGroup:
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
     def start(self) -> RedisSentinelGroup:
-        for server in self.servers:
-            server.start()
-        self.wait_replicated(self.servers[1], 20.0)
-        for sentinel in self.sentinels:
-            sentinel.start()
-        self.wait_master(self.servers[0].port, 20.0)
+        """Start the servers, then the Sentinels; on any failure stop what started
+        (a caller holding no group yet could not)."""
+        try:
+            for server in self.servers:
+                server.start()
+            self.wait_replicated(self.servers[1], 20.0)
+            for sentinel in self.sentinels:
+                sentinel.start()
+            self.wait_master(self.servers[0].port, 20.0)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     # -- who is who -------------------------------------------------------------
