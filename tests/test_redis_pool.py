@@ -183,6 +183,11 @@ def _wait_rewrite(client: redis.Redis) -> None:
     _wait_until(done)
 
 
+def _wait_replica_online(primary: redis.Redis) -> None:
+    """Until ``primary`` lists its first replica online (what the raise script counts)."""
+    _wait_until(lambda: primary.info("replication").get("slave0", {}).get("state") == "online")
+
+
 class ReplyDroppingProxy:
     """Forwards to Redis; once armed, swallows the next reply and hangs up, as a
     network that fails after the command reached the server does."""
@@ -315,9 +320,7 @@ async def test_a_mark_waits_for_a_replica_when_asked(
             check = redis.Redis.from_url(replica.url)
             primary = redis.Redis.from_url(redis_server.url)
             # online as the primary sees it (what the raise script counts)
-            _wait_until(
-                lambda: primary.info("replication").get("slave0", {}).get("state") == "online"
-            )
+            _wait_replica_online(primary)
             assert await pool.raise_high_water(tag, 200) == 200
             assert check.get(pool.keys.hwm(tag)) == b"200"  # it waited for the replica
             assert await pool.mark_replicas() == (1, 1)
@@ -351,7 +354,7 @@ async def test_a_mark_is_refused_while_a_replica_is_cut_off(
     rep = redis.Redis(port=replica.port, socket_timeout=5, decode_responses=True)
     key = pool.keys.hwm(tag)
     try:
-        _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
+        _wait_replica_online(plain)
         assert await pool.raise_high_water(tag, 100) == 100
         replica.pause()  # cut off: it hears nothing and cannot reconnect
         plain.client_kill_filter(_type="replica")
@@ -366,7 +369,7 @@ async def test_a_mark_is_refused_while_a_replica_is_cut_off(
         assert await pool.high_water(tag) == 200  # the plain read still answers
         # Back: it catches up (the refused raise's range stays waste, never served)
         replica.resume()
-        _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
+        _wait_replica_online(plain)
         _wait_until(lambda: rep.get(key) == "200")
         assert await pool.raise_high_water(tag, 300) == 300  # back: raises count again
         assert rep.get(key) == "300"
@@ -395,7 +398,7 @@ async def test_a_frozen_replica_still_online_stops_claims_at_once(
     )
     plain = redis.Redis(port=primary.port, socket_timeout=5, decode_responses=True)
     try:
-        _wait_until(lambda: plain.info("replication").get("slave0", {}).get("state") == "online")
+        _wait_replica_online(plain)
         assert await pool.raise_high_water(tag, 100) == 100
         replica.pause()
         _wait_until(lambda: plain.info("replication")["slave0"]["lag"] > 2)
@@ -557,7 +560,7 @@ async def test_a_raise_that_finds_the_mark_higher_still_writes(
     try:
         primary = redis.Redis.from_url(redis_server.url)
         primary.config_set("repl-ping-replica-period", 3600)  # no pings in the stream
-        _wait_until(lambda: primary.info("replication").get("slave0", {}).get("state") == "online")
+        _wait_replica_online(primary)
         assert await pool.raise_high_water(tag, 300) == 300
         before = primary.info("replication")["master_repl_offset"]
         assert await pool.raise_high_water(tag, 250) == 300  # the mark stays
@@ -603,9 +606,7 @@ async def test_a_format_fingerprint_waits_for_a_replica_when_asked(
         try:
             check = redis.Redis.from_url(replica.url)
             primary = redis.Redis.from_url(redis_server.url)
-            _wait_until(
-                lambda: primary.info("replication").get("slave0", {}).get("state") == "online"
-            )
+            _wait_replica_online(primary)
             assert await pool.fence_format(tag + "b", "f2") == "set"
             assert check.get(pool.keys.format(tag + "b")) == b"f2"  # it waited
             replica.pause()  # online, but not acknowledging: the fence does not count
