@@ -5,21 +5,31 @@ speed, only that it measured, reported and cleaned up."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pymysql
 
-from ops.scalebench import CLOCK_TICKS, cpu_percent, parse
+from ops.scalebench import cpu_percent, parse, thread_cpu_ns
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_cpu_percent_counts_processes_that_came_and_went() -> None:
-    before = {1: 100, 2: 50}
-    after = {1: 150, 3: 50}  # 2 exited, 3 was born: 50 + 50 ticks in 2 s
-    assert cpu_percent(before, after, 2.0) == 100 * 100 / CLOCK_TICKS / 2
+def test_cpu_percent_counts_threads_that_came_and_went() -> None:
+    before = {1: 100_000_000, 2: 50_000_000}
+    after = {1: 150_000_000, 3: 50_000_000}  # 2 exited, 3 was born: 0.1 s in 2 s
+    assert cpu_percent(before, after, 2.0) == 5.0
+
+
+def test_thread_cpu_ns_sees_a_millisecond_of_work() -> None:
+    before = thread_cpu_ns(os.getpid())
+    end = time.thread_time_ns() + 2_000_000
+    while time.thread_time_ns() < end:  # 2 ms on CPU, well under one clock tick
+        pass
+    assert cpu_percent(before, thread_cpu_ns(os.getpid()), 1.0) >= 0.2
 
 
 def test_the_reproduce_line_spells_out_every_choice() -> None:

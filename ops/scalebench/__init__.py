@@ -13,6 +13,6 @@ load, ``scenarios.py`` runs the three scenarios, ``run.py`` is the command line.
 """
 
 from .run import parse
-from .world import CLOCK_TICKS, cpu_percent
+from .world import cpu_percent, thread_cpu_ns
 
-__all__ = ["CLOCK_TICKS", "cpu_percent", "parse"]
+__all__ = ["cpu_percent", "parse", "thread_cpu_ns"]

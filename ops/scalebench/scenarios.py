@@ -62,14 +62,14 @@ def idle(
         load_avg = os.getloadavg()[0]
         calls0 = world.command_calls()
         cpu0, cmds0, rcpu0, t0 = (
-            world.cpu_ticks(),
+            world.cpu_ns(),
             world.commands_processed(),
             world.redis_cpu_seconds(),
             time.monotonic(),
         )
         time.sleep(window)
         cpu1, cmds1, rcpu1, t1 = (
-            world.cpu_ticks(),
+            world.cpu_ns(),
             world.commands_processed(),
             world.redis_cpu_seconds(),
             time.monotonic(),
@@ -84,8 +84,8 @@ def idle(
         "fill_s": None if fill_s is None else round(fill_s, 1),
         "fill_limit_s": fill_limit,
         "short_lists_after_window": short,
-        "node_cpu_pct": round(cpu_percent(cpu0, cpu1, seconds), 1),
-        "node_cpu_pct_per_node": round(cpu_percent(cpu0, cpu1, seconds) / nodes, 1),
+        "node_cpu_pct": round(cpu_percent(cpu0, cpu1, seconds), 2),
+        "node_cpu_pct_per_node": round(cpu_percent(cpu0, cpu1, seconds) / nodes, 2),
         "redis_cluster": redis_cluster,
         # minus the INFO call that closes the window
         "redis_cmds_per_s": round((cmds1 - cmds0 - 1) / seconds, 1),
@@ -135,9 +135,9 @@ def busy_round(
         url = world.nodes[0].base_url + "/id/busy"
         drive(url, warmup, connections)
         load_avg = os.getloadavg()[0]
-        cpu0 = world.cpu_ticks()
+        cpu0 = world.cpu_ns()
         result = drive(url, seconds, connections)
-        cpu = cpu_percent(cpu0, world.cpu_ticks(), result.seconds)
+        cpu = cpu_percent(cpu0, world.cpu_ns(), result.seconds)
         world.check_nodes()
     out = {
         "tags": total_tags,

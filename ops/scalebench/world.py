@@ -29,7 +29,6 @@ from ops.toolkit import LocalCluster, NodeProcess, RedisServer, env_with, wait_r
 MYSQL_HOST, MYSQL_PORT, MYSQL_USER = "127.0.0.1", 3306, "root"
 TABLE = "idpool_tags"
 PREFIX = "idpool"  # IDPOOL_REDIS_PREFIX given to every node, so the keys below are known
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pool_key(tag: str) -> str:
@@ -331,14 +330,15 @@ class World:
             if (why := node.exited()) is not None:
                 raise RuntimeError(why)
 
-    def cpu_ticks(self) -> dict[int, int]:
-        """utime + stime of every node process and its descendants, by PID."""
-        ticks: dict[int, int] = {}
+    def cpu_ns(self) -> dict[int, int]:
+        """Nanoseconds on CPU of every thread of every node process and its
+        descendants, by thread id."""
+        used: dict[int, int] = {}
         for node in self.nodes:
             if node.proc is not None:
                 for pid in process_tree(node.proc.pid):
-                    ticks[pid] = cpu_ticks(pid)
-        return ticks
+                    used.update(thread_cpu_ns(pid))
+        return used
 
 
 def stop_process(node: NodeProcess, grace: float = 30.0) -> bool:
@@ -370,17 +370,21 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
-def cpu_ticks(pid: int) -> int:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Nanoseconds on CPU of each thread of ``pid``, by thread id. The first
+    field of ``schedstat``: exact, where ``stat``'s utime + stime are sampled
+    in clock ticks (10 ms) and read 0 for an idle node over a short window."""
+    used: dict[int, int] = {}
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            used[int(stat.parent.name)] = int(stat.read_text().split()[0])
+    return used
 
 
 def cpu_percent(before: dict[int, int], after: dict[int, int], seconds: float) -> float:
-    """% of one core used between two samples; a process gone by the second
-    sample counts up to the first, one born since counts whole."""
-    used = sum(after.get(pid, t) - t for pid, t in before.items())
-    used += sum(t for pid, t in after.items() if pid not in before)
-    return 100.0 * used / CLOCK_TICKS / seconds
+    """% of one core used between two samples of nanoseconds by thread id; a
+    thread gone by the second sample counts up to the first, one born since
+    counts whole."""
+    used = sum(after.get(tid, t) - t for tid, t in before.items())
+    used += sum(t for tid, t in after.items() if tid not in before)
+    return 100.0 * used / 1e9 / seconds
