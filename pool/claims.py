@@ -236,7 +236,9 @@ async def create_tag(
         try:
             floor = await pool.high_water(tag)
             # Before the row exists: no node can serve the tag before its format is
-            # fenced. A plain tag only checks (and is made with Redis down, as before).
+            # fenced. A plain tag is recorded as plain too (a format added to its row
+            # by hand is then refused), but is made with Redis down, as before: the
+            # first node to serve it writes the record.
             fenced = await pool.fence_format(tag, fingerprint)
         except StoreUnavailable as e:
             if options:
@@ -254,7 +256,7 @@ async def create_tag(
             used = (
                 "with another format (its fingerprint is in Redis)"
                 if fenced == "other"
-                else "as a plain tag (IDs were claimed under it)"
+                else "as a plain tag (recorded so in Redis, or IDs were claimed under it)"
             )
             raise FormatChanged(tag, used)
     try:

@@ -46,7 +46,15 @@ from .keys import Keys, Legacy
 from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
-from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
+from .values import (
+    MAX_POP_RANGES,
+    Moved,
+    PoolSummary,
+    PopResult,
+    PushResult,
+    format_record,
+    summary,
+)
 
 # The Redis incarnation, computed on the server inside the script that relies on
 # it: `run_id` changes on every start, `master_replid` on every promotion.
@@ -179,14 +187,17 @@ return found
 """
 
 # KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm (one slot); ARGV[1] = the
-# fingerprint of the format a tag of that name is being made with ('' for none),
-# ARGV[2] = '1' when a node is about to serve the (live, formatted) tag: then a
-# missing fingerprint is written whatever the mark (the row is the tag's truth;
-# a Redis that lost the key gets it back). One script: no claim can raise the
-# mark between the look and the SET. Returns
-# {'same' | 'set' (first formatted use of the name) | 'other' (another format was
-# used) | 'unformatted' (numbers were claimed with no format recorded), replicas online}.
-# A fingerprint found is SET again, as the raise does: a WAIT then covers it.
+# record of the format a tag of that name is being made or served with (its
+# fingerprint, or PLAIN_RECORD for none), ARGV[2] = '1' when a node is about to
+# serve the (live) tag: then a missing record is written whatever the mark (the
+# row is the tag's truth; a Redis that lost the key gets it back). A plain name's
+# record is written as any other: a format added to its row by hand, or removed
+# from a formatted one, is then refused by a node serving it fresh. One script:
+# no claim can raise the mark between the look and the SET. Returns
+# {'same' | 'set' (first use of the name recorded) | 'other' (another format was
+# used) | 'unformatted' (a format asked for a name used plain: recorded so, or
+# numbers claimed with nothing recorded), replicas online}.
+# A record found is SET again, as the raise does: a WAIT then covers it.
 _FENCE_FORMAT = """
 local online = 0
 for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset=%d+,lag=(%d+)') do
@@ -194,13 +205,17 @@ for lag in string.gmatch(redis.call('INFO', 'replication'), 'state=online,offset
 end
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  if cur ~= ARGV[1] then return {'other', online} end
-  redis.call('SET', KEYS[1], cur)
-  return {'same', online}
+  if cur == ARGV[1] then
+    redis.call('SET', KEYS[1], cur)
+    return {'same', online}
+  end
+  if cur == 'plain' then return {'unformatted', online} end  -- PLAIN_RECORD
+  return {'other', online}
 end
-if ARGV[1] == '' then return {'same', 0} end
 local mark = redis.call('GET', KEYS[2])
-if ARGV[2] ~= '1' and mark and mark ~= '0' then return {'unformatted', online} end
+if ARGV[1] ~= 'plain' and ARGV[2] ~= '1' and mark and mark ~= '0' then
+  return {'unformatted', online}
+end
 redis.call('SET', KEYS[1], ARGV[1])
 return {'set', online}
 """
@@ -529,11 +544,13 @@ class RedisPool:
         """Record (or check) the format a tag of this name renders with, beside its
         high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
         keys = [self.keys.format(tag), self.keys.hwm(tag)]
-        args = [fingerprint, "1" if serving else "0"]
+        args = [format_record(fingerprint), "1" if serving else "0"]
         if not self._mark_replicas or not fingerprint or serving:
             # Serving checks a live row against the record (the row is the truth: a
             # record a failover lost is written back at the next check), so it need
-            # not wait for replicas: too few of them stop claims, not serving.
+            # not wait for replicas: too few of them stop claims, not serving. A
+            # plain name's record is not waited for either: a plain tag is made with
+            # Redis short of replicas (or down), as before records.
             found, _ = await self._call(self._fence_format, keys, args)
             return str(found)
         # As a raise of the mark: the fingerprint counts only once the replicas
@@ -563,7 +580,8 @@ class RedisPool:
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         """Take back a fingerprint this process set for a tag it then did not make."""
-        await self._call(self._unfence_format, [self.keys.format(tag)], [fingerprint])
+        record = format_record(fingerprint)
+        await self._call(self._unfence_format, [self.keys.format(tag)], [record])
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait

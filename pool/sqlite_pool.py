@@ -22,7 +22,16 @@ from collections.abc import Mapping, Sequence
 from .ranges import IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
-from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
+from .values import (
+    MAX_POP_RANGES,
+    PLAIN_RECORD,
+    Moved,
+    PoolSummary,
+    PopResult,
+    PushResult,
+    format_record,
+    summary,
+)
 
 _UPSERT_STAT = (
     "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, ?, ?) "
@@ -176,21 +185,24 @@ class SqlitePool:
     async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
         """Record or check a tag's format fingerprint (see RedisPool.fence_format)."""
 
+        record = format_record(fingerprint)
+
         def op(conn: sqlite3.Connection) -> str:
             row = conn.execute(
                 "SELECT fingerprint FROM idpool_formats WHERE tag = ?", (tag,)
             ).fetchone()
             if row is not None:
-                return "same" if row[0] == fingerprint else "other"
-            if not fingerprint:
-                return "same"
+                if row[0] == record:
+                    return "same"
+                return "unformatted" if row[0] == PLAIN_RECORD else "other"
             mark = conn.execute(
                 "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
             ).fetchone()
-            if not serving and mark is not None and int(mark[0]) > 0:
+            used = mark is not None and int(mark[0]) > 0
+            if fingerprint and not serving and used:
                 return "unformatted"
             conn.execute(
-                "INSERT INTO idpool_formats (tag, fingerprint) VALUES (?, ?)", (tag, fingerprint)
+                "INSERT INTO idpool_formats (tag, fingerprint) VALUES (?, ?)", (tag, record)
             )
             return "set"
 
@@ -199,7 +211,8 @@ class SqlitePool:
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "DELETE FROM idpool_formats WHERE tag = ? AND fingerprint = ?", (tag, fingerprint)
+                "DELETE FROM idpool_formats WHERE tag = ? AND fingerprint = ?",
+                (tag, format_record(fingerprint)),
             )
 
         await self.file.write(op)

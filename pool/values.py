@@ -97,6 +97,16 @@ def format_fingerprint(options: str, secret: str) -> str:
     return hashlib.sha256(f"{options}\n{secret}".encode()).hexdigest()[:32]
 
 
+PLAIN_RECORD = "plain"  # a plain name's record beside its mark (a fingerprint is 32 hex)
+
+
+def format_record(fingerprint: str) -> str:
+    """What ``idpool:{tag}:format`` holds for a format: its fingerprint, or
+    PLAIN_RECORD for a plain tag (so a format added by hand to a plain name's row
+    is refused too, not recorded as the name's first)."""
+    return fingerprint or PLAIN_RECORD
+
+
 def check_tombstone(tag: str, old_options: str, old_secret: str, options: str, secret: str) -> None:
     """A removed name comes back only with the format it had (raises FormatChanged):
     another template or key could render a string the removed tag handed out, and

@@ -66,10 +66,11 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
 
 async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
     """Refuse (400 ``bad_value``) a decoded segment ID whose number its sequence never
-    handed out: at or above the ``max_id`` of the row it comes from (the tag's own,
-    or with a reset its period's ``TAG@KEY``, which must exist). ``max_id`` is the
-    next number a claim would take, so every number claimed is below it; a number
-    claimed but still in the pool or a buffer passes (the ledger cannot tell)."""
+    handed out: below the ``start_id``, or at or above the ``max_id``, of the row it
+    comes from (the tag's own, or with a reset its period's ``TAG@KEY``, which must
+    exist). ``max_id`` is the next number a claim would take, so every number
+    claimed is below it; a number claimed but still in the pool or a buffer passes
+    (the ledger cannot tell)."""
     if row.kind != SEGMENT:
         return
     value, number = found["value"], found["sequence"]
@@ -84,6 +85,12 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
                 f"{value[:80]!r} was never issued by tag {row.tag!r}: no number of its "
                 f"period {period} was issued (no row {row.tag}@{period})",
             ) from None
+    if number < source.start_id:
+        raise InvalidInput(
+            "bad_value",
+            f"{value[:80]!r} was never issued by tag {row.tag!r}: sequence number {number} "
+            f"is below its start {source.start_id}",
+        )
     if number >= source.max_id:
         where = f"its period {period}" if period is not None else "it"
         raise InvalidInput(

@@ -202,12 +202,13 @@ class FormattedTags:
         return name, start, until
 
     async def check_fence(self, tag: str) -> None:
-        """Before this process first serves ``tag``: its row's format must be the one
-        recorded for the name beside its mark (``idpool:{tag}:format``), else
-        FormatNotFenced: a row inserted or edited by hand with another format could
-        repeat strings the name handed out. A missing record is written (a Redis
-        that lost it gets it back). Raises StoreUnavailable (no claim without Redis
-        either)."""
+        """Before this process first serves ``tag``, formatted or plain: its row's
+        format must be the one recorded for the name beside its mark
+        (``idpool:{tag}:format``, "plain" for none), else FormatNotFenced: a row
+        inserted or edited by hand with another format, or with its format added or
+        removed, could repeat strings the name handed out. A missing record is
+        written (a Redis that lost it gets it back). Raises StoreUnavailable (no
+        claim without Redis either)."""
         tags = self.node.tags
         row = tags.rows.get(tag) or await tags.lookup(tag)
         if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)

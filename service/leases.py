@@ -160,6 +160,8 @@ async def lease(request: Request) -> Response:
     sequence, since, until = tag, 0.0, 0.0
     if fmt is not None:
         sequence, since, until = await run.node.formatted.sequence(tag, fmt)
+    elif row.kind == "segment":  # a plain row: its name must not be a formatted tag's
+        await run.node.formatted.check_fence(tag)
     taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.

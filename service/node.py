@@ -132,6 +132,12 @@ class Node:
         if self.draining:
             raise Draining("node is shutting down")
         await self.tags.lookup(tag)  # raises UnknownTag: no buffer, no pop, no claim
+        if tag not in self.tags.formats:
+            # A plain tag, first served here: its name must not be a formatted tag's
+            # (a format removed from the row by hand would serve numbers the old
+            # strings may read as). A formatted tag and its periods' rows were checked
+            # by FormattedTags.take. Once per tag and process, off the fast path.
+            await self.formatted.check_fence(tag)
         buf = self.buffers.get(tag)  # another request may have made it meanwhile
         if buf is None:
             if self.draining:

@@ -375,7 +375,7 @@ async def test_a_formatted_tag_is_made_only_once_its_format_is_fenced(
     with pytest.raises(TagExists):
         await create_tag(ledger, redis_pool, tag + "p", step=10, start=1, options=options,
                          secret="cc" * 16)  # fmt: skip
-    assert await redis_pool.fence_format(tag + "p", "") == "same"
+    assert await redis_pool.fence_format(tag + "p", "") == "set"  # nothing was left: recorded now
     assert made.secret == "aa" * 16
     with pytest.raises(FormatChanged):  # plain numbers were claimed under the name
         await LedgerClaims(ledger, redis_pool).claim(tag + "p")

@@ -320,6 +320,14 @@ def test_decode_refuses_numbers_never_issued(admin: TestClient, tag: str) -> Non
     assert fmt is not None and fmt.obfuscation is not None
     r = decoded(hidden, str(fmt.obfuscation.encode(listed(admin, hidden)["max_id"])))
     assert r.status_code == 400 and "never issued" in r.json()["message"]
+    # Below its start: never claimed by this tag (decode took any number below max_id).
+    late = tag + "s"
+    add(admin, tag=late, step=10, start=500, obfuscate=True, max=10**6)
+    assert decoded(late, admin.get(f"/id/{late}").text).status_code == 200
+    fmt = format_of(app.node.tags.rows[late])
+    assert fmt is not None and fmt.obfuscation is not None
+    r = decoded(late, str(fmt.obfuscation.encode(499)))
+    assert r.status_code == 400 and "below its start 500" in r.json()["message"], r.text
 
 
 def listed(admin: TestClient, tag: str) -> Any:
@@ -818,6 +826,65 @@ def test_a_row_edited_by_hand_to_another_format_is_not_served(
     finally:
         r.close()
     assert first.startswith("M-")
+
+
+def test_a_format_removed_or_added_by_hand_is_not_served_by_a_fresh_node(
+    settings: Settings, tag: str
+) -> None:
+    """A fresh node served a row whose format was removed by hand as plain numbers
+    (the old tag's strings were the same numbers, obfuscated: 12 repeats), and
+    recorded a format added by hand to a plain tag as the name's first (194
+    repeats, leases too). The name's record beside its mark refuses both."""
+    import pymysql
+    import redis
+
+    from idpool.pool.keys import Keys
+
+    from .conftest import REDIS_URL
+
+    plain = tag + "p"
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+        add(c, tag=tag, step=10, format="{id}", obfuscate=True, max=1000)
+        add(c, tag=plain, step=10)
+        assert c.get(f"/id/{tag}").status_code == 200
+        assert c.get(f"/id/{plain}").text.isdigit()
+    params = settings.mysql_params()
+    conn = pymysql.connect(host=params.host, port=params.port, user=params.user,
+                           database=params.database, autocommit=True)  # fmt: skip
+    cur = conn.cursor()
+    r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        cur.execute("SELECT options, secret FROM idpool_tags WHERE tag = %s", (tag,))
+        options, secret = cur.fetchone()  # type: ignore[misc]
+        cur.execute("UPDATE idpool_tags SET options = '', secret = '' WHERE tag = %s", (tag,))
+        cur.execute(
+            "UPDATE idpool_tags SET options = %s, secret = %s WHERE tag = %s",
+            (options, secret, plain),
+        )
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            for name in (tag, plain):
+                for path in (f"/id/{name}", f"/ids/{name}?count=2"):
+                    got = c.get(path)
+                    assert got.status_code == 503, (path, got.text)
+                    assert "not the one this name" in got.json()["message"]
+                assert c.post(f"/lease/{name}?count=5").status_code == 503
+        # Edited back: served again, each as it always was.
+        cur.execute(
+            "UPDATE idpool_tags SET options = %s, secret = %s WHERE tag = %s",
+            (options, secret, tag),
+        )
+        cur.execute("UPDATE idpool_tags SET options = '', secret = '' WHERE tag = %s", (plain,))
+        # A plain name with no record (made with Redis down) gets one when first served.
+        key = Keys(settings.redis_prefix).format(plain)
+        assert r.get(key) == "plain"
+        r.delete(key)
+        with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+            assert c.get(f"/id/{tag}").status_code == 200
+            assert c.get(f"/id/{plain}").text.isdigit()
+        assert r.get(key) == "plain"
+    finally:
+        r.close()
+        conn.close()
 
 
 def test_cli_speaks_of_a_reset_tags_periods_not_its_own_row(settings: Settings, tag: str) -> None:
