@@ -7,7 +7,8 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY pool ./pool
 COPY service ./service
 COPY idpool ./idpool
-# The node renders formatted IDs with the client's formats module (one module for both)
+# The node renders formatted IDs with the client's formats module (one module for both;
+# the client's optional C module is skipped here, with no compiler: the node never uses it)
 COPY client ./client
 # -c constraints.txt: the versions the tests ran against (`make constraints`),
 # never whatever is newest on the day the image is built.

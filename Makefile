@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 
 # -c constraints.txt: the runtime dependencies at the versions the image pins, so
 # the tests run against what the image ships (`make constraints` after an upgrade).
-$(VENV)/.installed: pyproject.toml client/pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml client/pyproject.toml client/idpool_client/_clockrun.c constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'

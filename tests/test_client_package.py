@@ -26,7 +26,7 @@ CLIENT = Path(__file__).resolve().parent.parent / "client"
 USE = """
 import asyncio, json, sys
 import idpool_client
-from idpool_client import AsyncIdPoolClient, IdPoolAuthError, IdPoolClient
+from idpool_client import AsyncIdPoolClient, IdPoolAuthError, IdPoolClient, snowflake
 
 url, tag, token = sys.argv[1:4]
 try:
@@ -43,7 +43,8 @@ async def main():
 
 ids += asyncio.run(main())
 print(json.dumps({"version": idpool_client.__version__, "file": idpool_client.__file__,
-                  "refused": refused, "ids": ids, "returned": client.report.returned}))
+                  "refused": refused, "ids": ids, "returned": client.report.returned,
+                  "c_run": snowflake.ClockRun is not None}))
 """
 
 
@@ -51,7 +52,7 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_serves_a_guarded_tag(
     settings: Settings, tag: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "src"  # a copy: a build writes build/ and egg-info beside the code
-    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "dist"))
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "dist", "*.so"))
     dist = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],
@@ -60,18 +61,21 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_serves_a_guarded_tag(
         timeout=120,
     )
     version = _version()
-    wheel = dist / f"idpool_client-{version}-py3-none-any.whl"
+    # the snowflake run in C (optional in the build, so a platform wheel here)
+    (wheel,) = dist.glob(f"idpool_client-{version}-cp3*-*.whl")
     sdist = dist / f"idpool_client-{version}.tar.gz"
     with zipfile.ZipFile(wheel) as w:
         names = set(w.namelist())
         metadata = w.read(f"idpool_client-{version}.dist-info/METADATA").decode()
-    assert "idpool_client/py.typed" in names
+    assert "idpool_client/py.typed" in names and "idpool_client/_clockrun.pyi" in names
+    assert any(n.startswith("idpool_client/_clockrun.") and n.endswith(".so") for n in names)
     assert f"idpool_client-{version}.dist-info/licenses/LICENSE" in names
     assert "Name: idpool-client" in metadata and f"Version: {version}" in metadata
     assert "## Tokens" in metadata and "What a crash costs" in metadata  # the README
     with tarfile.open(sdist) as s:
         packed = {n.split("/", 1)[1] for n in s.getnames() if "/" in n}
     assert {"README.md", "LICENSE", "pyproject.toml", "idpool_client/py.typed"} <= packed
+    assert "idpool_client/_clockrun.c" in packed
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -101,7 +105,7 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_serves_a_guarded_tag(
     assert ran.returncode == 0, ran.stderr
     out = json.loads(ran.stdout)
     assert out["version"] == version and out["file"].startswith(str(venv))
-    assert out["refused"] == tag
+    assert out["refused"] == tag and out["c_run"]
     ids = out["ids"]
     assert len(ids) == 320 and len(set(ids)) == 320 and out["returned"] > 0
 

@@ -229,3 +229,39 @@ def test_a_run_ends_at_the_lease_deadline_when_that_comes_before_its_unit_ends()
     got = gen.take_unit()
     assert got is not None
     assert got[2] == (now + 200) * 1_000_000  # the deadline, 0.2 s on: not the unit's end
+
+
+def test_the_c_run_is_built_here_and_both_runs_end_at_the_deadline_for_good() -> None:
+    """The client's run of one unit is C's ClockRun where it was built (make install
+    builds it; the benchmark's numbers are its), else the same logic in Python
+    building blocks: both draw in order and end for good at the first draw the
+    wall clock reads the deadline, that draw skipped."""
+    from idpool_client import snowflake
+
+    assert snowflake.ClockRun is not None, "idpool_client/_clockrun.c was not built"
+    soon = time.time_ns() + 10**10
+    wall = [soon - 10]
+    runs = {
+        "c": snowflake._clock_run(5, 9, soon, time.time_ns),
+        "python": snowflake._clock_run(5, 9, soon, lambda: wall[0]),
+    }
+    assert type(runs["c"][0]).__name__ == "ClockRun"
+    assert type(runs["python"][0]).__name__ == "compress"
+    for run, _ in runs.values():
+        assert [next(run), next(run), next(run), next(run)] == [5, 6, 7, 8]
+        assert next(run, None) is None  # the unit's sequence used up
+    for name, clock in (("c", time.time_ns), ("python", lambda: wall[0])):
+        run, end = snowflake._clock_run(5, 9, soon, clock)
+        assert next(run) == 5
+        end()  # close(): a thread holding the run draws nothing more
+        assert next(run, None) is None, name
+    over = time.time_ns() - 1
+    for clock in (time.time_ns, lambda: over):
+        run, _ = snowflake._clock_run(5, 9, over, clock)
+        assert next(run, None) is None  # the deadline passed: 5 skipped
+    run, _ = snowflake._clock_run(5, 9, soon, lambda: wall[0])
+    assert next(run) == 5
+    wall[0] = soon  # the deadline
+    assert next(run, None) is None
+    wall[0] = soon - 10  # the clock back again: the run stays over
+    assert next(run, None) is None

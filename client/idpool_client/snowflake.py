@@ -24,6 +24,7 @@ checks that both make the same IDs from the same clocks.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import socket
 import sys
@@ -32,11 +33,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from itertools import compress, takewhile
+from typing import Any
 from urllib.parse import quote
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
 from .transport import Transport
+
+try:  # built from _clockrun.c where a compiler was at hand (optional, see pyproject.toml)
+    from ._clockrun import ClockRun
+except ImportError:  # pragma: no cover - a pure-Python install
+    ClockRun = None  # type: ignore[assignment,misc]
 
 MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
 # A batch (next_ids) returns no ID made more than this before it returns, as a
@@ -165,26 +172,37 @@ class Generator:
         return value, limit, min(unit_end_ns, self._clock_ms() * 1_000_000 + left_ns)
 
 
-class _Run(NamedTuple):
-    """The rest of one time unit's sequence: what ``next_id`` reads without a lock.
+def _clock_run(
+    first: int, limit: int, until_ns: int, clock_ns: Callable[[], int]
+) -> tuple[Iterator[int], Callable[[], None]]:
+    """The rest of one time unit's sequence, what ``next_id`` draws from without a
+    lock, and what ends it at once (``close``): ``first``, ``first + 1``, ...
+    below ``limit``, while the wall clock, read at each draw after the number is
+    taken, is before ``until_ns`` (the end of the run's unit). So an ID never
+    carries a time unit that had ended when it was drawn: a process paused
+    (SIGSTOP, a VM stalled, a long GC) with a run half used finds its unit over
+    on the first draw after, and the run ends (its rest never handed out, never
+    made again: the generator is already past it).
 
-    ``ids`` is a ``range`` iterator over the unit's IDs (``next()`` on it is one C
-    call under the GIL: two threads never draw the same, and it ends by itself
-    at the unit's last sequence). An ID drawn from it is handed out only while
-    the wall clock, read right then, is before ``until_ns``, the end of the run's
-    unit. So an ID never carries a time unit that had ended when ``next_id`` read
-    the clock: a process paused (SIGSTOP, a VM stalled, a long GC) with a run
-    half used finds its unit over on the first ID after, and drops the run's rest
-    (never handed out, never made again: the generator is already past it).
+    Each draw is one C call under the GIL (two threads never draw the same): the
+    C ClockRun (``_clockrun.c``) where it was built and the clock is the real one,
+    else a ``range`` iterator cut by ``takewhile`` over the clock's readings, the
+    same logic in C building blocks with a Python clock call per ID (2.5x the
+    segment client's ``next_id``, where ClockRun is 1.3x; ops/BENCHMARKS.md).
 
     A ticker thread that ended each run every 0.1 s did not do this: after a
     pause, the thread that held the GIL went on handing out the old run for up
     to a switch interval before the ticker could run, IDs over a second older
     than ones nodes had made meanwhile.
     """
-
-    ids: Iterator[int]
-    until_ns: int
+    if ClockRun is not None and clock_ns is time.time_ns:
+        run = ClockRun(first, limit, until_ns)
+        return run, run.end
+    numbers = iter(range(first, limit))
+    before_end = takewhile(functools.partial(operator.gt, until_ns), iter(clock_ns, None))
+    # compress draws the number first, then reads the clock: as ClockRun.
+    ended = functools.partial(numbers.__setstate__, sys.maxsize)  # type: ignore[attr-defined]
+    return compress(numbers, before_end), ended
 
 
 class _Held:
@@ -218,29 +236,23 @@ class SnowflakeClient:
         self.transport.calls.setdefault("worker", 0)
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}"
         self._held: dict[str, _Held] = {}
-        self._runs: dict[str, _Run] = {}  # tag -> the current unit's run (the hot path)
+        # tag -> the current unit's run (the hot path), and what ends it (_clock_run)
+        self._runs: dict[str, Iterator[int]] = {}
+        self._run_ends: dict[str, Callable[[], None]] = {}
         self._lock = threading.Lock()
         self._closed = False
-        # The wall clock IDs are made from (a test passes its own): read once per ID,
-        # as next_id's default argument (a local: an attribute read costs as much as
-        # the rest of the hot path).
-        self._clock_ns = clock_ns
-        if clock_ns is not time.time_ns:
-            self.next_id = functools.partial(self.next_id, _now=clock_ns)  # type: ignore[method-assign]
+        self._clock_ns = clock_ns  # the wall clock IDs are made from (a test passes its own)
 
-    def next_id(self, tag: str, *, _now: Callable[[], int] = time.time_ns) -> int:
+    def next_id(self, tag: str) -> int:
         """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
         or the clock far behind), IdPoolUnavailable (no worker ID to be had).
 
-        No lock while the current run lasts, one clock read (see _Run)."""
+        No lock while the current run lasts: one C call, which reads the clock
+        (see _clock_run)."""
         try:  # try costs nothing until it catches
-            ids, until_ns = self._runs[tag]
-            i = next(ids)
-        except (KeyError, StopIteration):  # no run yet; the unit's sequence used up
+            return next(self._runs[tag])
+        except (KeyError, StopIteration):  # no run yet; the unit over or used up
             return self._slow_id(tag)
-        if _now() < until_ns:
-            return i
-        return self._slow_id(tag)  # the unit is over: i is skipped, never handed out
 
     def next_ids(self, tag: str, n: int) -> list[int]:
         """``n`` IDs of ``tag``, none made more than BATCH_MS before they are
@@ -275,18 +287,21 @@ class SnowflakeClient:
                         # Another thread made a run while this one waited for the
                         # lock: draw from it while its unit lasts (asking the
                         # generator would find the unit used up and wait for the next).
-                        i = next(run.ids, None)
-                        if i is not None and self._clock_ns() < run.until_ns:
+                        i = next(run, None)
+                        if i is not None:
                             return i
                     got = held.gen.take_unit()
                     if got is not None:
                         value, limit, until_ns = got
                         # The rest of this unit's sequence goes to the lock-free path,
                         # for as long as the unit lasts.
-                        self._runs[tag] = _Run(iter(range(value + 1, limit)), until_ns)
+                        run, end = _clock_run(value + 1, limit, until_ns, self._clock_ns)
+                        self._run_ends[tag] = end
+                        self._runs[tag] = run
                         return value
             except SnowflakeStopped:
                 self._runs.pop(tag, None)
+                self._run_ends.pop(tag, None)
                 if held.gen.lost is None or self._closed:
                     raise
                 # Lost (a renewal refused): forget it; the next round asks for a
@@ -364,11 +379,10 @@ class SnowflakeClient:
             self._closed = True
             held_now = list(self._held.values())
             self._held.clear()
-            for run in self._runs.values():
-                # exhausted in one C call: a thread that read the run before the
-                # clear draws nothing more from it
-                run.ids.__setstate__(sys.maxsize)  # type: ignore[attr-defined]
+            for end in self._run_ends.values():
+                end()  # one C call: a thread that read the run before the clear draws no more
             self._runs.clear()
+            self._run_ends.clear()
         for held in held_now:
             held.done.set()
             with held.lock:
