@@ -14,7 +14,9 @@ keeps from anyone but an operator (400 ``not_decodable`` for the others).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from idpool_client.formats import TagFormat, period_row
@@ -23,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from idpool.pool.errors import InvalidInput, UnknownTag
-from idpool.pool.snowflake import Layout, wall_ms
+from idpool.pool.snowflake import DECODE_AHEAD_MS, Layout, wall_ms
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
@@ -74,6 +76,17 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
     if row.kind != SEGMENT:
         return
     value, number = found["value"], found["sequence"]
+    fmt = format_of(row)
+    earliest = None if fmt is None else fmt.earliest(value)
+    # ahead of this clock by as much as a snowflake ID's time may be (another node's
+    # clock ahead of this one): further, it was never handed out
+    if earliest is not None and earliest * 1000 > time.time() * 1000 + DECODE_AHEAD_MS:
+        raise InvalidInput(
+            "bad_value",
+            f"{value[:80]!r} was never issued by tag {row.tag!r} (not issued yet): its date "
+            f"is {datetime.fromtimestamp(earliest, UTC):%Y-%m-%d %H:%M:%S} UTC at the "
+            "earliest, ahead of the clock",
+        )
     period = found.get("period")
     source = row
     if period is not None:

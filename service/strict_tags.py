@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from idpool.pool.claims import Claim, RedisSkip
 from idpool.pool.errors import (
     Draining,
+    FormatNotFenced,
     MarkNotReplicated,
     StoreBusy,
     StoreSkipped,
@@ -197,11 +198,31 @@ class StrictKind:
         return "".join(down)
 
     async def next_id(self, tag: str) -> int:
+        if tag not in self.tags.queues:
+            await self._check_format(tag)
         return await self.tags.take(tag, 1)
 
     async def next_ids(self, tag: str, count: int) -> list[int]:
+        if tag not in self.tags.queues:
+            await self._check_format(tag)
         first = await self.tags.take(tag, count)
         return list(range(first, first + count))
+
+    async def _check_format(self, tag: str) -> None:
+        """Before this process first serves the strict tag (its queue is made by
+        the take that follows): a strict tag has no format, so a row that carries
+        one, or a name recorded with one (``idpool:{tag}:format``), was edited by
+        hand from a formatted tag (its ``kind`` set to strict, its options kept or
+        cleared): its bare numbers would repeat the strings it handed out, and the
+        strict path never renders. Refused (FormatNotFenced, 503); a name with no
+        record gets ``plain`` (a strict tag made with Redis down has none).
+        Once per tag and process, as the segment path's buffer: a strict tag
+        served here goes on with the bare numbers it always handed out, whatever
+        its row then reads (a formatted tag's buffer was never its queue)."""
+        row = self.node.tags.rows.get(tag) or await self.node.tags.lookup(tag)
+        if row.options:
+            raise FormatNotFenced(tag, "a strict tag has no format, and its row carries one")
+        await self.node.formatted.check_fence(tag)
 
     def not_ready(self) -> str | None:
         """Strict tags need Redis per request: a node without it answers their

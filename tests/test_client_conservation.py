@@ -37,13 +37,15 @@ RETURNED = re.compile(r"event=lease_returned tag=\S+ range=\S+ lease=(\S+)")
 
 
 MAX_COUNT = 500  # each client's; the pool's ranges (200) plus a claim are cut to it
+THREADS = 4  # drawing in each client process
+BATCH = 50  # the most IDs a client thread draws at once (next_ids) before recording them
 
 
 class ClientProcess:
     def __init__(self, urls: list[str], tag: str, out: Path) -> None:
         self.out = out
         command = [sys.executable, "-m", "tests.client_worker", ",".join(urls), tag, str(out)]
-        command += ["4", str(MAX_COUNT)]
+        command += [str(THREADS), str(MAX_COUNT)]
         self.proc = subprocess.Popen(command, cwd=ROOT)
 
     def wait_drawing(self, timeout: float = 20.0) -> None:
@@ -230,11 +232,19 @@ def test_kill_9_of_a_client_and_a_node_loses_only_what_they_held(
             at = max(holder)
     # Leases used up need no return; of the rest, the killed client held its
     # current and next lease and maybe one on its way (a lease whose answer the
-    # killed node never sent is inside that node's ranges).
+    # killed node never sent is inside that node's ranges). Besides those, each
+    # of its threads may have been killed between drawing a batch and recording
+    # it: those IDs were handed out, not lost, but read as a gap, at the tail of
+    # whatever lease they came from. Counted in IDs, not leases: on a loaded
+    # machine a thread paused with its batch while the others used up two more
+    # leases (4 leases with gaps: 40, 10 and 14 IDs at three tails, one whole).
     lost_leases = [
         (a, b)
         for a, b in unreturned
         if any(s < b and a < e for s, e in gaps)
         and not any(x <= a and b <= y for x, y in killed_node_held)
     ]
-    assert gaps and len(lost_leases) <= 3, lost_leases
+    lost_ids = sum(
+        min(b, e) - max(a, s) for a, b in lost_leases for s, e in gaps if s < b and a < e
+    )
+    assert gaps and lost_ids <= 3 * MAX_COUNT + THREADS * BATCH, (lost_ids, lost_leases)

@@ -52,7 +52,8 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_serves_a_guarded_tag(
     settings: Settings, tag: str, tmp_path: Path
 ) -> None:
     source = tmp_path / "src"  # a copy: a build writes build/ and egg-info beside the code
-    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("*.egg-info", "build", "dist", "*.so"))
+    built = shutil.ignore_patterns("*.egg-info", "build", "dist", "*.so")
+    shutil.copytree(CLIENT, source, ignore=built)
     dist = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],

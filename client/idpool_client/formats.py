@@ -438,6 +438,15 @@ class TagFormat:
         check it). Without a ledger, a well-spelt number never issued decodes."""
         return self.decode_period(value)[0]
 
+    def earliest(self, value: int | str) -> float | None:
+        """The earliest moment (UTC seconds) the date in ``value`` can name, when
+        the template shows a year (else None: any year renders alike). A moment
+        after it is when the ID was made; so a date ahead of the clock was never
+        handed out. ValueError as ``decode``."""
+        if self._parts is None or not {"Y", "y"} & self._parts.directives:
+            return None
+        return self._split(str(value))[1]
+
     def decode_period(self, value: int | str) -> tuple[int, str | None]:
         """(sequence number, key of its period, None without a reset) of an ID this
         format made: the period names the ledger row (``TAG@KEY``) it came from."""
