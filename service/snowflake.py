@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idpool.pool.errors import (
+    FormatNotFenced,
     IdPoolError,
     InvalidInput,
     StoreUnavailable,
@@ -234,6 +235,15 @@ class SnowflakeKind:
         retry_at, why = self._retry.get(tag, (0.0, ""))
         if self._monotonic() < retry_at:
             raise WorkerLeaseLost(tag, why)
+        # A snowflake tag has no format: a row carrying one, or a name recorded with
+        # one, is a formatted tag whose kind was edited by hand (its strings could be
+        # numbers this tag makes). Checked once per tag and process (check_fence).
+        if row.options:
+            raise FormatNotFenced(tag, "a snowflake tag has no format, and its row carries one")
+        try:
+            await self.node.formatted.check_fence(tag)
+        except StoreUnavailable as e:
+            raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
             # lease, which a renewal or release must show.

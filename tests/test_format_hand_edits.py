@@ -167,3 +167,42 @@ def test_a_strict_tag_made_with_redis_down_then_given_a_format_by_hand_is_not_se
         repeated = sorted(issued.intersection(again))
         assert not repeated, f"handed out twice by {tag!r}: {repeated}"
         assert got.status_code == 503, got.text
+
+
+def test_a_formatted_tag_edited_to_snowflake_or_a_snowflake_row_given_options_is_refused(
+    node_settings: Settings, tag: str
+) -> None:
+    """A snowflake tag has no format either: a formatted tag whose kind was edited by
+    hand to snowflake (options cleared: its record still names the format), and a
+    snowflake row given options by hand, get no worker ID on a fresh node (503)."""
+    flake = tag + "s"
+    with TestClient(create_app(node_settings)) as c:
+        add(c, tag=tag, step=10, obfuscate=True, max=10**6)
+        assert c.get(f"/id/{tag}").status_code == 200
+        add(c, tag=flake, kind="snowflake")
+        assert c.get(f"/id/{flake}").status_code == 200
+    conn = _sql(node_settings)
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT layout FROM idpool_tags WHERE tag = %s", (flake,))
+        (layout,) = cur.fetchone()  # type: ignore[misc]
+        cur.execute(
+            "UPDATE idpool_tags SET kind = 'snowflake', layout = %s, options = '', secret = '' "
+            "WHERE tag = %s",
+            (layout, tag),
+        )
+        cur.execute(
+            "UPDATE idpool_tags SET options = %s, secret = %s WHERE tag = %s",
+            ('{"format": "{id:x}", "reset": null, "obfuscate": false}', "", flake),
+        )
+    finally:
+        conn.close()
+    with TestClient(create_app(node_settings)) as c:
+        for name, says in ((tag, "not the one this name was used with"),
+                           (flake, "a snowflake tag has no format")):  # fmt: skip
+            for path in (f"/id/{name}", f"/ids/{name}?count=3"):
+                got = c.get(path)
+                assert got.status_code == 503, (path, got.text)
+                assert says in got.json()["message"], got.text
+            granted = c.post(f"/worker/{name}?holder=h")
+            assert granted.status_code == 503, granted.text
