@@ -8,6 +8,8 @@ then be handed out once or be back in the list.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -144,6 +146,43 @@ def test_threads_never_share_an_id_and_close_returns_the_rest(
     assert len(ids) == 8 * (12_000 - 12) + 12 * sum(1 + n * 37 for n in range(8))
     assert_conserved(settings, tag, ids)
     assert len(answers) > 100 and max(answers) <= 500  # holdings: at most 2 x 500
+
+
+def test_a_forked_child_never_hands_out_its_parents_ids(
+    cluster: tuple[Settings, list[str]],
+) -> None:
+    """A process that used a client and forks (multiprocessing's default start on
+    Linux, gunicorn --preload, celery prefork) gave the child a copy of the leases
+    in memory, which the parent goes on serving: both handed out the same IDs.
+    The child forgets them (os.register_at_fork) and leases its own, through
+    next_id, next_ids, and a chain it got before the fork alike."""
+    settings, urls = cluster
+    tag = add_tag(settings, step=1000)
+    client = IdPoolClient(urls, max_count=500, return_at_exit=False)
+    chain = client.ids(tag)
+    parent = [next(chain), client.next_id(tag)]  # a lease in memory, its chunk cut
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            got = [next(chain) for _ in range(100)] + [client.next_id(tag) for _ in range(100)]
+            got += list(client.next_ids(tag, 100))
+            client.close()  # its own leases' tails go back
+            os.write(write, json.dumps(got).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    parent += [next(chain) for _ in range(100)] + [client.next_id(tag) for _ in range(100)]
+    parent += list(client.next_ids(tag, 100))
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as f:
+        child = json.loads(f.read())
+    report = client.close()
+    assert len(child) == 300 and len(set(child)) == 300
+    both = set(parent) & set(child)
+    assert not both, f"{len(both)} IDs handed out by both the parent and its forked child"
+    assert report.lost == []
+    assert_conserved(settings, tag, parent + child)
 
 
 def test_failover_to_the_next_node(cluster: tuple[Settings, list[str]], tmp_path: Path) -> None:

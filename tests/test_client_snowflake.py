@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -235,33 +235,52 @@ def test_the_c_run_is_built_here_and_both_runs_end_at_the_deadline_for_good() ->
     """The client's run of one unit is C's ClockRun where it was built (make install
     builds it; the benchmark's numbers are its), else the same logic in Python
     building blocks: both draw in order and end for good at the first draw the
-    wall clock reads the deadline, that draw skipped."""
+    wall clock reads the unit's end, or the lease clock the run's deadline, that
+    draw skipped."""
     from idpool_client import snowflake
 
     assert snowflake.ClockRun is not None, "idpool_client/_clockrun.c was not built"
+    boot = snowflake.lease_clock
+    assert boot is snowflake._BOOTTIME  # Linux: the clock ClockRun reads
     soon = time.time_ns() + 10**10
-    wall = [soon - 10]
-    runs = {
-        "c": snowflake._clock_run(5, 9, soon, time.time_ns),
-        "python": snowflake._clock_run(5, 9, soon, lambda: wall[0]),
-    }
-    assert type(runs["c"][0]).__name__ == "ClockRun"
-    assert type(runs["python"][0]).__name__ == "compress"
-    for run, _ in runs.values():
+    later = boot() + 10
+    wall, lease = [soon - 10], [later - 1.0]
+
+    def python_run(
+        first: int, limit: int, until_ns: int, until_lease: float
+    ) -> tuple[Iterator[int], Callable[[], None]]:
+        return snowflake._clock_run(
+            first, limit, until_ns, until_lease, lambda: wall[0], lambda: lease[0]
+        )
+
+    c_run = snowflake._clock_run(5, 9, soon, later, time.time_ns, boot)
+    assert type(c_run[0]).__name__ == "ClockRun"
+    py_run = python_run(5, 9, soon, later)
+    assert type(py_run[0]).__name__ == "compress"
+    for run, _ in (c_run, py_run):
         assert [next(run), next(run), next(run), next(run)] == [5, 6, 7, 8]
         assert next(run, None) is None  # the unit's sequence used up
-    for name, clock in (("c", time.time_ns), ("python", lambda: wall[0])):
-        run, end = snowflake._clock_run(5, 9, soon, clock)
+    for run, end in (snowflake._clock_run(5, 9, soon, later, time.time_ns, boot),
+                     python_run(5, 9, soon, later)):  # fmt: skip
         assert next(run) == 5
         end()  # close(): a thread holding the run draws nothing more
-        assert next(run, None) is None, name
-    over = time.time_ns() - 1
-    for clock in (time.time_ns, lambda: over):
-        run, _ = snowflake._clock_run(5, 9, over, clock)
-        assert next(run, None) is None  # the deadline passed: 5 skipped
-    run, _ = snowflake._clock_run(5, 9, soon, lambda: wall[0])
-    assert next(run) == 5
-    wall[0] = soon  # the deadline
-    assert next(run, None) is None
-    wall[0] = soon - 10  # the clock back again: the run stays over
-    assert next(run, None) is None
+        assert next(run, None) is None
+    over_ns, over_lease = time.time_ns() - 1, boot() - 0.001
+    for run, _ in (
+        snowflake._clock_run(5, 9, over_ns, later, time.time_ns, boot),  # the unit is over
+        snowflake._clock_run(5, 9, soon, over_lease, time.time_ns, boot),  # the deadline passed
+        python_run(5, 9, over_ns, later),
+        python_run(5, 9, soon, lease[0] - 1),
+    ):
+        assert next(run, None) is None  # 5 skipped
+    for clock in ("wall", "lease"):
+        wall[0], lease[0] = soon - 10, later - 1.0
+        run, _ = python_run(5, 9, soon, later)
+        assert next(run) == 5
+        if clock == "wall":
+            wall[0] = soon  # the unit's end
+        else:
+            lease[0] = later  # the run's deadline, the wall clock as it was
+        assert next(run, None) is None
+        wall[0], lease[0] = soon - 10, later - 1.0  # back again: the run stays over
+        assert next(run, None) is None

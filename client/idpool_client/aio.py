@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 from .formats import within
-from .sync import RETRY_BACKOFF, CloseReport
+from .sync import _LIVE, RETRY_BACKOFF, CloseReport
 from .transport import Lease, Tokens, Transport
 
 
@@ -76,6 +76,13 @@ class AsyncIdPoolClient:
         if return_at_exit:
             # At exit the loop may be gone: return tails with blocking calls.
             atexit.register(self._at_exit)
+        _LIVE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child forgets the parent's leases (see IdPoolClient's): it
+        leases its own, in its own event loop."""
+        self._tags = {}
+        self.report = CloseReport()
 
     async def next_id(self, tag: str) -> Any:
         t = self._tags.get(tag)

@@ -30,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -89,11 +90,12 @@ def _wall_ms() -> int:
 
 # The lease deadline's clock: monotonic, and on Linux counting while the machine
 # is suspended too (as the server's pool/snowflake.py lease_clock).
-lease_clock: Callable[[], float] = (
+_BOOTTIME: Callable[[], float] | None = (
     functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
     if hasattr(time, "CLOCK_BOOTTIME")
-    else time.monotonic
+    else None
 )
+lease_clock: Callable[[], float] = _BOOTTIME or time.monotonic
 
 
 class Generator:
@@ -114,6 +116,7 @@ class Generator:
         self.lost: str | None = None
         self._clock_ms = clock_ms
         self._monotonic = monotonic
+        self.monotonic = monotonic  # the lease clock: a run ends by it too (take_unit)
         self._epoch = layout.epoch_ms
         self._unit = layout.unit_ms
         self._max_seq = (1 << layout.sequence_bits) - 1
@@ -154,12 +157,18 @@ class Generator:
         next_ms = self._epoch + (self.last + 1) * self._unit
         return max(0.0005, (next_ms - self._clock_ms()) / 1000)
 
-    def take_unit(self) -> tuple[int, int, int] | None:
-        """An ID, the end of its unit's IDs, and the unix ns at which its unit
-        ends or the lease's deadline comes, whichever is first: the rest of the
-        unit's sequence is the caller's to hand out until then (this generator
-        moves past it: no time and sequence is used twice, and ``last_ms``
-        already counts the unit). None: wait for the next unit."""
+    def take_unit(self) -> tuple[int, int, int, float] | None:
+        """An ID, the end of its unit's IDs, the unix ns at which its unit ends or
+        the lease's deadline comes (as the wall clock reads it), whichever is
+        first, and the time on this generator's lease clock by which the run ends
+        whatever the wall clock reads: the lease's deadline, or one unit from now.
+        The rest of the unit's sequence is the caller's to hand out until then
+        (this generator moves past it: no time and sequence is used twice, and
+        ``last_ms`` already counts the unit). None: wait for the next unit.
+
+        Both ends, since either clock alone can be wrong: the wall clock stepped
+        back kept a run going for the whole step (past the lease's deadline, and
+        handing out a unit long over while ``take`` says the clock is behind)."""
         value = self.take()
         if value is None:
             return None
@@ -168,41 +177,52 @@ class Generator:
         unit_end_ns = (self._epoch + (self.last + 1) * self._unit) * 1_000_000
         # Nor past the lease's deadline, as the wall clock will read it (the clock in
         # ms rounds down: the run ends no later than the deadline).
-        left_ns = int((self.stop_at - self._monotonic()) * 1e9)
-        return value, limit, min(unit_end_ns, self._clock_ms() * 1_000_000 + left_ns)
+        now = self._monotonic()
+        left_ns = int((self.stop_at - now) * 1e9)
+        until_ns = min(unit_end_ns, self._clock_ms() * 1_000_000 + left_ns)
+        return value, limit, until_ns, min(self.stop_at, now + self._unit / 1000)
 
 
 def _clock_run(
-    first: int, limit: int, until_ns: int, clock_ns: Callable[[], int]
+    first: int,
+    limit: int,
+    until_ns: int,
+    until_lease: float,
+    clock_ns: Callable[[], int],
+    lease_now: Callable[[], float],
 ) -> tuple[Iterator[int], Callable[[], None]]:
     """The rest of one time unit's sequence, what ``next_id`` draws from without a
-    lock, and what ends it at once (``close``): ``first``, ``first + 1``, ...
-    below ``limit``, while the wall clock, read at each draw after the number is
-    taken, is before ``until_ns`` (the end of the run's unit). So an ID never
-    carries a time unit that had ended when it was drawn: a process paused
-    (SIGSTOP, a VM stalled, a long GC) with a run half used finds its unit over
-    on the first draw after, and the run ends (its rest never handed out, never
-    made again: the generator is already past it).
+    lock, and what ends it at once (``close``, a refused renewal): ``first``,
+    ``first + 1``, ... below ``limit``, while the wall clock, read at each draw
+    after the number is taken, is before ``until_ns`` (the end of the run's unit)
+    and the lease clock before ``until_lease`` (see Generator.take_unit). So an
+    ID never carries a time unit that had ended when it was drawn: a process
+    paused (SIGSTOP, a VM stalled, a long GC) with a run half used finds its unit
+    over on the first draw after, and the run ends for good (its rest never
+    handed out, never made again: the generator is already past it).
 
     Each draw is one C call under the GIL (two threads never draw the same): the
-    C ClockRun (``_clockrun.c``) where it was built and the clock is the real one,
-    else a ``range`` iterator cut by ``takewhile`` over the clock's readings, the
-    same logic in C building blocks with a Python clock call per ID (2.5x the
-    segment client's ``next_id``, where ClockRun is 1.3x; ops/BENCHMARKS.md).
+    C ClockRun (``_clockrun.c``, which reads CLOCK_REALTIME and CLOCK_BOOTTIME as
+    ``time.time_ns`` and ``lease_clock`` do) where it was built and the clocks are
+    those, else ``range`` iterators cut by ``takewhile`` over each clock's
+    readings, the same logic in C building blocks with two Python clock calls per
+    ID (2.5x the segment client's ``next_id``, where ClockRun is ~1.2x;
+    BENCHMARKS.md).
 
     A ticker thread that ended each run every 0.1 s did not do this: after a
     pause, the thread that held the GIL went on handing out the old run for up
     to a switch interval before the ticker could run, IDs over a second older
     than ones nodes had made meanwhile.
     """
-    if ClockRun is not None and clock_ns is time.time_ns:
-        run = ClockRun(first, limit, until_ns)
+    if ClockRun is not None and clock_ns is time.time_ns and lease_now is _BOOTTIME:
+        run = ClockRun(first, limit, until_ns, int(until_lease * 1e9))
         return run, run.end
     numbers = iter(range(first, limit))
-    before_end = takewhile(functools.partial(operator.gt, until_ns), iter(clock_ns, None))
-    # compress draws the number first, then reads the clock: as ClockRun.
+    before_unit_end = takewhile(functools.partial(operator.gt, until_ns), iter(clock_ns, None))
+    before_deadline = takewhile(functools.partial(operator.gt, until_lease), iter(lease_now, None))
+    # compress draws the number first, then reads the clocks: as ClockRun.
     ended = functools.partial(numbers.__setstate__, sys.maxsize)  # type: ignore[attr-defined]
-    return compress(numbers, before_end), ended
+    return compress(compress(numbers, before_unit_end), before_deadline), ended
 
 
 class _Held:
@@ -220,6 +240,24 @@ class _Held:
         self.done = threading.Event()
 
 
+def _default_holder() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+# Every SnowflakeClient of this process, for a forked child to reset (see
+# SnowflakeClient._after_fork_in_child); weak: a client dropped is not kept.
+_LIVE: weakref.WeakSet[SnowflakeClient] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for client in list(_LIVE):
+        client._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 class SnowflakeClient:
     def __init__(
         self,
@@ -234,14 +272,36 @@ class SnowflakeClient:
             [urls] if isinstance(urls, str) else list(urls), timeout
         )
         self.transport.calls.setdefault("worker", 0)
-        self.holder = holder or f"{socket.gethostname()}-{os.getpid()}"
+        self._named_holder = holder
+        self.holder = holder or _default_holder()
         self._held: dict[str, _Held] = {}
         # tag -> the current unit's run (the hot path), and what ends it (_clock_run)
         self._runs: dict[str, Iterator[int]] = {}
         self._run_ends: dict[str, Callable[[], None]] = {}
+        # tag -> the last ms a lost worker ID used: its replacement starts above it
+        self._floor_ms: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._clock_ns = clock_ns  # the wall clock IDs are made from (a test passes its own)
+        _LIVE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A child process (os.fork: multiprocessing's default start on Linux,
+        gunicorn --preload, celery prefork) inherits this client's worker IDs and
+        runs, which its parent goes on using: parent and child then made the same
+        IDs (50 of 50). The child forgets them (its parent's to renew and release)
+        and leases worker IDs of its own at its next call; its locks are new (one
+        held by another thread at the fork would never be released here)."""
+        for end in self._run_ends.values():
+            end()  # in the child's copy only: a run a child thread still holds
+        self._runs = {}
+        self._run_ends = {}
+        for held in self._held.values():
+            held.gen.lost = "the parent process holds this worker ID"
+        self._held = {}
+        self._lock = threading.Lock()
+        if self._named_holder is None:
+            self.holder = _default_holder()
 
     def next_id(self, tag: str) -> int:
         """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
@@ -260,6 +320,8 @@ class SnowflakeClient:
         ValueError) when ``n`` is more than one worker ID makes in BATCH_MS; IDs
         that grew stale while the batch waited (other threads sharing the
         sequence, a pause) are dropped, never returned, and made again."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
         held = self._held.get(tag) or self._grant(tag)
         limit = batch_limit(held.gen.layout)
         if n > limit:
@@ -292,12 +354,20 @@ class SnowflakeClient:
                             return i
                     got = held.gen.take_unit()
                     if got is not None:
-                        value, limit, until_ns = got
+                        value, limit, until_ns, until_lease = got
                         # The rest of this unit's sequence goes to the lock-free path,
                         # for as long as the unit lasts.
-                        run, end = _clock_run(value + 1, limit, until_ns, self._clock_ns)
+                        run, end = _clock_run(
+                            value + 1, limit, until_ns, until_lease, self._clock_ns,
+                            held.gen.monotonic,
+                        )  # fmt: skip
                         self._run_ends[tag] = end
                         self._runs[tag] = run
+                        # Race: close() set _closed and ended the runs it found between
+                        # the take and the store above. Read after the store: either
+                        # close() found this run, or this thread sees _closed.
+                        if self._closed or held.gen.lost is not None:
+                            end()
                         return value
             except SnowflakeStopped:
                 self._runs.pop(tag, None)
@@ -305,10 +375,13 @@ class SnowflakeClient:
                 if held.gen.lost is None or self._closed:
                     raise
                 # Lost (a renewal refused): forget it; the next round asks for a
-                # new worker ID, whose floor is above what this one used.
+                # new worker ID. Its IDs start above every unit this one used (its
+                # floor from the node may be lower: a lower worker ID in the same
+                # unit would make smaller IDs than this thread's last).
                 with self._lock:
                     if self._held.get(tag) is held:
                         del self._held[tag]
+                        self._floor_ms[tag] = max(self._floor_ms.get(tag, 0), held.gen.last_ms)
                 continue
             time.sleep(held.gen.wait_seconds())  # the next time unit
 
@@ -332,7 +405,7 @@ class SnowflakeClient:
             gen = Generator(
                 layout,
                 int(grant["worker"]),
-                int(grant["floor_ms"]),
+                max(int(grant["floor_ms"]), self._floor_ms.get(tag, 0)),
                 stop_at,
                 clock_ms=lambda: clock() // 1_000_000,
             )
@@ -359,6 +432,9 @@ class SnowflakeClient:
                 got = self.transport._post("worker", path, self._body(held), "renewal", held.tag)
             except IdPoolRequestError as e:
                 held.gen.lost = f"the worker ID's lease was lost: {e.message}"
+                with held.lock:  # the tag's run, if it is this worker ID's: ended now
+                    if self._held.get(held.tag) is held and (end := self._run_ends.get(held.tag)):
+                        end()
                 return
             except IdPoolError:
                 continue  # not renewed: the generator stops on its own deadline

@@ -40,6 +40,7 @@ import atexit
 import functools
 import itertools
 import operator
+import os
 import sys
 import threading
 import time
@@ -121,6 +122,19 @@ class _Tag:
     def __post_init__(self) -> None:
         self.ready = threading.Condition(self.lock)
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: the leases are the parent's, which goes on serving
+        them. The chunk is stopped (a chain the child holds, ``ids(tag)``, then
+        refills through this object, from leases of the child's own) and the lock
+        is new (one held by another thread at the fork is never released here)."""
+        _stop(self.chunk)
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)
+        self.lease, self.rest, self.trigger, self.chunk_stop = None, 0, 0, 0
+        self.pending = deque()
+        self.fetcher, self.error, self.retry_at = None, None, 0.0
+        self.ended = []
+
     def held(self) -> int:
         """IDs in memory: the chunk's, the lease's rest and the next leases'."""
         ids = self.chunk.__length_hint__() + sum(map(len, self.pending))
@@ -133,6 +147,20 @@ class CloseReport:
     # tails not returned, "fingerprint first-last: why" (unknown_lease: Redis restarted
     # or the lease expired; the node unreachable): lost, never served twice
     lost: list[str] = field(default_factory=list)
+
+
+# Every client of this process (this module's and asyncio's), for a forked child
+# to reset: weak, so a client dropped is not kept.
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for client in list(_LIVE):
+        client._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class IdPoolClient:
@@ -182,6 +210,18 @@ class IdPoolClient:
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
         if return_at_exit:
             atexit.register(self._at_exit)
+        _LIVE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """A child process (os.fork: multiprocessing's default start on Linux,
+        gunicorn --preload, celery prefork) inherits the leases in memory, which
+        its parent goes on serving: both would hand out the same IDs. The child
+        forgets them (the parent's to use and return) and leases its own at its
+        next call."""
+        self._tags_lock = threading.Lock()
+        for t in self._tags.values():
+            t.forget_after_fork()
+        self.report = CloseReport()
 
     # -- the hot path -------------------------------------------------------
 
