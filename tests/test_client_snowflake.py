@@ -235,8 +235,8 @@ def test_the_c_run_is_built_here_and_both_runs_end_at_the_deadline_for_good() ->
     """The client's run of one unit is C's ClockRun where it was built (make install
     builds it; the benchmark's numbers are its), else the same logic in Python
     building blocks: both draw in order and end for good at the first draw the
-    wall clock reads the unit's end, or the lease clock the run's deadline, that
-    draw skipped."""
+    lease clock reads the run's deadline (or, with a test's own wall clock, that
+    clock the unit's end), that draw skipped."""
     from idpool_client import snowflake
 
     assert snowflake.ClockRun is not None, "idpool_client/_clockrun.c was not built"
@@ -246,41 +246,37 @@ def test_the_c_run_is_built_here_and_both_runs_end_at_the_deadline_for_good() ->
     later = boot() + 10
     wall, lease = [soon - 10], [later - 1.0]
 
-    def python_run(
-        first: int, limit: int, until_ns: int, until_lease: float
-    ) -> tuple[Iterator[int], Callable[[], None]]:
-        return snowflake._clock_run(
-            first, limit, until_ns, until_lease, lambda: wall[0], lambda: lease[0]
-        )
+    def own_lease(first: int, limit: int, until: float) -> tuple[Iterator[int], Callable[[], None]]:
+        return snowflake._clock_run(first, limit, until, lambda: lease[0])
 
-    c_run = snowflake._clock_run(5, 9, soon, later, time.time_ns, boot)
+    def own_wall(first: int, limit: int, until_ns: int) -> tuple[Iterator[int], Callable[[], None]]:
+        return snowflake._clock_run(first, limit, later, boot, until_ns, lambda: wall[0])
+
+    c_run = snowflake._clock_run(5, 9, later, boot)
     assert type(c_run[0]).__name__ == "ClockRun"
-    py_run = python_run(5, 9, soon, later)
-    assert type(py_run[0]).__name__ == "compress"
-    for run, _ in (c_run, py_run):
+    assert type(own_lease(5, 9, later)[0]).__name__ == "compress"  # no C: any other clock
+    for run, _ in (c_run, own_lease(5, 9, later), own_wall(5, 9, soon)):
         assert [next(run), next(run), next(run), next(run)] == [5, 6, 7, 8]
         assert next(run, None) is None  # the unit's sequence used up
-    for run, end in (snowflake._clock_run(5, 9, soon, later, time.time_ns, boot),
-                     python_run(5, 9, soon, later)):  # fmt: skip
+    for run, end in (snowflake._clock_run(5, 9, later, boot), own_lease(5, 9, later),
+                     own_wall(5, 9, soon)):  # fmt: skip
         assert next(run) == 5
         end()  # close(): a thread holding the run draws nothing more
         assert next(run, None) is None
-    over_ns, over_lease = time.time_ns() - 1, boot() - 0.001
     for run, _ in (
-        snowflake._clock_run(5, 9, over_ns, later, time.time_ns, boot),  # the unit is over
-        snowflake._clock_run(5, 9, soon, over_lease, time.time_ns, boot),  # the deadline passed
-        python_run(5, 9, over_ns, later),
-        python_run(5, 9, soon, lease[0] - 1),
+        snowflake._clock_run(5, 9, boot() - 0.001, boot),  # the deadline passed
+        own_lease(5, 9, lease[0] - 1),
+        own_wall(5, 9, wall[0] - 1),  # the unit over on the test's wall clock
     ):
         assert next(run, None) is None  # 5 skipped
     for clock in ("wall", "lease"):
         wall[0], lease[0] = soon - 10, later - 1.0
-        run, _ = python_run(5, 9, soon, later)
+        run, _ = own_wall(5, 9, soon) if clock == "wall" else own_lease(5, 9, later)
         assert next(run) == 5
         if clock == "wall":
             wall[0] = soon  # the unit's end
         else:
-            lease[0] = later  # the run's deadline, the wall clock as it was
+            lease[0] = later  # the run's deadline
         assert next(run, None) is None
         wall[0], lease[0] = soon - 10, later - 1.0  # back again: the run stays over
         assert next(run, None) is None

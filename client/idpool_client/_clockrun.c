@@ -1,17 +1,18 @@
 /* idpool_client._clockrun: the snowflake client's hot path in C (optional).
  *
- * ClockRun(first, limit, until_ns, until_boot_ns) iterates first, first + 1, ...
- * below limit, and ends (StopIteration, for good) at the first draw at which the
- * wall clock, read by clock_gettime(CLOCK_REALTIME) as time.time_ns() reads it,
- * is at or past until_ns, or CLOCK_BOOTTIME (the snowflake client's lease_clock)
- * at or past until_boot_ns: the wall clock stepped back must not keep a run
- * going past its lease's deadline. The number drawn then is skipped, never
- * handed out. Linux only (CLOCK_BOOTTIME): elsewhere the build of this optional
- * module fails and the client runs the same logic in Python.
+ * ClockRun(first, limit, until_boot_ns) iterates first, first + 1, ... below
+ * limit, and ends (StopIteration, for good) at the first draw at which
+ * CLOCK_BOOTTIME (the snowflake client's lease_clock: real time, suspend and
+ * pauses included, whatever the wall clock does) is at or past until_boot_ns,
+ * the run's deadline (its unit's end on the wall clock, projected onto this
+ * clock when the run was made, or the lease's, whichever is first). The number
+ * drawn then is skipped, never handed out. Linux only (CLOCK_BOOTTIME):
+ * elsewhere the build of this optional module fails and the client runs the
+ * same logic in Python.
  *
  * It does in one C call what idpool_client.snowflake's pure-Python run does with
- * a range iterator and a clock read per ID (time.time_ns(): a Python call and an
- * int of its own, as costly as the segment client's whole next_id). __next__
+ * a range iterator and a clock read per ID (a Python call and a float of its
+ * own, as costly as the segment client's whole next_id). __next__
  * holds the GIL throughout and calls no Python code: two threads never draw the
  * same number, and the clock is read after the number is taken, so a thread
  * paused between the two finds the unit over and hands out nothing of it.
@@ -28,21 +29,19 @@ typedef struct {
     PyObject_HEAD
     long long next;     /* the next number to hand out */
     long long limit;    /* the first number never handed out */
-    long long until_ns; /* the wall-clock time (ns) the run ends at */
-    long long until_boot_ns; /* the CLOCK_BOOTTIME time (ns) it ends at, whatever the wall */
+    long long until_boot_ns; /* the CLOCK_BOOTTIME time (ns) the run ends at */
 } ClockRun;
 
 static int
 ClockRun_init(ClockRun *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"first", "limit", "until_ns", "until_boot_ns", NULL};
-    long long first, limit, until_ns, until_boot_ns;
+    static char *kwlist[] = {"first", "limit", "until_boot_ns", NULL};
+    long long first, limit, until_boot_ns;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "LLLL", kwlist, &first, &limit, &until_ns, &until_boot_ns))
+            args, kwds, "LLL", kwlist, &first, &limit, &until_boot_ns))
         return -1;
     self->next = first;
     self->limit = limit;
-    self->until_ns = until_ns;
     self->until_boot_ns = until_boot_ns;
     return 0;
 }
@@ -50,14 +49,12 @@ ClockRun_init(ClockRun *self, PyObject *args, PyObject *kwds)
 static PyObject *
 ClockRun_iternext(ClockRun *self)
 {
-    struct timespec wall, boot;
+    struct timespec boot;
     long long value;
     if (self->next >= self->limit)
         return NULL;
     value = self->next++;
-    if (clock_gettime(CLOCK_REALTIME, &wall) != 0
-        || (long long)wall.tv_sec * 1000000000LL + wall.tv_nsec >= self->until_ns
-        || clock_gettime(CLOCK_BOOTTIME, &boot) != 0
+    if (clock_gettime(CLOCK_BOOTTIME, &boot) != 0
         || (long long)boot.tv_sec * 1000000000LL + boot.tv_nsec >= self->until_boot_ns) {
         self->next = self->limit; /* over: nothing more from this run */
         return NULL;
@@ -81,8 +78,8 @@ static PyMethodDef ClockRun_methods[] = {
 static PyTypeObject ClockRunType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "idpool_client._clockrun.ClockRun",
-    .tp_doc = PyDoc_STR("first, first + 1, ... below limit, while the wall clock is before "
-                        "until_ns and CLOCK_BOOTTIME before until_boot_ns"),
+    .tp_doc = PyDoc_STR("first, first + 1, ... below limit, while CLOCK_BOOTTIME is before "
+                        "until_boot_ns"),
     .tp_basicsize = sizeof(ClockRun),
     .tp_itemsize = 0,
     .tp_flags = Py_TPFLAGS_DEFAULT,

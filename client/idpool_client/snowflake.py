@@ -186,43 +186,50 @@ class Generator:
 def _clock_run(
     first: int,
     limit: int,
-    until_ns: int,
     until_lease: float,
-    clock_ns: Callable[[], int],
     lease_now: Callable[[], float],
+    until_ns: int | None = None,
+    clock_ns: Callable[[], int] | None = None,
 ) -> tuple[Iterator[int], Callable[[], None]]:
     """The rest of one time unit's sequence, what ``next_id`` draws from without a
     lock, and what ends it at once (``close``, a refused renewal): ``first``,
-    ``first + 1``, ... below ``limit``, while the wall clock, read at each draw
-    after the number is taken, is before ``until_ns`` (the end of the run's unit)
-    and the lease clock before ``until_lease`` (see Generator.take_unit). So an
-    ID never carries a time unit that had ended when it was drawn: a process
-    paused (SIGSTOP, a VM stalled, a long GC) with a run half used finds its unit
-    over on the first draw after, and the run ends for good (its rest never
-    handed out, never made again: the generator is already past it).
+    ``first + 1``, ... below ``limit``, while the lease clock, read at each draw
+    after the number is taken, is before ``until_lease`` (the run's deadline:
+    the lease's, one unit of real time, or the unit's end on the wall clock
+    projected onto the lease clock; see ``_slow_id``), and, given ``clock_ns``
+    (a test's own wall clock, which real time does not move), that clock before
+    ``until_ns``. So an ID never carries a time unit that had ended when it was
+    drawn: a process paused (SIGSTOP, a VM stalled, a long GC) with a run half
+    used finds its unit over on the first draw after, and the run ends for good
+    (its rest never handed out, never made again: the generator is already past
+    it). The lease clock, not the wall clock: a wall clock stepped back kept a
+    run going for the whole step, past the lease's deadline.
 
     Each draw is one C call under the GIL (two threads never draw the same): the
-    C ClockRun (``_clockrun.c``, which reads CLOCK_REALTIME and CLOCK_BOOTTIME as
-    ``time.time_ns`` and ``lease_clock`` do) where it was built and the clocks are
-    those, else ``range`` iterators cut by ``takewhile`` over each clock's
-    readings, the same logic in C building blocks with two Python clock calls per
-    ID (2.5x the segment client's ``next_id``, where ClockRun is ~1.2x;
-    BENCHMARKS.md).
+    C ClockRun (``_clockrun.c``, which reads CLOCK_BOOTTIME as ``lease_clock``
+    does) where it was built and the clock is that one, else ``range`` iterators
+    cut by ``takewhile`` over the clock's readings, the same logic in C building
+    blocks with a Python clock call per ID (~2.5x the segment client's
+    ``next_id``, where ClockRun is ~1.3x; BENCHMARKS.md).
 
     A ticker thread that ended each run every 0.1 s did not do this: after a
     pause, the thread that held the GIL went on handing out the old run for up
     to a switch interval before the ticker could run, IDs over a second older
     than ones nodes had made meanwhile.
     """
-    if ClockRun is not None and clock_ns is time.time_ns and lease_now is _BOOTTIME:
-        run = ClockRun(first, limit, until_ns, int(until_lease * 1e9))
+    if ClockRun is not None and clock_ns is None and lease_now is _BOOTTIME:
+        run = ClockRun(first, limit, int(until_lease * 1e9))
         return run, run.end
     numbers = iter(range(first, limit))
-    before_unit_end = takewhile(functools.partial(operator.gt, until_ns), iter(clock_ns, None))
-    before_deadline = takewhile(functools.partial(operator.gt, until_lease), iter(lease_now, None))
-    # compress draws the number first, then reads the clocks: as ClockRun.
+    # compress draws the number first, then reads the clock: as ClockRun.
+    drawn: Iterator[int] = compress(
+        numbers, takewhile(functools.partial(operator.gt, until_lease), iter(lease_now, None))
+    )
+    if clock_ns is not None and until_ns is not None:
+        before = takewhile(functools.partial(operator.gt, until_ns), iter(clock_ns, None))
+        drawn = compress(drawn, before)
     ended = functools.partial(numbers.__setstate__, sys.maxsize)  # type: ignore[attr-defined]
-    return compress(compress(numbers, before_unit_end), before_deadline), ended
+    return drawn, ended
 
 
 class _Held:
@@ -356,11 +363,21 @@ class SnowflakeClient:
                     if got is not None:
                         value, limit, until_ns, until_lease = got
                         # The rest of this unit's sequence goes to the lock-free path,
-                        # for as long as the unit lasts.
-                        run, end = _clock_run(
-                            value + 1, limit, until_ns, until_lease, self._clock_ns,
-                            held.gen.monotonic,
-                        )  # fmt: skip
+                        # for as long as the unit lasts: with the real wall clock, its
+                        # end projected onto the lease clock, one clock read per ID
+                        # (the lease clock first: a pause between the two reads only
+                        # ends the run sooner). A test's own wall clock is read as is.
+                        lease_now = held.gen.monotonic
+                        if self._clock_ns is time.time_ns:
+                            boot = lease_now()
+                            left_s = (until_ns - time.time_ns()) / 1e9
+                            until = min(until_lease, boot + left_s)
+                            run, end = _clock_run(value + 1, limit, until, lease_now)
+                        else:
+                            run, end = _clock_run(
+                                value + 1, limit, until_lease, lease_now, until_ns,
+                                self._clock_ns,
+                            )  # fmt: skip
                         self._run_ends[tag] = end
                         self._runs[tag] = run
                         # Race: close() set _closed and ended the runs it found between
