@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
+import threading
 import time
 import weakref
 from collections import deque
@@ -20,7 +21,7 @@ from typing import Any
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 from .formats import within
-from .sync import _LIVE, RETRY_BACKOFF, CloseReport
+from .sync import _LIVE, RETRY_BACKOFF, CloseReport, close_at_child_exit
 from .transport import Lease, Tokens, Transport
 
 
@@ -73,6 +74,7 @@ class AsyncIdPoolClient:
         self._closed = False
         self.report = CloseReport()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
+        self._return_at_exit = return_at_exit
         if return_at_exit:
             # At exit the loop may be gone: return tails with blocking calls.
             atexit.register(self._at_exit)
@@ -83,6 +85,8 @@ class AsyncIdPoolClient:
         leases its own, in its own event loop."""
         self._tags = {}
         self.report = CloseReport()
+        if self._return_at_exit:
+            close_at_child_exit(self._at_exit)
 
     async def next_id(self, tag: str) -> Any:
         t = self._tags.get(tag)
@@ -192,8 +196,14 @@ class AsyncIdPoolClient:
 
     async def _fetch(self, t: _Tag, wish: int) -> None:
         asked = time.time()  # a lease whose period had ended by then is late
+        handoff = _Handoff()
         try:
-            leases = await asyncio.to_thread(self.transport.lease, t.tag, wish)
+            leases = await asyncio.to_thread(handoff.lease, self, t.tag, wish)
+        except asyncio.CancelledError:
+            # The loop is ending (asyncio.run returned) or the task was cancelled:
+            # the thread goes on, and a lease that lands is given back from there.
+            handoff.abandon(self)
+            raise
         except IdPoolError as e:
             t.error = e
             t.retry_at = time.monotonic() + RETRY_BACKOFF
@@ -261,6 +271,36 @@ class AsyncIdPoolClient:
     @property
     def lease_calls(self) -> int:
         return self.transport.calls["lease"]
+
+
+class _Handoff:
+    """A lease fetched in a worker thread for a task that may be cancelled while it
+    waits (its loop ending: asyncio.run returned mid-prefetch). The answer was
+    then dropped, neither handed out nor returned (100-200 IDs). Whichever of the
+    thread's answer and the cancellation comes second gives the leases back."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.leases: list[Lease] | None = None
+
+    def lease(self, client: AsyncIdPoolClient, tag: str, wish: int) -> list[Lease]:
+        leases = client.transport.lease(tag, wish)
+        with self.lock:
+            if not self.abandoned:
+                self.leases = leases
+                return leases
+        client._give_back([(x, x.start) for x in leases])
+        return []
+
+    def abandon(self, client: AsyncIdPoolClient) -> None:
+        with self.lock:
+            self.abandoned = True
+            landed, self.leases = self.leases, None
+        if landed:  # answered, but the task was cancelled before it resumed
+            threading.Thread(
+                target=client._give_back, args=([(x, x.start) for x in landed],)
+            ).start()
 
 
 def _consume(task: asyncio.Task[None]) -> None:

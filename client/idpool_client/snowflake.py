@@ -23,6 +23,7 @@ checks that both make the same IDs from the same clocks.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import operator
 import os
@@ -39,6 +40,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
+from .sync import close_at_child_exit
 from .transport import Transport
 
 try:  # built from _clockrun.c where a compiler was at hand (optional, see pyproject.toml)
@@ -247,6 +249,12 @@ class _Held:
         self.done = threading.Event()
 
 
+def _close_ref(ref: weakref.ref[SnowflakeClient]) -> None:
+    client = ref()
+    if client is not None:
+        client.close()
+
+
 def _default_holder() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -274,6 +282,7 @@ class SnowflakeClient:
         holder: str | None = None,
         transport: Transport | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        release_at_exit: bool = True,
     ) -> None:
         self.transport = transport or Transport(
             [urls] if isinstance(urls, str) else list(urls), timeout
@@ -290,6 +299,12 @@ class SnowflakeClient:
         self._lock = threading.Lock()
         self._closed = False
         self._clock_ns = clock_ns  # the wall clock IDs are made from (a test passes its own)
+        # At exit, the worker IDs go back (as close()): a process that ends without
+        # closing held them for their lease's TTL, one per process of a pool.
+        self._at_exit = functools.partial(_close_ref, weakref.ref(self))
+        self._release_at_exit = release_at_exit
+        if release_at_exit:
+            atexit.register(self._at_exit)
         _LIVE.add(self)
 
     def _after_fork_in_child(self) -> None:
@@ -309,6 +324,8 @@ class SnowflakeClient:
         self._lock = threading.Lock()
         if self._named_holder is None:
             self.holder = _default_holder()
+        if self._release_at_exit:
+            close_at_child_exit(self._at_exit)
 
     def next_id(self, tag: str) -> int:
         """One ID of ``tag``; raises SnowflakeStopped (no lease renewal in time,
@@ -470,6 +487,7 @@ class SnowflakeClient:
             if self._closed:
                 return
             self._closed = True
+            atexit.unregister(self._at_exit)
             held_now = list(self._held.values())
             self._held.clear()
             for end in self._run_ends.values():

@@ -122,7 +122,7 @@ class _Tag:
     def __post_init__(self) -> None:
         self.ready = threading.Condition(self.lock)
 
-    def forget_after_fork(self) -> None:
+    def forget_after_fork(self, initial_count: int) -> None:
         """In a forked child: the leases are the parent's, which goes on serving
         them. The chunk is stopped (a chain the child holds, ``ids(tag)``, then
         refills through this object, from leases of the child's own) and the lock
@@ -134,6 +134,7 @@ class _Tag:
         self.pending = deque()
         self.fetcher, self.error, self.retry_at = None, None, 0.0
         self.ended = []
+        self.wish = initial_count  # the parent's rate is not the child's
 
     def held(self) -> int:
         """IDs in memory: the chunk's, the lease's rest and the next leases'."""
@@ -157,6 +158,27 @@ _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 def _reset_after_fork() -> None:
     for client in list(_LIVE):
         client._after_fork_in_child()
+
+
+def close_at_child_exit(close: Callable[[], None]) -> None:
+    """In a child multiprocessing forked: ``close`` runs when the child ends
+    normally. Its children end with os._exit, which runs no atexit handler, so a
+    client used in a Pool worker or a Process kept every lease it took (64k IDs
+    wasted by two Pool workers that drew 10 each); multiprocessing runs its own
+    finalizers first. A child forked otherwise has atexit, as any process.
+
+    Registered as one of multiprocessing's after-fork callbacks, which its child
+    runs after clearing the finalizers it inherited (a Finalize made here, in
+    os.fork's own hook, was cleared before the child's target ran)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.register_after_fork(close, _finalize_at_exit)
+
+
+def _finalize_at_exit(close: Callable[[], None]) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, close, exitpriority=10)
 
 
 if hasattr(os, "register_at_fork"):
@@ -208,6 +230,7 @@ class IdPoolClient:
         self._closed = False
         self.report = CloseReport()  # filled by close()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
+        self._return_at_exit = return_at_exit
         if return_at_exit:
             atexit.register(self._at_exit)
         _LIVE.add(self)
@@ -220,8 +243,10 @@ class IdPoolClient:
         next call."""
         self._tags_lock = threading.Lock()
         for t in self._tags.values():
-            t.forget_after_fork()
+            t.forget_after_fork(self.initial_count)
         self.report = CloseReport()
+        if self._return_at_exit:
+            close_at_child_exit(self._at_exit)
 
     # -- the hot path -------------------------------------------------------
 
