@@ -43,7 +43,13 @@ from .errors import (
 )
 from .ranges import MAX_ID, IdRange
 from .stores import HighWaterMarks, LedgerStore, RangeLists
-from .values import TagRow, check_tombstone, format_fingerprint
+from .values import (
+    TagRow,
+    check_tombstone,
+    format_fingerprint,
+    kind_fingerprint,
+    name_fingerprint,
+)
 
 _MAX_STALE_RETRIES = 3
 # After a Redis error, claims fail at once for this long, as if the mark's read had
@@ -230,7 +236,7 @@ async def create_tag(
         if options and kept[0] == options:
             secret = kept[1]  # the removed tag's key: its strings, continued above max_id
         check_tombstone(tag, kept[0], kept[1], options, secret)
-    fingerprint = format_fingerprint(options, secret)
+    fingerprint = kind_fingerprint(kind, options, secret, layout)
     floor, fenced = 0, ""
     if pool is not None:
         try:
@@ -249,15 +255,16 @@ async def create_tag(
                 ) from e
             # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
             # floor stays what was read (0 if not even the mark answered).
-        if fenced in ("other", "unformatted"):
+        if fenced in ("other", "unformatted", "snowflake"):
             with contextlib.suppress(UnknownTag):
                 await ledger.get_tag(tag)
                 raise TagExists(tag)  # a live tag of that name: say so, not "used before"
-            used = (
-                "with another format (its fingerprint is in Redis)"
-                if fenced == "other"
-                else "as a plain tag (recorded so in Redis, or IDs were claimed under it)"
-            )
+            used = {
+                "other": "with another format (its fingerprint is in Redis)",
+                "unformatted": "as a plain tag (recorded so, or IDs were claimed under it)",
+                "snowflake": "as a snowflake tag (or one of another layout): its IDs came from "
+                "the clock, which no max_id fences",
+            }[fenced]
             raise FormatChanged(tag, used)
     try:
         return await ledger.add_tag(
@@ -317,7 +324,7 @@ async def _owner_fingerprint(ledger: LedgerStore, tag: str) -> str | None:
     fingerprint left behind only refuses other formats under the name, never repeats)."""
     try:
         row = await ledger.get_tag(tag)
-        return format_fingerprint(row.options, row.secret)
+        return name_fingerprint(row)
     except UnknownTag:
         kept = await ledger.removed_format(tag)
         return None if kept is None else format_fingerprint(*kept)

@@ -196,7 +196,8 @@ return found
 # no claim can raise the mark between the look and the SET. Returns
 # {'same' | 'set' (first use of the name recorded) | 'other' (another format was
 # used) | 'unformatted' (a format asked for a name used plain: recorded so, or
-# numbers claimed with nothing recorded), replicas online}.
+# numbers claimed with nothing recorded) | 'snowflake' (the name was a snowflake
+# tag's, of another layout if that is asked), replicas online}.
 # A record found is SET again, as the raise does: a WAIT then covers it.
 _FENCE_FORMAT = """
 local online = 0
@@ -210,6 +211,7 @@ if cur then
     return {'same', online}
   end
   if cur == 'plain' then return {'unformatted', online} end  -- PLAIN_RECORD
+  if string.sub(cur, 1, 10) == 'snowflake:' then return {'snowflake', online} end
   return {'other', online}
 end
 local mark = redis.call('GET', KEYS[2])

@@ -25,6 +25,7 @@ from .sqlite_file import SqliteFile
 from .values import (
     MAX_POP_RANGES,
     PLAIN_RECORD,
+    SNOWFLAKE_RECORD,
     Moved,
     PoolSummary,
     PopResult,
@@ -194,7 +195,9 @@ class SqlitePool:
             if row is not None:
                 if row[0] == record:
                     return "same"
-                return "unformatted" if row[0] == PLAIN_RECORD else "other"
+                if row[0] == PLAIN_RECORD:
+                    return "unformatted"
+                return "snowflake" if row[0].startswith(SNOWFLAKE_RECORD) else "other"
             mark = conn.execute(
                 "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
             ).fetchone()

@@ -97,6 +97,27 @@ def format_fingerprint(options: str, secret: str) -> str:
     return hashlib.sha256(f"{options}\n{secret}".encode()).hexdigest()[:32]
 
 
+SNOWFLAKE_RECORD = "snowflake:"  # + a hash of the layout: a snowflake name's record
+
+
+def name_fingerprint(row: TagRow) -> str:
+    """What the name of ``row`` is recorded as beside its mark: its format's
+    fingerprint ("" for none: PLAIN_RECORD), or for a snowflake tag "snowflake:"
+    and a hash of its layout. A snowflake tag's numbers are not fenced by its
+    ``max_id`` (it counts worker grants) and its layout (epoch, bits) makes them:
+    recorded "plain" as a plain or strict tag is, its kind edited by hand to
+    segment (or a plain name's to snowflake, or its epoch moved) repeated its IDs.
+    A plain and a strict tag share "plain": both are fenced by the ledger."""
+    return kind_fingerprint(row.kind, row.options, row.secret, row.layout)
+
+
+def kind_fingerprint(kind: str, options: str, secret: str, layout: str) -> str:
+    """name_fingerprint of a tag about to be made (claims.create_tag)."""
+    if kind == "snowflake":
+        return SNOWFLAKE_RECORD + hashlib.sha256(layout.encode()).hexdigest()[:32]
+    return format_fingerprint(options, secret)
+
+
 PLAIN_RECORD = "plain"  # a plain name's record beside its mark (a fingerprint is 32 hex)
 
 

@@ -39,7 +39,7 @@ from idpool_client.formats import (
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import FormatNotFenced, InvalidInput, KindNotServed, TagExists
 from idpool.pool.ranges import MAX_ID
-from idpool.pool.values import TagRow, format_fingerprint
+from idpool.pool.values import TagRow, name_fingerprint
 
 if TYPE_CHECKING:
     from .node import Node
@@ -213,13 +213,23 @@ class FormattedTags:
         row = tags.rows.get(tag) or await tags.lookup(tag)
         if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)
             raise FormatNotFenced(tag, "its row's format changed since this node read it")
-        fingerprint = format_fingerprint(row.options, row.secret)
-        marks = self.node.source.claims.marks
-        if (tag, fingerprint) in self._fenced or marks is None:
+        fingerprint = name_fingerprint(row)
+        if (tag, fingerprint) in self._fenced:
             return
-        found = await marks.fence_format(tag, fingerprint, serving=True)
-        if found not in ("same", "set"):
-            raise FormatNotFenced(tag)
+        marks = self.node.source.claims.marks
+        if marks is not None:
+            found = await marks.fence_format(tag, fingerprint, serving=True)
+            if found not in ("same", "set"):
+                raise FormatNotFenced(tag)
+        fmt = format_of(row) if row.options else None
+        if fmt is not None and fmt.obfuscation is not None and row.end_id - 1 > fmt.obfuscation.top:
+            # end_id edited by hand past the permutation's domain: numbers above it
+            # have no string (a 500 per request, a lease the client cannot render)
+            raise FormatNotFenced(
+                tag,
+                f"its end_id {row.end_id} is above its obfuscation's max {fmt.obfuscation.top} "
+                "(a row edited by hand)",
+            )
         self._fenced.add((tag, fingerprint))
 
     async def _period_row(self, tag: str, name: str) -> None:

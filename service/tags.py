@@ -23,7 +23,7 @@ from idpool_client.formats import TagFormat
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from idpool.pool.stores import LedgerStore
 from idpool.pool.tokens import TokenRow
-from idpool.pool.values import TagRow, format_fingerprint
+from idpool.pool.values import TagRow, name_fingerprint
 
 from .formats import formats_of, parent_of
 
@@ -120,7 +120,7 @@ class TagDirectory:
         format, and the fast path never runs it. So the tag is refused instead."""
         found = formats_of(list(rows))
         for row in rows:
-            fingerprint = format_fingerprint(row.options, row.secret)
+            fingerprint = name_fingerprint(row)
             if self.fingerprints.setdefault(row.tag, fingerprint) != fingerprint:
                 self.changed.add(row.tag)
                 found[row.tag] = None  # in formats, so NodeApp never serves it plain

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from idpool.pool.errors import StoreBusy, StoreUnavailable, TooFewReplicas
+from idpool.pool.errors import StoreBusy, StoreNotSent, StoreUnavailable, TooFewReplicas
 from idpool.pool.keys import Keys
 from idpool.pool.ranges import IdRange, TaggedRange
 from idpool.pool.redis_pool import MAX_CONNECTIONS, RedisPool, make_client
@@ -498,11 +498,19 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
         counted = [o for o in outcomes if not isinstance(o, StoreUnavailable)]
         assert counted == [], f"{len(counted)} of 8 raises counted as replicated"
         # each refused for its replicas, or never sent (no slot freed up in time
-        # among the loaders on a loaded machine: nothing ran, nothing to wait for)
-        assert all(
-            isinstance(o, TooFewReplicas) or (isinstance(o, StoreBusy) and "not sent" in str(o))
+        # among the loaders on a loaded machine: nothing ran, nothing to wait for),
+        # or timed out (the script or its WAIT answered after the socket timeout on
+        # a loaded machine, as CI once saw: the outcome unknown, so not counted)
+        other = [
+            o
             for o in outcomes
-        ), outcomes
+            if not (
+                isinstance(o, TooFewReplicas | StoreNotSent)
+                or (isinstance(o, StoreBusy) and "not sent" in str(o))
+                or (type(o) is StoreUnavailable and "Timeout" in str(o))
+            )
+        ]
+        assert not other, [(type(o).__name__, str(o)) for o in other]
         raised_by = ""
         waits = []
         for port, command in seen:
@@ -513,8 +521,10 @@ async def test_a_raised_mark_counts_only_once_a_replica_acknowledged_that_raise(
         # A raise waits unless the replica's last acknowledgement is over 2 s old by
         # then (counted as gone: refused at once, "only 0 of 1 replicas online").
         waited = [o for o in outcomes if "reached 0 of 1" in str(o)]
+        timed_out = [o for o in outcomes if type(o) is StoreUnavailable]  # maybe in its WAIT
         assert waited, outcomes
-        assert len(waits) == len(waited) and all(waits), f"WAIT on the raise's connection: {waits}"
+        assert len(waited) <= len(waits) <= len(waited) + len(timed_out), (waits, outcomes)
+        assert all(waits), f"WAIT on the raise's connection: {waits}"
     finally:
         await pool.close()
         replica.resume()

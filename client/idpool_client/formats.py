@@ -464,7 +464,12 @@ class TagFormat:
                 f"{text[:80]!r} is not what the format makes: sequence number {n} "
                 f"renders as {again[:80]!r}"
             )
-        return n, None if self.reset is None else period_bounds(self.reset, moment)[0]
+        if self.reset is None:
+            return n, None
+        try:
+            return n, period_bounds(self.reset, moment)[0]
+        except (OverflowError, ValueError):  # a period ending past 9999-12-31
+            raise ValueError(f"{text[:80]!r}: its period ends past any UTC date") from None
 
     def _sequence(self, number: int) -> int:
         """The sequence number of ``number`` (the {id} value); ValueError if none."""
