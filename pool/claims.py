@@ -247,11 +247,12 @@ async def create_tag(
             # first node to serve it writes the record.
             fenced = await pool.fence_format(tag, fingerprint)
         except StoreUnavailable as e:
-            if options:
+            if options or kind == "snowflake":
                 raise StoreUnavailable(
                     e.store,
-                    f"a formatted tag is made only once its format is recorded beside its "
-                    f"high-water mark ({e.detail}); nothing was made: try again",
+                    f"a {'formatted' if options else 'snowflake'} tag is made only once its "
+                    f"record is beside its high-water mark ({e.detail}); nothing was made: "
+                    "try again",
                 ) from e
             # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
             # floor stays what was read (0 if not even the mark answered).

@@ -186,7 +186,10 @@ for i = 1, #KEYS do found[#found + 1] = redis.call('GET', KEYS[i]) or '' end
 return found
 """
 
-# KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm (one slot); ARGV[1] = the
+# KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm, KEYS[3] and KEYS[4] =
+# its snowflake worker hash and worker_lease (one slot: a name whose record
+# predates snowflake records, but whose worker keys exist, was a snowflake
+# tag's); ARGV[1] = the
 # record of the format a tag of that name is being made or served with (its
 # fingerprint, or PLAIN_RECORD for none), ARGV[2] = '1' when a node is about to
 # serve the (live) tag: then a missing record is written whatever the mark (the
@@ -213,6 +216,11 @@ if cur then
   if cur == 'plain' then return {'unformatted', online} end  -- PLAIN_RECORD
   if string.sub(cur, 1, 10) == 'snowflake:' then return {'snowflake', online} end
   return {'other', online}
+end
+-- No record: a snowflake tag's name from before records has its worker keys
+if string.sub(ARGV[1], 1, 10) ~= 'snowflake:'
+    and (redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 1) then
+  return {'snowflake', online}
 end
 local mark = redis.call('GET', KEYS[2])
 if ARGV[1] ~= 'plain' and ARGV[2] ~= '1' and mark and mark ~= '0' then
@@ -546,6 +554,7 @@ class RedisPool:
         """Record (or check) the format a tag of this name renders with, beside its
         high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
         keys = [self.keys.format(tag), self.keys.hwm(tag)]
+        keys += [self.keys.workers(tag), self.keys.worker_lease(tag)]
         args = [format_record(fingerprint), "1" if serving else "0"]
         if not self._mark_replicas or not fingerprint or serving:
             # Serving checks a live row against the record (the row is the truth: a

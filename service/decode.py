@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from idpool.pool.errors import InvalidInput, UnknownTag
-from idpool.pool.snowflake import DECODE_AHEAD_MS, Layout, wall_ms
+from idpool.pool.snowflake import Layout, wall_ms
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
@@ -37,6 +37,7 @@ from .tag_fields import check_tag
 
 Decoder = Callable[[TagRow, str], dict[str, Any]]
 _PLAIN = TagFormat()  # a plain tag's IDs: the number itself, in canonical decimal
+DATE_AHEAD_SECONDS = 86_400  # a formatted ID dated further ahead was never handed out
 
 
 def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
@@ -68,24 +69,25 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
 
 async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
     """Refuse (400 ``bad_value``) a decoded segment ID whose number its sequence never
-    handed out: below the ``start_id``, or at or above the ``max_id``, of the row it
-    comes from (the tag's own, or with a reset its period's ``TAG@KEY``, which must
-    exist). ``max_id`` is the next number a claim would take, so every number
-    claimed is below it; a number claimed but still in the pool or a buffer passes
-    (the ledger cannot tell)."""
+    handed out: at or above the ``max_id`` of the row it comes from (the tag's own,
+    or with a reset its period's ``TAG@KEY``, which must exist), or dated over a
+    day ahead of this clock. ``max_id`` is the next number a claim would take, so
+    every number claimed is below it; a number claimed but still in the pool or a
+    buffer passes (the ledger cannot tell). Not ``start_id``: ``tag start`` moves
+    it above numbers already handed out."""
     if row.kind != SEGMENT:
         return
     value, number = found["value"], found["sequence"]
     fmt = format_of(row)
     earliest = None if fmt is None else fmt.earliest(value)
-    # ahead of this clock by as much as a snowflake ID's time may be (another node's
-    # clock ahead of this one): further, it was never handed out
-    if earliest is not None and earliest * 1000 > time.time() * 1000 + DECODE_AHEAD_MS:
+    # A client renders a dated template with its own clock: one ahead of this one
+    # (by less than a day: any more is a clock no ID service should be given) made it
+    if earliest is not None and earliest > time.time() + DATE_AHEAD_SECONDS:
         raise InvalidInput(
             "bad_value",
             f"{value[:80]!r} was never issued by tag {row.tag!r} (not issued yet): its date "
             f"is {datetime.fromtimestamp(earliest, UTC):%Y-%m-%d %H:%M:%S} UTC at the "
-            "earliest, ahead of the clock",
+            "earliest, over a day ahead of the clock",
         )
     period = found.get("period")
     source = row
@@ -98,12 +100,6 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
                 f"{value[:80]!r} was never issued by tag {row.tag!r}: no number of its "
                 f"period {period} was issued (no row {row.tag}@{period})",
             ) from None
-    if number < source.start_id:
-        raise InvalidInput(
-            "bad_value",
-            f"{value[:80]!r} was never issued by tag {row.tag!r}: sequence number {number} "
-            f"is below its start {source.start_id}",
-        )
     if number >= source.max_id:
         where = f"its period {period}" if period is not None else "it"
         raise InvalidInput(

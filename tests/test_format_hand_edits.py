@@ -108,15 +108,16 @@ def test_decode_refuses_a_date_no_id_of_the_tag_was_ever_handed_out_with(
     node_settings: Settings, tag: str
 ) -> None:
     """Decode checked the number against the row's start and max_id, never the
-    date: `D-2099-5` decoded as sequence number 5 of the tag. A date ahead of the
-    clock by more than a snowflake ID's time may be was never handed out. (A date
+    date: `D-2099-5` decoded as sequence number 5 of the tag. A date over a day
+    ahead of the clock was never handed out (a client renders with its own clock,
+    which may be ahead of the node's by a little). (A date
     in the past cannot be refuted from the ledger: a name removed and added again
     goes on above the strings its earlier rows made, before its row's created_at.)"""
     with TestClient(create_app(node_settings)) as c:
         add(c, tag=tag, step=10, format="D-{date:%Y}-{id}")
         served = c.get(f"/ids/{tag}?count=5").json()["ids"]
         assert all(s.startswith("D-2") for s in served)
-        for value in ("D-2099-5", f"D-{int(served[0][2:6]) + 1}-5"):
+        for value in ("D-2099-5", f"D-{int(served[0][2:6]) + 2}-5"):
             got = c.get(f"/admin/tags/{tag}/decode", params={"value": value}, headers=AUTH)
             assert got.status_code == 400, (value, got.text)
             assert got.json()["error"] == "bad_value"

@@ -40,11 +40,14 @@ from collections.abc import Iterator
 
 import pymysql
 import pytest
+import redis
 from starlette.testclient import TestClient
 
+from idpool.pool.keys import Keys
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 
+from .conftest import REDIS_URL
 from .test_formats import AUTH, TOKEN, add
 
 # 30 bits of 100 ms (3.4 years), 1 worker bit, 1 sequence bit: IDs are unit << 2 | w << 1 | s
@@ -277,3 +280,31 @@ def test_decode_of_a_reset_tags_value_on_the_last_day_is_a_bad_value_not_a_500(
         got = c.get(f"/admin/tags/{tag}/decode", params={"value": "D99991231-1"}, headers=AUTH)
         assert got.status_code == 400, got.text
         assert got.json()["error"] == "bad_value"
+
+
+def test_a_snowflake_name_from_before_records_deleted_by_hand_is_not_added_again_plain(
+    node_settings: Settings,
+    tag: str,
+) -> None:
+    """Upgrade: a snowflake tag made and served before records (no record beside its
+    mark), its row deleted by hand, was added again plain (the script found no
+    record, and a plain add does not look at the mark) and repeated its IDs. Its
+    worker keys in Redis tell the name was a snowflake tag's. Simulated by
+    deleting the record the new code wrote."""
+    with TestClient(create_app(node_settings)) as c:
+        add(c, tag=tag, kind="snowflake", epoch_ms=_now_ms() - 10_000, **SMALL)
+        issued = set(_flakes(c, tag, 0.6))
+    assert issued
+    # As the old version left the name: no record beside the mark.
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        assert r.delete(Keys(node_settings.redis_prefix).format(tag)) == 1
+    finally:
+        r.close()
+    _edit(node_settings, "DELETE FROM idpool_tags WHERE tag = %s", tag)
+    with TestClient(create_app(node_settings)) as c:
+        made = c.post("/admin/tags", json={"tag": tag, "step": 1000}, headers=AUTH)
+        again = _numbers(c, tag) if made.status_code == 201 else []
+    repeated = sorted(issued.intersection(again))
+    assert not repeated, f"handed out twice by {tag!r}: {repeated[:20]} ({len(repeated)})"
+    assert made.status_code == 409, made.text

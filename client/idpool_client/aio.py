@@ -73,6 +73,7 @@ class AsyncIdPoolClient:
         self._tags: dict[str, _Tag] = {}
         self._closed = False
         self.report = CloseReport()
+        self._report_lock = threading.Lock()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
         self._return_at_exit = return_at_exit
         if return_at_exit:
@@ -249,9 +250,13 @@ class AsyncIdPoolClient:
         return tails
 
     def _give_back(self, tails: list[tuple[Lease, int]]) -> None:
+        """Return tails (blocking: run in a thread). Two threads may: aclose's, and
+        a _Handoff's for a lease that landed after its loop ended."""
         for lease, start in tails:
             try:
-                self.report.returned += self.transport.give_back(lease, start)
+                count = self.transport.give_back(lease, start)
+                with self._report_lock:
+                    self.report.returned += count
             except (IdPoolRequestError, IdPoolUnavailable) as e:
                 self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
 
