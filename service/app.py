@@ -46,7 +46,7 @@ from .errors import (
 )
 from .node import Node
 from .runtime import Runtime, StoreOpener, open_runtime
-from .snowflake import SNOWFLAKE, check_count
+from .snowflake import SNOWFLAKE, batch_limit, check_count
 from .stats import route_of
 from .strict_tags import STRICT
 
@@ -452,7 +452,8 @@ async def many_ids(request: Request) -> Response:
     try:
         count = _parse_count(request, run.settings.max_count)
     except InvalidInput:
-        await _snowflake_count(run.node, tag, request)  # names the tag's own, smaller cap
+        # names the tag's own cap where it is below the node's
+        await _snowflake_count(run.node, tag, request, run.settings.max_count)
         raise
     await check_token(run.node, tag, request)
     ids = await run.node.next_ids(tag, count)
@@ -464,10 +465,12 @@ async def many_ids(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
-async def _snowflake_count(node: Node, tag: str, request: Request) -> None:
+async def _snowflake_count(node: Node, tag: str, request: Request, max_count: int) -> None:
     """For a count over IDPOOL_MAX_COUNT: a snowflake tag whose batch cap is lower
     refuses it naming that cap (check_count), the one every smaller count meets too.
-    Not for a guarded tag (before its token is checked: its kind stays unsaid)."""
+    A cap above IDPOOL_MAX_COUNT is not named (the node's own message is the limit:
+    "at most 2048000" answered a count the node refuses from 10,001 on). Not for a
+    guarded tag (before its token is checked: its kind stays unsaid)."""
     raw = request.query_params.get("count", "")
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or tag in node.tags.tokens:
         return
@@ -475,8 +478,9 @@ async def _snowflake_count(node: Node, tag: str, request: Request) -> None:
         row = await node.tags.lookup(tag)
     except IdPoolError:
         return  # the count's own message
-    if row.kind == SNOWFLAKE:
-        check_count(tag, Layout.from_text(row.layout), int(raw))
+    layout = Layout.from_text(row.layout) if row.kind == SNOWFLAKE else None
+    if layout is not None and batch_limit(layout) < max_count:
+        check_count(tag, layout, int(raw))
 
 
 async def healthz(request: Request) -> Response:

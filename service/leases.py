@@ -66,7 +66,8 @@ async def lease_ranges(run: Runtime, tag: str, count: int) -> list[IdRange]:
     if row.kind != "segment":
         raise InvalidInput(
             "wrong_kind",
-            f"tag {tag!r} is a {row.kind} tag: lease a worker ID with POST /worker/{tag}",
+            f"tag {tag!r} is a {row.kind} tag: lease a worker ID with POST /worker/{tag} "
+            "(the Python client: idpool_client.snowflake.SnowflakeClient)",
         )
     return await run.node.source.fetch(tag, count)
 

@@ -138,12 +138,12 @@ class SnowflakeKind:
             return own, max(own, OLD_TAG_QUARANTINE_MS)
         return recorded, max(recorded, own)
 
-    def store(self) -> WorkerStore:
+    def store(self, tag: str) -> WorkerStore:
         if self._store is None:
             pool = self.node.source.pool
             if not isinstance(pool, RedisPool):
                 raise WorkerLeaseLost(
-                    "-", "snowflake tags need Redis for worker IDs (not embedded)"
+                    tag, "snowflake tags need Redis for worker IDs (not embedded)"
                 )
             self._store = WorkerStore(pool.client, pool.keys, pool.send)
         return self._store
@@ -229,7 +229,7 @@ class SnowflakeKind:
                 f"the tag's worker lease ({ttl_ms} ms, fixed when it was added) is not more than "
                 f"twice this node's IDPOOL_WORKER_MARGIN_SECONDS ({self.margin} s): lower it",
             )
-        store = self.store()
+        store = self.store(tag)
         # After a refusal, ask again only once it may be answered otherwise: a
         # quarantine's end, or a moment after a store failed (no claim per request).
         retry_at, why = self._retry.get(tag, (0.0, ""))
@@ -289,7 +289,7 @@ class SnowflakeKind:
 
     async def _grant(self, tag: str) -> Generator:
         grant, layout, sent = await self.lease_worker(tag, self.node.node_id or "node")
-        store = self.store()
+        store = self.store(tag)
         gen = Generator(
             tag,
             layout,
@@ -351,7 +351,7 @@ class SnowflakeKind:
             return
         self.closed = True
         try:
-            store = self.store()
+            store = self.store("-")  # releases: only tags that were granted (Redis)
         except IdPoolError:
             return
         for tag, held in list(self.held.items()):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
+from idpool.pool.redis_pool import RedisPool
 from idpool.pool.snowflake import LAYOUT_FIELDS, check_layout, wall_ms
 from idpool.pool.stores import HighWaterMarks, LedgerStore
 from idpool.pool.values import TagRow
@@ -74,7 +75,15 @@ class NewTag:
 
     async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
         """Add the tag (claims.create_tag: above any ID ever issued under its name);
-        a snowflake tag gets its worker hash (snowflake.prepare_tag)."""
+        a snowflake tag gets its worker hash (snowflake.prepare_tag). A snowflake
+        tag needs Redis (its worker IDs are leased there): none in embedded mode,
+        where it was made and then refused on every request."""
+        if self.kind == SNOWFLAKE and not isinstance(pool, RedisPool):
+            raise InvalidInput(
+                "bad_kind",
+                f"tag {self.tag!r}: snowflake tags need Redis, where their worker IDs are "
+                "leased; not in embedded mode (use a segment tag, or run with Redis)",
+            )
         row = await create_tag(
             ledger,
             pool,

@@ -107,7 +107,7 @@ async def _change(request: Request, op: str) -> Response:
         body = None
     held, last_ms = _fields(body, tag)
     kind = _kind(run)
-    store = kind.store()
+    store = kind.store(tag)
     # ttl_ms only renews a lease granted before TTLs were recorded in its field;
     # any other renews by its own recorded TTL, whichever node this is.
     ttl_ms, quarantine_ms = kind.lease_ms(await run.node.tags.lookup(tag))

@@ -319,14 +319,17 @@ def test_a_new_redis_incarnation_stops_the_holder_and_grants_wait_without_claimi
         assert int(answer.text) > before
 
 
-def test_the_embedded_mode_makes_snowflake_tags_but_says_they_need_redis(
+def test_the_embedded_mode_refuses_snowflake_tags_saying_they_need_redis(
     sqlite_settings: Settings, tag: str
 ) -> None:
+    """Made, then refused on every request (naming the tag '-'): now refused at add."""
     with TestClient(create_app(sqlite_settings.with_changes(admin_token=TOKEN))) as c:
-        add(c, tag, layout="js53")
-        answer = c.get(f"/id/{tag}")
-        assert answer.status_code == 503 and answer.json()["error"] == "worker_unavailable"
-        assert "need Redis" in answer.json()["message"]
+        made = c.post(
+            "/admin/tags", json={"tag": tag, "kind": "snowflake", "layout": "js53"}, headers=AUTH
+        )
+        assert made.status_code == 400 and made.json()["error"] == "bad_kind", made.text
+        assert "snowflake tags need Redis" in made.json()["message"]
+        assert c.get(f"/id/{tag}").status_code == 404
 
 
 def test_start_and_step_are_refused_on_a_snowflake_tag(node: TestClient, tag: str) -> None:
@@ -384,6 +387,19 @@ def test_a_batch_over_a_snowflake_tags_cap_names_it_before_any_grant(
         assert answer.status_code == 400 and answer.json()["error"] == "bad_count", answer.text
         assert "at most 2 per batch" in answer.json()["message"]
     assert node.get(f"/ids/{tag}?count=2").status_code == 503  # in quarantine
+
+
+def test_a_count_over_the_node_cap_names_the_node_cap_when_the_tags_is_higher(
+    node: TestClient, settings: Settings, tag: str
+) -> None:
+    """The default layout makes 2,048,000 IDs in 500 ms, above IDPOOL_MAX_COUNT:
+    a count over the node's cap named the tag's "at most 2048000", which the node
+    refuses from its own cap on. The node's message says the limit that holds."""
+    add(node, tag)
+    for count in (settings.max_count + 1, 3_000_000):
+        answer = node.get(f"/ids/{tag}?count={count}")
+        assert answer.status_code == 400 and answer.json()["error"] == "bad_count", answer.text
+        assert f"from 1 to {settings.max_count}" in answer.json()["message"], answer.text
 
 
 def test_a_tags_lease_is_fixed_at_creation_and_used_by_every_node(

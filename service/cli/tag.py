@@ -59,7 +59,9 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         "JavaScript (default: no bound below 2^63)",
     )
     add.add_argument(
-        "--kind", default=SEGMENT, help=f"how its IDs are made: {', '.join(KINDS)} (default)"
+        "--kind",
+        default=SEGMENT,
+        help=f"how its IDs are made: {', '.join(KINDS)} (default: {SEGMENT})",
     )
     add.add_argument(
         "--strict",
