@@ -41,6 +41,8 @@ from idpool.pool.errors import FormatNotFenced, InvalidInput, KindNotServed, Tag
 from idpool.pool.ranges import MAX_ID
 from idpool.pool.values import TagRow, name_fingerprint
 
+from .kinds import SEGMENT
+
 if TYPE_CHECKING:
     from .node import Node
 
@@ -202,7 +204,7 @@ class FormattedTags:
         return name, start, until
 
     async def check_fence(self, tag: str) -> None:
-        """Before this process first serves ``tag``, formatted or plain: its row's
+        """Before this process first serves ``tag``, of any kind: its row's
         format must be the one recorded for the name beside its mark
         (``idpool:{tag}:format``, "plain" for none), else FormatNotFenced: a row
         inserted or edited by hand with another format, or with its format added or
@@ -211,6 +213,10 @@ class FormattedTags:
         claim without Redis either)."""
         tags = self.node.tags
         row = tags.rows.get(tag) or await tags.lookup(tag)
+        if row.options and row.kind != SEGMENT:
+            # Strict and snowflake tags have no format (their creation refuses one):
+            # a row carrying options was a formatted tag whose kind was edited by hand
+            raise FormatNotFenced(tag, f"a {row.kind} tag has no format, and its row carries one")
         if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)
             raise FormatNotFenced(tag, "its row's format changed since this node read it")
         fingerprint = name_fingerprint(row)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idpool.pool.errors import (
-    FormatNotFenced,
     IdPoolError,
     InvalidInput,
     StoreUnavailable,
@@ -236,10 +235,8 @@ class SnowflakeKind:
         if self._monotonic() < retry_at:
             raise WorkerLeaseLost(tag, why)
         # A snowflake tag has no format: a row carrying one, or a name recorded with
-        # one, is a formatted tag whose kind was edited by hand (its strings could be
-        # numbers this tag makes). Checked once per tag and process (check_fence).
-        if row.options:
-            raise FormatNotFenced(tag, "a snowflake tag has no format, and its row carries one")
+        # another, is a formatted tag whose kind was edited by hand (its strings could
+        # be numbers this tag makes). Checked once per tag and process (check_fence).
         try:
             await self.node.formatted.check_fence(tag)
         except StoreUnavailable as e:

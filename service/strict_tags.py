@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from idpool.pool.claims import Claim, RedisSkip
 from idpool.pool.errors import (
     Draining,
-    FormatNotFenced,
     MarkNotReplicated,
     StoreBusy,
     StoreSkipped,
@@ -219,9 +218,6 @@ class StrictKind:
         Once per tag and process, as the segment path's buffer: a strict tag
         served here goes on with the bare numbers it always handed out, whatever
         its row then reads (a formatted tag's buffer was never its queue)."""
-        row = self.node.tags.rows.get(tag) or await self.node.tags.lookup(tag)
-        if row.options:
-            raise FormatNotFenced(tag, "a strict tag has no format, and its row carries one")
         await self.node.formatted.check_fence(tag)
 
     def not_ready(self) -> str | None:

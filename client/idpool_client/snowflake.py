@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
-from .sync import close_at_child_exit
+from .sync import _LIVE, _close_ref, close_at_child_exit
 from .transport import Transport
 
 try:  # built from _clockrun.c where a compiler was at hand (optional, see pyproject.toml)
@@ -249,28 +249,8 @@ class _Held:
         self.done = threading.Event()
 
 
-def _close_ref(ref: weakref.ref[SnowflakeClient]) -> None:
-    client = ref()
-    if client is not None:
-        client.close()
-
-
 def _default_holder() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-# Every SnowflakeClient of this process, for a forked child to reset (see
-# SnowflakeClient._after_fork_in_child); weak: a client dropped is not kept.
-_LIVE: weakref.WeakSet[SnowflakeClient] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for client in list(_LIVE):
-        client._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 class SnowflakeClient:

@@ -150,8 +150,8 @@ class CloseReport:
     lost: list[str] = field(default_factory=list)
 
 
-# Every client of this process (this module's and asyncio's), for a forked child
-# to reset: weak, so a client dropped is not kept.
+# Every client of this process (this module's, asyncio's and SnowflakeClient),
+# for a forked child to reset: weak, so a client dropped is not kept.
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -557,7 +557,8 @@ class IdPoolClient:
         return self.transport.calls["lease"]
 
 
-def _close_ref(ref: weakref.ref[IdPoolClient]) -> None:
+def _close_ref(ref: weakref.ref[Any]) -> None:
+    """close() of a client still alive (atexit, a multiprocessing finalizer)."""
     client = ref()
     if client is not None:
         client.close()
