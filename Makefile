@@ -3,18 +3,27 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install browser promtool galera constraints clean
+.PHONY: serve test check install install-test browser promtool galera constraints clean
 
-# -c constraints.txt: the runtime dependencies at the versions the image pins, so
-# the tests run against what the image ships (`make constraints` after an upgrade).
+# `make install` (and `make serve`): what serving needs, idpool and its client, no
+# test tools. -c constraints.txt: the runtime dependencies at the versions the image
+# pins, so the tests run against what the image ships (`make constraints` after an upgrade).
 $(VENV)/.installed: pyproject.toml client/pyproject.toml client/idpool_client/_clockrun.c constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e .
 	$(PY) -m pip install --quiet -e ./client
 	touch $@
 
+# `make test` adds the test tools (pytest, mypy, ruff, schemathesis, build, ...:
+# pyproject.toml's [test] extras), still within constraints.txt.
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $@
+
 install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -42,7 +51,7 @@ galera:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync iproute2 >/dev/null; }
 
 # Lint, type-check, then the whole suite against the real MariaDB and Redis.
-test: install browser promtool galera
+test: install-test browser promtool galera
 	$(VENV)/bin/ruff check idpool pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
