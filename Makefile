@@ -1,5 +1,7 @@
 # `make serve` and `make test` work on a fresh machine with Python 3.11+,
-# MariaDB on 127.0.0.1:3306 and Redis on 127.0.0.1:6379.
+# MariaDB on 127.0.0.1:3306 and Redis on 127.0.0.1:6379. `make serve` installs only
+# the runtime (.venv of ~60 MB); `make test` adds the test tools (~216 MB in all) and,
+# as root, Debian's chromium, prometheus and galera-4 with apt-get when missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
