@@ -33,10 +33,13 @@ from .tokens import TokenRow
 from .values import (
     TagRow,
     check_bound,
+    check_kind,
     check_tombstone,
     cut,
     period_rows_between,
+    read_end,
     step_bounds,
+    stored_end,
 )
 
 T = TypeVar("T")
@@ -225,27 +228,33 @@ class Ledger:
 
         await self._run(op)
 
-    async def claim(self, tag: str, ranges: int = 1) -> IdRange:
-        """Claim ``ranges * step`` fresh IDs for ``tag`` in one transaction.
+    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> IdRange:
+        """Claim ``ranges * step`` fresh IDs for ``tag``, a tag of ``kind``, in one
+        transaction.
 
         The last range of a bounded tag is cut short at its bound. Raises
-        UnknownTag, TagDisabled, TagExhausted (nothing left below the bound), or
-        StoreUnavailable when the outcome is unknown (the caller then treats
-        whatever may have been claimed as wasted).
+        UnknownTag, KindChanged (the row is of another kind), TagDisabled,
+        TagExhausted (nothing left below the bound), or StoreUnavailable when the
+        outcome is unknown (the caller then treats whatever may have been claimed
+        as wasted).
         """
 
         async def op(cur: Any) -> IdRange:
             # FOR UPDATE takes the row lock until COMMIT: no other claim can read
             # max_id between our read and our write, so two claims never overlap.
+            # The kind in the same read: a name removed and added again as another
+            # kind between a node's reloads gets no claim of the old kind.
             await cur.execute(
-                f"SELECT max_id, step, end_id, disabled FROM {TABLE} WHERE tag = %s FOR UPDATE",
+                f"SELECT max_id, step, end_id, disabled, kind FROM {TABLE} "
+                "WHERE tag = %s FOR UPDATE",
                 (tag,),
             )
             row = await cur.fetchone()
             if row is None:
                 raise UnknownTag(tag)
-            start, step, end_id, disabled = (int(v) for v in row)
-            fresh = cut(tag, start, step * ranges, end_id, bool(disabled))
+            check_kind(tag, kind, str(row[4]))
+            start, step, stored, disabled = (int(v) for v in row[:4])
+            fresh = cut(tag, start, step * ranges, read_end(stored), bool(disabled))
             await cur.execute(f"UPDATE {TABLE} SET max_id = %s WHERE tag = %s", (fresh.end, tag))
             await cur.connection.commit()
             return fresh
@@ -340,7 +349,7 @@ class Ledger:
                         description,
                         lo,
                         hi,
-                        end_id,
+                        stored_end(kind, end_id),  # an old release cannot claim from it
                         kind,
                         layout,
                         options,
