@@ -117,11 +117,13 @@ class LedgerClaims:
     def high_water(self, tag: str) -> int:
         return self._high_water.get(tag, 0)
 
-    async def claim(self, tag: str, ranges: int = 1) -> Claim:
-        """Claim ``ranges`` steps of fresh IDs, fenced by the shared mark.
+    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> Claim:
+        """Claim ``ranges`` steps of fresh IDs of ``tag``, a tag of ``kind``, fenced
+        by the shared mark.
 
-        Raises UnknownTag, TagExhausted, StaleLedger, StoreUnavailable (no claim
-        made, or its outcome unknown) and MarkNotRaised (claimed, but given up).
+        Raises UnknownTag (KindChanged: the row is of another kind now),
+        TagExhausted, StaleLedger, StoreUnavailable (no claim made, or its outcome
+        unknown) and MarkNotRaised (claimed, but given up).
         """
         refused: list[IdRange] = []
         raised_to: int | None = None
@@ -131,7 +133,7 @@ class LedgerClaims:
             # must start at or above it. (Read after, a faster claim by another
             # process would raise the mark past our good range.)
             mark = max(self.high_water(tag), await self._shared_high_water(tag))
-            claimed = await self.ledger.claim(tag, ranges)
+            claimed = await self.ledger.claim(tag, ranges, kind)
             if claimed.start < mark:
                 # MySQL went back in time: this range overlaps IDs already issued.
                 refused.append(claimed)

@@ -25,6 +25,22 @@ class UnknownTag(IdPoolError):
     """No row for this tag in the ledger."""
 
 
+class KindChanged(UnknownTag):
+    """A claim for a tag of one kind found the name's row of another: the tag the
+    caller serves was removed and the name added again as another kind (or its kind
+    edited by hand). Nothing was claimed; the caller's tag is gone (an UnknownTag),
+    and what it holds of it must not be served as the new tag's."""
+
+    def __init__(self, tag: str, expected: str, found: str) -> None:
+        super().__init__(
+            f"tag {tag!r} is now a {found} tag, not the {expected} tag this process served; "
+            "nothing claimed"
+        )
+        self.tag = tag
+        self.expected = expected
+        self.found = found
+
+
 class TagExists(IdPoolError):
     """`tag add` for a tag that already has a row."""
 

@@ -33,10 +33,13 @@ from .tokens import TokenRow
 from .values import (
     TagRow,
     check_bound,
+    check_kind,
     check_tombstone,
     cut,
     period_rows_between,
+    read_end,
     step_bounds,
+    stored_end,
 )
 
 T = TypeVar("T")
@@ -139,8 +142,14 @@ _NO_SUCH_TABLE = 1146
 # by a replicated write set), or an InnoDB deadlock. The server rolled the whole
 # transaction back: nothing of it was applied on any member, so it may run again.
 _DEADLOCK = 1213
-CONFLICT_ATTEMPTS = 8  # tries of a claim that keeps losing certification
-CONFLICT_BACKOFF = 0.005  # s; the n-th retry waits up to this * 2**n, at random
+# A transaction that keeps losing certification (a member catching up after a
+# freeze loses many in a row) runs again for as long as the store timeout lasts:
+# the n-th retry waits a random time up to min(CONFLICT_BACKOFF * 2**n,
+# CONFLICT_BACKOFF_MAX), and none starts with less than CONFLICT_RESERVE of the
+# timeout left (it could not finish: an attempt cut by the timeout is ambiguous).
+CONFLICT_BACKOFF = 0.005  # s
+CONFLICT_BACKOFF_MAX = 0.1  # s
+CONFLICT_RESERVE = 0.1  # of the store timeout
 # Galera: every read first waits until this member has applied every write set
 # the cluster committed before it (1: SELECT, SHOW, BEGIN), so a tag created,
 # disabled or bounded on another member is seen at once.
@@ -160,6 +169,8 @@ class Ledger:
         self.galera = galera  # a Galera member: its sessions set wsrep_sync_wait
         # (operation, reason) -> transactions run again after a conflict (/metrics)
         self.retries: Counter[tuple[str, str]] = Counter()
+        # operation -> transactions given up after conflicts until the timeout (/metrics)
+        self.conflict_failures: Counter[str] = Counter()
 
     @classmethod
     async def connect(cls, settings: Settings, *, create: bool | None = None) -> Ledger:
@@ -225,27 +236,33 @@ class Ledger:
 
         await self._run(op)
 
-    async def claim(self, tag: str, ranges: int = 1) -> IdRange:
-        """Claim ``ranges * step`` fresh IDs for ``tag`` in one transaction.
+    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> IdRange:
+        """Claim ``ranges * step`` fresh IDs for ``tag``, a tag of ``kind``, in one
+        transaction.
 
         The last range of a bounded tag is cut short at its bound. Raises
-        UnknownTag, TagDisabled, TagExhausted (nothing left below the bound), or
-        StoreUnavailable when the outcome is unknown (the caller then treats
-        whatever may have been claimed as wasted).
+        UnknownTag, KindChanged (the row is of another kind), TagDisabled,
+        TagExhausted (nothing left below the bound), or StoreUnavailable when the
+        outcome is unknown (the caller then treats whatever may have been claimed
+        as wasted).
         """
 
         async def op(cur: Any) -> IdRange:
             # FOR UPDATE takes the row lock until COMMIT: no other claim can read
             # max_id between our read and our write, so two claims never overlap.
+            # The kind in the same read: a name removed and added again as another
+            # kind between a node's reloads gets no claim of the old kind.
             await cur.execute(
-                f"SELECT max_id, step, end_id, disabled FROM {TABLE} WHERE tag = %s FOR UPDATE",
+                f"SELECT max_id, step, end_id, disabled, kind FROM {TABLE} "
+                "WHERE tag = %s FOR UPDATE",
                 (tag,),
             )
             row = await cur.fetchone()
             if row is None:
                 raise UnknownTag(tag)
-            start, step, end_id, disabled = (int(v) for v in row)
-            fresh = cut(tag, start, step * ranges, end_id, bool(disabled))
+            check_kind(tag, kind, str(row[4]))
+            start, step, stored, disabled = (int(v) for v in row[:4])
+            fresh = cut(tag, start, step * ranges, read_end(stored), bool(disabled))
             await cur.execute(f"UPDATE {TABLE} SET max_id = %s WHERE tag = %s", (fresh.end, tag))
             await cur.connection.commit()
             return fresh
@@ -340,7 +357,7 @@ class Ledger:
                         description,
                         lo,
                         hi,
-                        end_id,
+                        stored_end(kind, end_id),  # an old release cannot claim from it
                         kind,
                         layout,
                         options,
@@ -549,12 +566,15 @@ class Ledger:
         self, op: Callable[[Any], Awaitable[T]], *, transaction: bool = False, retry: str = ""
     ) -> T:
         """Run ``op`` on a pooled connection. With ``retry`` (the operation's name) a
-        transaction the server rolled back on a conflict runs again, at most
-        CONFLICT_ATTEMPTS times in all: it was not applied, so running it again
-        cannot claim a range twice. A lost answer is never retried (StoreUnavailable)."""
+        transaction the server rolled back on a conflict runs again, after a jittered
+        exponential backoff, while the store timeout leaves time for another try: it
+        was not applied, so running it again cannot claim a range twice. A lost
+        answer is never retried (StoreUnavailable)."""
         if self._pool is None:
             raise StoreUnavailable("mysql", "ledger is closed")
         pool = self._pool
+        loop = asyncio.get_running_loop()
+        last_start = loop.time() + self._timeout * (1 - CONFLICT_RESERVE)
         try:
             async with asyncio.timeout(self._timeout):
                 attempt = 0
@@ -565,15 +585,20 @@ class Ledger:
                     except pymysql.err.OperationalError as e:
                         if not (retry and _is_conflict(e)):
                             raise
-                        if attempt == CONFLICT_ATTEMPTS:
+                        # claims on several members collided: spread the next tries out
+                        wait = random.uniform(
+                            0, min(CONFLICT_BACKOFF * 2**attempt, CONFLICT_BACKOFF_MAX)
+                        )
+                        if loop.time() + wait > last_start:
+                            self.conflict_failures[retry] += 1
                             raise StoreUnavailable(
                                 "mysql",
-                                f"{retry} rolled back by {CONFLICT_ATTEMPTS} conflicts in a row "
-                                f"(nothing applied): {_describe(e)}",
+                                f"{retry} rolled back by {attempt} conflicts in a row within "
+                                f"the store timeout ({self._timeout} s; nothing applied): "
+                                f"{_describe(e)}",
                             ) from e
                         self.retries[retry, "certification" if self.galera else "deadlock"] += 1
-                        # claims on several members collided: spread the next tries out
-                        await asyncio.sleep(random.uniform(0, CONFLICT_BACKOFF * 2**attempt))
+                        await asyncio.sleep(wait)
         except _CONNECTION_ERRORS as e:
             await self._drop_idle(pool)
             raise StoreUnavailable("mysql", _describe(e)) from e

@@ -23,10 +23,12 @@ from .tokens import TokenRow
 from .values import (
     TagRow,
     check_bound,
+    check_kind,
     check_tombstone,
     cut,
     period_rows_between,
     step_bounds,
+    stored_end,
 )
 
 _COLUMNS = (
@@ -59,18 +61,20 @@ class SqliteLedger:
     async def close(self) -> None:
         await self.file.close()
 
-    async def claim(self, tag: str, ranges: int = 1) -> IdRange:
-        """Claim ``ranges * step`` fresh IDs for ``tag`` in one transaction.
+    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> IdRange:
+        """Claim ``ranges * step`` fresh IDs for ``tag``, a tag of ``kind``, in one
+        transaction.
 
         The last range of a bounded tag is cut short at its bound. Raises
-        UnknownTag, TagDisabled, TagExhausted, or StoreUnavailable when the
-        outcome is unknown.
+        UnknownTag, KindChanged, TagDisabled, TagExhausted, or StoreUnavailable
+        when the outcome is unknown.
         """
 
         def op(conn: sqlite3.Connection) -> IdRange:
             # BEGIN IMMEDIATE holds the file's write lock from the read to the
             # COMMIT, so two claims (from any process) can never overlap.
             row = _select(conn, tag)
+            check_kind(tag, kind, row.kind)  # see Ledger.claim
             fresh = cut(tag, row.max_id, row.step * ranges, row.end_id, row.disabled)
             conn.execute(
                 "UPDATE idpool_tags SET max_id = ?, updated_at = ? WHERE tag = ?",
@@ -141,7 +145,7 @@ class SqliteLedger:
                         description,
                         lo,
                         hi,
-                        end_id,
+                        stored_end(kind, end_id),  # an old release cannot claim from it
                         kind,
                         layout,
                         options,

@@ -52,7 +52,7 @@ from .redis_pool import INCARNATION_LUA, RedisPool
 from .sentinel import named_master_by_majority
 from .sqlite_file import SqliteFile
 from .sqlite_ledger import _select
-from .values import cut
+from .values import check_kind, cut
 from .waste import Reason, WasteRecorder
 
 # Decimal strings without leading zeros: compare by length, then by text; add
@@ -404,7 +404,9 @@ class StrictSequence:
                 "name (a failover is under way); nothing claimed, retry in a moment",
             )
         try:
-            claim = await self.claims.claim(tag, min(math.ceil(want / step), MAX_REFILL_RANGES))
+            claim = await self.claims.claim(
+                tag, min(math.ceil(want / step), MAX_REFILL_RANGES), kind="strict"
+            )
         except MarkNotRaised as e:  # claimed, but the mark could not be raised past it
             self.waste.record(tag, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
             raise
@@ -477,6 +479,7 @@ class SqliteStrict:
         def op(conn: sqlite3.Connection) -> int:
             # BEGIN IMMEDIATE: the write lock from the read to the COMMIT.
             row = _select(conn, tag)
+            check_kind(tag, "strict", row.kind)  # see Ledger.claim
             fresh = cut(tag, row.max_id, n, row.end_id, row.disabled)
             if len(fresh) < n:
                 raise TagExhausted(

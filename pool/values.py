@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from .errors import FormatChanged, TagDisabled, TagExhausted
+from .errors import FormatChanged, KindChanged, TagDisabled, TagExhausted
 from .ranges import MAX_ID, IdRange, TaggedRange
 
 DEFAULT_MAX_STEP = 1_000_000
@@ -63,7 +63,7 @@ class TagRow:
         min_step, max_step, end, off, kind, layout, options, secret = values[6:14]
         return cls(
             tag, max_id, step, start_id, description, updated_at, min_step, max_step,
-            end, bool(off), kind, layout, options, secret,
+            read_end(end), bool(off), kind, layout, options, secret,
         )  # fmt: skip
 
     @property
@@ -86,6 +86,33 @@ class TagRow:
     def left(self) -> int:
         """IDs not yet claimed below the bound."""
         return max(0, self.end_id - self.max_id)
+
+
+def stored_end(kind: str, end_id: int) -> int:
+    """The ``end_id`` column of a new row of ``kind``: negated for every kind but
+    segment. A release from before kinds (7717122, the last of the old key layout)
+    reads no ``kind`` column and serves every row as a segment tag, claiming plain
+    ranges from a strict or snowflake row (out of order, or the numbers a snowflake
+    generator makes). Its claim (``cut``) refuses a row whose ``max_id`` is at or
+    above ``end_id`` (TagExhausted, nothing claimed), and its preloader skips a row
+    with nothing ``left``: a negative ``end_id`` is both, whatever else its CLI
+    changes (no command of it writes ``end_id``). Every ID is above 0, so a bound
+    (at least 2) and its negation never meet."""
+    return end_id if kind == "segment" else -end_id
+
+
+def read_end(stored: int) -> int:
+    """A row's bound from its ``end_id`` column (``stored_end``)."""
+    return -stored if stored < 0 else stored
+
+
+def check_kind(tag: str, expected: str, found: str) -> None:
+    """A claim for a tag of kind ``expected`` on a row of kind ``found`` is refused
+    (KindChanged): the caller's tag was removed and its name added again as
+    another kind (or its kind edited by hand); until its next tag reload, a node
+    still holding the old tag's buffer claimed plain ranges from a strict row."""
+    if found != expected:
+        raise KindChanged(tag, expected, found)
 
 
 def format_fingerprint(options: str, secret: str) -> str:

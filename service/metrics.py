@@ -185,12 +185,20 @@ class _SnapshotCollector:
         )
         for retry in self.snap["node"].get("ledger_retries", ()):
             retries.add_metric([retry["op"], retry["reason"]], retry["count"])
+        gave_up = CounterMetricFamily(
+            "idpool_ledger_conflict_failures",
+            "Ledger transactions given up after conflicts in a row (Galera certification "
+            "failures) until the store timeout: nothing applied, the request got a 503",
+            labels=["op"],
+        )
+        for failed in self.snap["node"].get("ledger_conflict_failures", ()):
+            gave_up.add_metric([failed["op"]], failed["count"])
         build = GaugeMetricFamily(
             "idpool_build_info", "Always 1: the running version", labels=["version", "python"]
         )
         build.add_metric([VERSION, platform.python_version()], 1)
         # short: a sample only with IDPOOL_REDIS_MARK_REPLICAS set (the family always)
-        yield from (up, short, errors, retries, latency, requests, answered_errors, build)
+        yield from (up, short, errors, retries, gave_up, latency, requests, answered_errors, build)
 
 
 def _bound(value: float) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from idpool.pool.errors import (
     Draining,
+    KindChanged,
     KindNotServed,
     StoreNotSent,
     StoreUnavailable,
@@ -166,10 +167,16 @@ class Node:
         return kind
 
     async def next_id(self, tag: str) -> Id:
-        return await (await self.kind_of(tag)).next_id(tag)
+        try:
+            return await (await self.kind_of(tag)).next_id(tag)
+        except KindChanged:  # the old tag's buffer and row are gone: served as its kind now
+            return await (await self.kind_of(tag)).next_id(tag)
 
     async def next_ids(self, tag: str, count: int) -> list[int] | list[str]:
-        return await (await self.kind_of(tag)).next_ids(tag, count)
+        try:
+            return await (await self.kind_of(tag)).next_ids(tag, count)
+        except KindChanged:
+            return await (await self.kind_of(tag)).next_ids(tag, count)
 
     def describe(self, tag: str) -> dict[str, Any] | None:
         """What this node holds for the tag, as its kind shows it (/status.json)."""
@@ -182,6 +189,9 @@ class Node:
         buf = await self.buffer(tag)
         try:
             return await buf.take_waiting()
+        except KindChanged:
+            await self._drop_other_kind(tag, buf)
+            raise
         except UnknownTag:
             self._forget(tag, buf)
             raise
@@ -190,9 +200,20 @@ class Node:
         buf = await self.buffer(tag)
         try:
             return await buf.take_many_waiting(count)
+        except KindChanged:
+            await self._drop_other_kind(tag, buf)
+            raise
         except UnknownTag:
             self._forget(tag, buf)
             raise
+
+    async def _drop_other_kind(self, tag: str, buf: SegmentBuffer) -> None:
+        """The buffer's claim found the name's row of another kind (removed and
+        added again, e.g. as strict, since this node's last reload): what the buffer
+        holds is the old tag's, waste, never served as the new tag's; the row this
+        node read goes too, so the next request reads the new one."""
+        self.tags.rows.pop(tag, None)
+        await self._stop_disabled(tag, buf, Reason.TAG_REMOVED)
 
     def undelivered(self, tag: str, ids: Sequence[Id]) -> None:
         """IDs taken for an answer the client never got (it hung up first): waste,
@@ -271,6 +292,12 @@ class Node:
             await self._stop_disabled(tag, self.buffers[tag])
         for tag in set(self.buffers) - set(self.tags.rows):
             await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
+        # Only a segment tag has a buffer: a row of another kind under its name was
+        # added after a removal this reload did not see (or edited by hand). Its
+        # buffer is the old tag's: the fast path would serve it before any kind check.
+        for tag in {t for t, row in self.tags.rows.items() if row.kind != SEGMENT}:
+            if tag in self.buffers:
+                await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
         # A removed formatted tag's format goes once no buffer of its name is left
         # (never a formatted tag's buffer served as a plain one): its name is then
         # unknown (404), or a tag added again under it is read with its own format.

@@ -244,7 +244,7 @@ class SnowflakeKind:
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
             # lease, which a renewal or release must show.
-            claim = await self.node.source.claims.claim(tag, 1)
+            claim = await self.node.source.claims.claim(tag, 1, kind=SNOWFLAKE)
         except (UnknownTag, TagDisabled):
             raise
         except IdPoolError as e:

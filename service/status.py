@@ -170,6 +170,7 @@ def assemble(
             "ready": node.not_ready() is None,
             "store_errors": dict(node.stats.store_errors),
             "ledger_retries": ledger_retries(node),
+            "ledger_conflict_failures": ledger_conflict_failures(node),
         },
         "stores": stores,
         "tags": entries,
@@ -181,6 +182,13 @@ def ledger_retries(node: Node) -> list[dict[str, Any]]:
     failure), by operation and reason. Only the MySQL ledger has the counter."""
     counts = getattr(node.source.claims.ledger, "retries", {})
     return [{"op": op, "reason": why, "count": n} for (op, why), n in sorted(counts.items())]
+
+
+def ledger_conflict_failures(node: Node) -> list[dict[str, Any]]:
+    """Ledger transactions given up after conflicts in a row until the store
+    timeout (a 503 or a claim not made), by operation. MySQL ledger only."""
+    counts = getattr(node.source.claims.ledger, "conflict_failures", {})
+    return [{"op": op, "count": n} for op, n in sorted(counts.items())]
 
 
 def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:

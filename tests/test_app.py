@@ -444,9 +444,9 @@ class CountingLedger:
         self.listed += names is None
         return await self.ledger.list_tags(names)  # type: ignore[arg-type]
 
-    async def claim(self, tag: str, ranges: int = 1) -> object:
+    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> object:
         self.claims.append(ranges)
-        return await self.ledger.claim(tag, ranges)
+        return await self.ledger.claim(tag, ranges, kind)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.ledger, name)

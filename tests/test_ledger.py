@@ -4,6 +4,7 @@ import asyncio
 import multiprocessing
 from collections.abc import AsyncIterator
 
+import pymysql
 import pytest
 
 from idpool.pool.errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
@@ -434,3 +435,68 @@ async def test_plain_mariadb_is_not_taken_for_galera(settings: Settings) -> None
         assert not ledger.retries
     finally:
         await ledger.close()
+
+
+class _Conflicting:
+    """A pool whose connections lose certification (error 1213) ``losses`` times,
+    then answer: a Galera member catching up after a freeze (issue 28, item 12)."""
+
+    def __init__(self, losses: int) -> None:
+        self.losses = losses
+        self.tries = 0
+        self.rollbacks = 0
+
+    async def acquire(self) -> _Conflicting:
+        return self
+
+    def release(self, conn: object) -> None:
+        pass
+
+    async def begin(self) -> None:
+        pass
+
+    async def rollback(self) -> None:
+        self.rollbacks += 1
+
+    def close(self) -> None:
+        raise AssertionError("a connection after a conflict is sound: never closed")
+
+    def cursor(self) -> _Conflicting:
+        return self
+
+    async def __aenter__(self) -> _Conflicting:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+
+async def _lose_then_answer(cur: _Conflicting) -> str:
+    cur.tries += 1
+    if cur.tries <= cur.losses:
+        raise pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock")
+    return "claimed"
+
+
+async def test_a_claim_losing_certification_many_times_is_retried_within_the_timeout() -> None:
+    # 12 losses in a row: more than the 8 tries a claim had before (then a 503);
+    # with backoffs of at most 0.1 s they fit well within the 3 s store timeout.
+    conn = _Conflicting(losses=12)
+    ledger = Ledger(conn, 3.0, galera=True)
+    assert await ledger._run(_lose_then_answer, transaction=True, retry="claim") == "claimed"
+    assert conn.tries == 13 and conn.rollbacks == 12
+    assert ledger.retries == {("claim", "certification"): 12}
+    assert not ledger.conflict_failures
+
+
+async def test_a_claim_that_keeps_losing_gives_up_before_the_timeout_and_is_counted() -> None:
+    conn = _Conflicting(losses=10**9)
+    ledger = Ledger(conn, 1.0, galera=True)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(StoreUnavailable, match="conflicts in a row within the store timeout"):
+        await ledger._run(_lose_then_answer, transaction=True, retry="claim")
+    assert loop.time() - started < 1.0  # its own refusal, not the timeout's
+    assert conn.tries > 8  # retried for as long as the budget allowed
+    assert ledger.retries["claim", "certification"] == conn.tries - 1
+    assert ledger.conflict_failures == {"claim": 1}

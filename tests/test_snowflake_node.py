@@ -443,7 +443,7 @@ async def added(ledger: Ledger, pool: RedisPool, tag: str, *, claim_first: bool)
     layout = check_layout({}, wall_ms() - 60_000).to_text() + ".l400"
     row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
     if claim_first:
-        await ledger.claim(tag, 1)  # node B's generation; its grant ran, B serves
+        await ledger.claim(tag, 1, "snowflake")  # node B's generation; its grant ran, B serves
         await pool.client.delete(pool.keys.workers(tag))
     await prepare_tag(ledger, pool, row)
     return row

@@ -33,7 +33,7 @@ class Ledger:
     name = "mysql"
     claims = 0
 
-    async def claim(self, tag: str, ranges: int = 1) -> IdRange:
+    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> IdRange:
         self.claims += 1
         return IdRange(1, 11)
 

@@ -143,7 +143,7 @@ async def test_numbers_past_2_pow_53_are_exact(redis_pool: RedisPool, tag: str) 
 async def test_sequence_refills_from_the_ledger_and_increases(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     got = [await seq.take(tag, n) for n in (1, 3, 25, 1, 1)]
@@ -157,7 +157,7 @@ async def test_sequence_refills_from_the_ledger_and_increases(
 async def test_two_nodes_concurrent_takes_never_repeat_and_follow_real_time(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=7, start=1)
+    await ledger.add_tag(tag, step=7, start=1, kind="strict")
     a, b = sequence(redis_pool, ledger, step=7), sequence(redis_pool, ledger, step=7)
     seen: list[int] = []
     # one caller at a time alternating between the nodes: real-time order across them
@@ -182,7 +182,7 @@ async def test_two_nodes_concurrent_takes_never_repeat_and_follow_real_time(
 async def test_a_lost_take_is_waste_and_never_retried(
     ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     assert await seq.take(tag, 1) == 1
@@ -202,7 +202,7 @@ async def test_a_lost_take_is_waste_and_never_retried(
 async def test_a_lost_extension_wastes_its_claim(
     ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
 
@@ -220,7 +220,7 @@ async def test_a_lost_extension_wastes_its_claim(
 async def test_a_redis_restart_that_lost_everything_starts_above_all_issued(
     redis_server: RedisServer, ledger: Ledger, settings: Settings, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     s = settings.with_changes(redis_url=redis_server.url)
     pool = RedisPool.from_settings(s)
     seq = sequence(pool, ledger)
@@ -244,7 +244,7 @@ async def test_a_restored_snapshot_never_takes_again(
     """The snapshot's state still reads [next, limit) of IDs handed out since."""
     server = RedisServer(tmp_path / "rdb", "--save", "", "--appendonly", "no").start()
     try:
-        await ledger.add_tag(tag, step=100, start=1)
+        await ledger.add_tag(tag, step=100, start=1, kind="strict")
         s = settings.with_changes(redis_url=server.url)
         pool = RedisPool.from_settings(s)
         seq = sequence(pool, ledger, step=100)
@@ -268,7 +268,7 @@ async def test_a_restored_snapshot_never_takes_again(
 async def test_mysql_gone_back_is_refused_by_the_mark(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     handed = [await seq.take(tag, 10) for _ in range(3)]
@@ -285,7 +285,7 @@ async def test_a_node_that_only_took_remembers_the_state_limit_as_its_mark(
     """Two faults at once (Redis lost the state and the mark, MySQL went back): the
     only fence left is the mark in the nodes' memory. A node that never refilled
     but took from the state has seen its limit, and must refuse what it covers."""
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     a, b = sequence(redis_pool, ledger), sequence(redis_pool, ledger)
     handed = [await a.take(tag, 1), await b.take(tag, 1)]  # a claimed [1, 11); b only took
     assert handed == [1, 2]
@@ -299,7 +299,7 @@ async def test_a_node_that_only_took_remembers_the_state_limit_as_its_mark(
 async def test_refills_are_prefetched_before_the_state_runs_out(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     await seq.take(tag, 6)  # the first refill: one step
@@ -313,8 +313,8 @@ async def test_refills_are_prefetched_before_the_state_runs_out(
 async def test_embedded_strict_takes_are_one_transaction_each(sqlite_settings: Settings) -> None:
     ledger = await SqliteLedger.connect(sqlite_settings)
     try:
-        await ledger.add_tag("s", step=1000, start=5, end_id=40)
-        await ledger.add_tag("off", step=10, start=1)
+        await ledger.add_tag("s", step=1000, start=5, end_id=40, kind="strict")
+        await ledger.add_tag("off", step=10, start=1, kind="strict")
         await ledger.set_disabled("off", True)
         strict = SqliteStrict(ledger.file)
         sizes = (1, 2, 3, 4)
@@ -348,7 +348,7 @@ async def test_one_refill_at_a_time_for_the_cluster(redis_pool: RedisPool, tag: 
 async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = StrictSequence(
         RedisStrict(redis_pool),
@@ -373,7 +373,7 @@ async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
 async def test_ids_from_a_server_the_sentinels_left_are_never_answered(
     ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     assert await seq.take(tag, 1) == 1
@@ -398,7 +398,7 @@ async def test_a_promoted_replica_serves_only_claims_made_after_the_sentinels_na
     node can reach it). A refill on the replica then must not claim: the old master
     may still claim above that claim and answer its IDs, and once the Sentinels
     switch, the replica's state would answer IDs below them."""
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     server = RedisServer(tmp_path / "promoted", "--save", "", "--appendonly", "no").start()
     promoted = RedisPool.from_settings(settings.with_changes(redis_url=server.url))
     try:
@@ -436,7 +436,7 @@ async def test_a_refill_covers_the_batch_whatever_others_took_meanwhile(
     """The refill sized its claim by what the state held when it looked; other
     nodes taking before the extension landed left it short of the batch, again
     and again under load, until the take gave up (503) with IDs in plenty."""
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     a, b = sequence(redis_pool, ledger), sequence(redis_pool, ledger)
     assert await a.take(tag, 1) == 1  # the state: [2, 11)
     extend = a.store.extend

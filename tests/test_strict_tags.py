@@ -118,7 +118,7 @@ async def test_one_redis_skip_for_strict_takes_pops_and_claims() -> None:
 async def test_group_commit_on_real_redis_batches_and_never_repeats(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=50, start=1)
+    await ledger.add_tag(tag, step=50, start=1, kind="strict")
     stats = NodeStats()
     seq = StrictSequence(
         RedisStrict(redis_pool),
