@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from .errors import (
     FormatChanged,
+    KindKept,
     MarkNotRaised,
     MarkNotReplicated,
     NameUsedBefore,
@@ -237,7 +238,7 @@ async def create_tag(
     if kept is not None:
         if options and kept[0] == options:
             secret = kept[1]  # the removed tag's key: its strings, continued above max_id
-        check_tombstone(tag, kept[0], kept[1], options, secret)
+        check_tombstone(tag, (kept[0], kept[1], ""), options, secret, kind)  # kind: in add_tag
     fingerprint = kind_fingerprint(kind, options, secret, layout)
     floor, fenced = 0, ""
     if pool is not None:
@@ -282,7 +283,7 @@ async def create_tag(
             options=options,
             secret=secret,
         )
-    except (TagExists, FormatChanged):
+    except (TagExists, FormatChanged, KindKept):
         if pool is not None and fenced == "set":
             # The name is another tag's (made meanwhile): take our fingerprint back,
             # unless it is that tag's too. Race: two adds of one new name with one

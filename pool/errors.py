@@ -64,6 +64,22 @@ class NameUsedBefore(InvalidInput):
         self.tag = tag
 
 
+class KindKept(InvalidInput):
+    """A removed name added again as another kind (409 ``name_used``). A node that
+    held the old tag's buffer serves it until its next tag-list reload (or, paused,
+    until it runs again): a strict tag would go down, and a snowflake tag's clock
+    IDs are fenced by no ``max_id``. A name keeps its kind for ever."""
+
+    def __init__(self, tag: str, old_kind: str, kind: str) -> None:
+        super().__init__(
+            "name_used",
+            f"tag {tag!r} was a {old_kind} tag before it was removed; a name keeps its kind "
+            f"for ever (nodes may still hold the old tag's IDs), so it cannot come back as a "
+            f"{kind} tag: add it again as {old_kind}, or choose a new name for the {kind} tag",
+        )
+        self.tag = tag
+
+
 class FormatChanged(InvalidInput):
     """A tag name used before with another format (or none) added again with this one:
     the new format could render strings the old tag handed out (409 ``format_changed``)."""

@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS {REMOVED} (
     max_id     BIGINT       NOT NULL COMMENT 'the removed row max_id: nothing above was claimed',
     options    VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'its format: kept by the name added again',
     secret     VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'its obfuscation key (hex)',
+    kind       VARCHAR(16)  NOT NULL DEFAULT '' COMMENT 'its kind: kept by the name added again',
     removed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
                             ON UPDATE CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COMMENT 'tombstones of removed tags, never deleted'
@@ -124,6 +125,12 @@ _MIGRATIONS = [
         "VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'its format: kept by the name added again'",
     ),
     (REMOVED, "secret", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'its obfuscation key (hex)'"),
+    # And its kind (tombstones made before: '', taken as any kind).
+    (
+        REMOVED,
+        "kind",
+        "VARCHAR(16) NOT NULL DEFAULT '' COMMENT 'its kind: kept by the name added again'",
+    ),
 ]
 _DUPLICATE_COLUMN = 1060
 
@@ -322,7 +329,8 @@ class Ledger:
             # and renders them only with the format it had (check_tombstone).
             try:
                 await cur.execute(
-                    f"SELECT max_id, options, secret FROM {REMOVED} WHERE tag = %s FOR UPDATE",
+                    f"SELECT max_id, options, secret, kind FROM {REMOVED} "
+                    "WHERE tag = %s FOR UPDATE",
                     (tag,),
                 )
                 removed = await cur.fetchone()
@@ -335,11 +343,12 @@ class Ledger:
                     raise
                 raise StoreUnavailable(
                     "mysql",
-                    f"table {REMOVED} lacks the options column: run idpool once with "
+                    f"table {REMOVED} lacks the options or kind column: run idpool once with "
                     "IDPOOL_CREATE_DATABASE=1 (the default) to add it; nothing was added",
                 ) from None
             if removed is not None:
-                check_tombstone(tag, str(removed[1]), str(removed[2]), options, secret)
+                kept = (str(removed[1]), str(removed[2]), str(removed[3]))
+                check_tombstone(tag, kept, options, secret, kind)
                 if kind == "snowflake":  # again under the lock: a removal since create_tag read
                     raise NameUsedBefore(tag, "a removed tag's tombstone")
             first = max(start, floor, 0 if removed is None else int(removed[0]))
@@ -400,11 +409,11 @@ class Ledger:
             if found is None:
                 raise UnknownTag(tag)  # rolled back by _run, the tombstone's insert too
             row = _tag_row(found)
-            # The format too: the name added again may only render as this one did.
+            # The format and kind too: the name added again may only be what this one was.
             await cur.execute(
-                f"UPDATE {REMOVED} SET max_id = GREATEST(max_id, %s), options = %s, secret = %s "
-                "WHERE tag = %s",
-                (row.max_id, row.options, row.secret, tag),
+                f"UPDATE {REMOVED} SET max_id = GREATEST(max_id, %s), options = %s, secret = %s, "
+                "kind = %s WHERE tag = %s",
+                (row.max_id, row.options, row.secret, row.kind, tag),
             )
             await cur.execute(f"DELETE FROM {TOKENS} WHERE tag = %s", (tag,))
             await cur.execute(f"DELETE FROM {TABLE} WHERE tag = %s", (tag,))

@@ -84,7 +84,8 @@ CREATE TABLE IF NOT EXISTS idpool_removed_tags (
     max_id     INTEGER NOT NULL,  -- the removed row's max_id: no ID at or above was claimed
     removed_at REAL    NOT NULL,
     options    TEXT    NOT NULL DEFAULT '',  -- its format: the name added again keeps it
-    secret     TEXT    NOT NULL DEFAULT ''   -- its obfuscation key (hex)
+    secret     TEXT    NOT NULL DEFAULT '',  -- its obfuscation key (hex)
+    kind       TEXT    NOT NULL DEFAULT ''   -- its kind: the name added again keeps it
 );
 -- What Redis keeps in idpool:{tag}:format: a formatted tag's fingerprint.
 CREATE TABLE IF NOT EXISTS idpool_formats (
@@ -112,6 +113,7 @@ MIGRATIONS = [
     ("idpool_tags", "secret", "TEXT NOT NULL DEFAULT ''"),
     ("idpool_removed_tags", "options", "TEXT NOT NULL DEFAULT ''"),
     ("idpool_removed_tags", "secret", "TEXT NOT NULL DEFAULT ''"),
+    ("idpool_removed_tags", "kind", "TEXT NOT NULL DEFAULT ''"),
 ]
 
 

@@ -125,10 +125,12 @@ class SqliteLedger:
             # Under the file's write lock (BEGIN IMMEDIATE): no removal between the
             # tombstone's read and the INSERT; the tag starts above all it issued.
             removed = conn.execute(
-                "SELECT max_id, options, secret FROM idpool_removed_tags WHERE tag = ?", (tag,)
+                "SELECT max_id, options, secret, kind FROM idpool_removed_tags WHERE tag = ?",
+                (tag,),
             ).fetchone()
-            if removed is not None:  # only with the format it had (see Ledger.add_tag)
-                check_tombstone(tag, str(removed[1]), str(removed[2]), options, secret)
+            if removed is not None:  # only as the kind and format it was (see Ledger.add_tag)
+                kept = (str(removed[1]), str(removed[2]), str(removed[3]))
+                check_tombstone(tag, kept, options, secret, kind)
                 if kind == "snowflake":  # again under the lock: a removal since create_tag read
                     raise NameUsedBefore(tag, "a removed tag's tombstone")
             first = max(start, floor, 0 if removed is None else int(removed[0]))
@@ -167,12 +169,12 @@ class SqliteLedger:
             # One write transaction: no claim between the read and the delete.
             row = _select(conn, tag)
             conn.execute(
-                "INSERT INTO idpool_removed_tags (tag, max_id, removed_at, options, secret) "
-                "VALUES (?, ?, ?, ?, ?) "
+                "INSERT INTO idpool_removed_tags (tag, max_id, removed_at, options, secret, kind) "
+                "VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (tag) DO UPDATE SET max_id = MAX(max_id, excluded.max_id), "
                 "removed_at = excluded.removed_at, options = excluded.options, "
-                "secret = excluded.secret",
-                (tag, row.max_id, time.time(), row.options, row.secret),
+                "secret = excluded.secret, kind = excluded.kind",
+                (tag, row.max_id, time.time(), row.options, row.secret, row.kind),
             )
             conn.execute("DELETE FROM idpool_tokens WHERE tag = ?", (tag,))
             conn.execute("DELETE FROM idpool_tags WHERE tag = ?", (tag,))

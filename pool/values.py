@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from .errors import FormatChanged, KindChanged, TagDisabled, TagExhausted
+from .errors import FormatChanged, KindChanged, KindKept, TagDisabled, TagExhausted
 from .ranges import MAX_ID, IdRange, TaggedRange
 
 DEFAULT_MAX_STEP = 1_000_000
@@ -155,10 +155,22 @@ def format_record(fingerprint: str) -> str:
     return fingerprint or PLAIN_RECORD
 
 
-def check_tombstone(tag: str, old_options: str, old_secret: str, options: str, secret: str) -> None:
-    """A removed name comes back only with the format it had (raises FormatChanged):
-    another template or key could render a string the removed tag handed out, and
-    its tombstone's ``max_id`` fences only the numbers."""
+def check_tombstone(
+    tag: str,
+    old: tuple[str, str, str],
+    options: str,
+    secret: str,
+    kind: str,
+) -> None:
+    """A removed name comes back only as the kind it was (raises KindKept: a stale
+    node's buffer of the old tag would still serve it) and with the format it had
+    (raises FormatChanged: another template or key could render a string the
+    removed tag handed out, and its tombstone's ``max_id`` fences only the numbers).
+    ``old`` is the tombstone's (options, secret, kind); kind '' is a tombstone made
+    before kinds were kept, taken as any kind."""
+    old_options, old_secret, old_kind = old
+    if old_kind and old_kind != kind:
+        raise KindKept(tag, old_kind, kind)
     if old_options == options and old_secret == secret:
         return
     before = f"with the format {old_options}" if old_options else "as a plain tag (no format)"

@@ -153,8 +153,8 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow(
         "name_used",
         409,
-        "a snowflake tag under a name that issued IDs before (removed, or its mark in "
-        "Redis): its clock-made IDs could repeat them; choose a new name",
+        "a name that issued IDs before, added again as another kind (a name keeps its "
+        "kind), or as a snowflake tag (its clock-made IDs could repeat them): choose a new name",
     ),
     ErrorRow("worker_lost", 409, "the worker ID's lease is gone: stop making IDs with it"),
     ErrorRow(

@@ -7,8 +7,9 @@
    negated (``values.stored_end``): the old claim, run here verbatim, gets nothing.
 5. A segment tag removed and added again as strict between two tag reloads of a
    node that held its buffer: the fast path went on serving that buffer, refilled
-   by claims from the now-strict row, until it idled out. The ledger's claim now
-   checks the kind, and a reload drops a buffer whose row is of another kind.
+   by claims from the now-strict row, until it idled out. A name now keeps its
+   kind for ever (its tombstone says which); and for a kind edited by hand, the
+   ledger's claim checks the kind and a reload drops a buffer of another kind.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from idpool.pool import claims
-from idpool.pool.errors import KindChanged, TagExhausted
+from idpool.pool.errors import KindChanged, KindKept, TagExhausted
 from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import MAX_ID, IdRange
 from idpool.pool.redis_pool import RedisPool
@@ -29,7 +30,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout
 from idpool.service.app import create_app
 
-from .test_kind_hand_edits import SMALL, _sql
+from .test_kind_hand_edits import SMALL, _edit, _sql
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -209,11 +210,26 @@ def _late(answers: list[int]) -> int:
     return late
 
 
-def test_a_segment_tag_added_again_as_strict_is_not_served_from_the_old_buffer(
+@pytest.mark.parametrize(("was", "now"), [("segment", "strict"), ("strict", "segment")])
+def test_a_removed_name_comes_back_only_as_the_kind_it_was(
+    settings: Settings, tag: str, was: str, now: str
+) -> None:
+    """A node holding the removed segment tag's buffer serves it until its next tag
+    reload, or, paused, until it runs again: the name added again as strict would
+    go down. So a name keeps its kind for ever (and the tombstone keeps it)."""
+    _add(settings, tag, step=10, start=1, kind=was)
+    _remove(settings, tag)
+    with pytest.raises(KindKept, match=f"was a {was} tag"):
+        _add(settings, tag, step=10, start=5_000_000, kind=now)
+    _add(settings, tag, step=10, start=1, kind=was)  # as it was: fine
+
+
+def test_a_claim_of_another_kind_drops_the_buffer_and_serves_the_row_as_it_is(
     settings: Settings, tag: str
 ) -> None:
-    """No reload between the re-add and the requests: the old buffer's claims are
-    refused by the ledger, so it serves at most what it held, then the strict kind."""
+    """A row's kind edited by hand (segment to strict) with no reload between the
+    edit and the requests: the old buffer's claims are refused by the ledger, so it
+    serves at most what it held, then the strict kind."""
     quiet = dataclasses.replace(settings, tag_reload_seconds=3600.0)
     _add(settings, tag, step=10, start=1)
     with TestClient(create_app(quiet)) as a, TestClient(create_app(quiet)) as b:
@@ -221,11 +237,10 @@ def test_a_segment_tag_added_again_as_strict_is_not_served_from_the_old_buffer(
         for _ in range(3):
             assert a.get(f"/id/{tag}").status_code == 200
         buf = node_a.buffers[tag]
-        while buf.fetching:  # a prefetch claimed before the removal: the old tag's too
+        while buf.fetching:  # a prefetch claimed before the edit: the old kind's too
             time.sleep(0.01)
         held = buf.in_memory
-        _remove(settings, tag)
-        _add(settings, tag, step=10, start=1, kind="strict")
+        _edit(settings, "UPDATE idpool_tags SET kind = 'strict' WHERE tag = %s", tag)
         answers = []
         for i in range(120):
             got = (a if i % 2 else b).get(f"/id/{tag}")
@@ -236,7 +251,7 @@ def test_a_segment_tag_added_again_as_strict_is_not_served_from_the_old_buffer(
         assert len(set(answers)) == len(answers)
 
 
-def test_a_reload_drops_the_buffer_of_a_name_added_again_as_strict(
+def test_a_reload_drops_the_buffer_of_a_row_whose_kind_changed(
     settings: Settings, tag: str
 ) -> None:
     quiet = dataclasses.replace(settings, tag_reload_seconds=3600.0)
@@ -244,8 +259,7 @@ def test_a_reload_drops_the_buffer_of_a_name_added_again_as_strict(
     with TestClient(create_app(quiet)) as a, TestClient(create_app(quiet)) as b:
         node_a = a.app.node  # type: ignore[attr-defined]
         assert a.get(f"/id/{tag}").text == "1"
-        _remove(settings, tag)
-        _add(settings, tag, step=10, start=1, kind="strict")
+        _edit(settings, "UPDATE idpool_tags SET kind = 'strict' WHERE tag = %s", tag)
         a.portal.call(node_a.refresh_tags)  # what the reload loop does every few seconds
         assert tag not in node_a.buffers
         answers = [int((a if i % 2 else b).get(f"/id/{tag}").text) for i in range(40)]

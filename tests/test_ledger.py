@@ -7,7 +7,14 @@ from collections.abc import AsyncIterator
 import pymysql
 import pytest
 
-from idpool.pool.errors import StoreUnavailable, TagDisabled, TagExhausted, TagExists, UnknownTag
+from idpool.pool.errors import (
+    KindKept,
+    StoreUnavailable,
+    TagDisabled,
+    TagExhausted,
+    TagExists,
+    UnknownTag,
+)
 from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import MAX_ID, IdRange
 from idpool.pool.settings import Settings
@@ -409,6 +416,19 @@ async def test_a_removed_tag_is_unknown_and_its_name_starts_above_all_it_issued(
     # Removed a second time, the tombstone only moves up.
     assert (await ledger.remove_tag(tag)).max_id == 511
     assert (await ledger.add_tag(tag, step=10, start=1)).max_id == 511
+
+
+async def test_a_removed_name_keeps_its_kind(ledger: LedgerStore, tag: str) -> None:
+    """The tombstone keeps the kind: a stale node may still serve the old tag's
+    buffer, so the name may come back only as what it was (KindKept, nothing added)."""
+    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.claim(tag)
+    await ledger.remove_tag(tag)
+    with pytest.raises(KindKept):
+        await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    with pytest.raises(UnknownTag):
+        await ledger.get_tag(tag)
+    assert (await ledger.add_tag(tag, step=10, start=1)).max_id == 11
 
 
 async def test_removing_one_tag_leaves_the_others(ledger: LedgerStore, tag: str) -> None:

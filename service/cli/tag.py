@@ -17,6 +17,7 @@ from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
     FormatChanged,
     InvalidInput,
+    KindKept,
     NameUsedBefore,
     StartAboveMax,
     StartBelowIssued,
@@ -208,7 +209,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
-    except (FormatChanged, NameUsedBefore) as e:
+    except (FormatChanged, NameUsedBefore, KindKept) as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
