@@ -21,7 +21,10 @@ incarnation, then one script extends the state, only if the incarnation is still
   incarnation began, it is above every range any older incarnation served;
 - a range adjacent to ``limit`` extends it;
 - a range above ``limit`` replaces the rest of the state (that rest is waste);
-- a range below ``limit`` is refused (waste): another node extended first.
+- a range below ``limit`` is refused (waste): another node extended first;
+- a range below ``floor`` is refused (waste): the state was fenced when the tag
+  was made (again) under its name, and the range was claimed for an earlier tag
+  of that name (``RedisPool.fence_strict``).
 
 Every outcome this process cannot know (a timeout, a reset) is waste and is
 never retried: a lost take loses its batch, a lost extension its range.
@@ -137,8 +140,12 @@ _EXTEND = (
 local inc = incarnation()
 local how, lost_next, lost_limit = 'moved', false, false
 if inc == ARGV[1] then
-  local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc')
-  if s[3] ~= inc then
+  local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc', 'floor')
+  if s[3] ~= inc and s[4] and lt(ARGV[2], s[4]) then
+    -- below the floor the tag's (re-)creation set (RedisPool.fence_strict): claimed
+    -- for an earlier tag of the name, before its removal
+    how = 'fenced'
+  elseif s[3] ~= inc then
     how = 'replaced'
     if s[1] and s[2] then lost_next, lost_limit = s[1], s[2] end
     redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3], 'inc', inc)
@@ -152,7 +159,7 @@ if inc == ARGV[1] then
     lost_next, lost_limit = s[1], s[2]
     redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3])
   end
-  if how ~= 'refused' then
+  if how ~= 'refused' and how ~= 'fenced' then
     -- where the consumption rate is measured from, for the next refill's size:
     -- a window of a second at least (a new one after a replace or a jump, whose
     -- next moved by more than what was handed out)
@@ -197,7 +204,7 @@ class StrictAnswer(NamedTuple):
 
 class Extension(NamedTuple):
     answer: StrictAnswer
-    how: str  # replaced, extended, jumped, refused or moved
+    how: str  # replaced, extended, jumped, refused, fenced or moved
     lost: IdRange | None  # the rest of a state given up (jumped, or replaced)
 
 
@@ -428,6 +435,8 @@ class StrictSequence:
             self.waste.record(tag, [claim.range], Reason.STRICT_REFILL_RACED)
         elif ext.how == "moved":  # a restart or failover since we looked
             self.waste.record(tag, [claim.range], Reason.REDIS_NEW_INCARNATION)
+        elif ext.how == "fenced":  # claimed from the row of a tag of this name since removed
+            self.waste.record(tag, [claim.range], Reason.TAG_REMOVED)
         if ext.lost is not None:
             # jumped: the rest was never handed out; replaced: a state of an older
             # incarnation, which may have served part of it after its last save
