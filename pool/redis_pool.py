@@ -634,6 +634,10 @@ class RedisPool:
             return int(mark)
         return int(await self._plain(self._raise_and_wait(keys, value)))
 
+    def replica_wait_ms(self) -> int:
+        """How long a WAIT for replicas may block (half the store timeout)."""
+        return self._wait_ms()
+
     def _wait_ms(self) -> int:
         return max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first
 

@@ -470,3 +470,33 @@ async def test_a_refill_covers_the_batch_whatever_others_took_meanwhile(
     assert first >= 11
     await a.close()
     await b.close()
+
+
+async def test_a_refill_that_fails_gives_its_grant_back(
+    ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master restarted within Sentinel's down-after (no failover): its run_id is
+    new and the Sentinels name the old one until they re-read its INFO. The node
+    granted the refill was refused (nothing claimed) but kept the grant: every
+    other node then waited for it to expire (4 s) on top. Now it gives it back."""
+    await ledger.add_tag(tag, step=10, start=1)
+    a = StrictSequence(
+        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
+        grant_seconds=600.0,
+    )  # fmt: skip
+    b = StrictSequence(
+        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
+        grant_seconds=600.0,
+    )  # fmt: skip
+
+    async def not_yet_named(incarnation: str) -> bool:
+        return False
+
+    monkeypatch.setattr(a.store, "from_master", not_yet_named)
+    with pytest.raises(StoreUnavailable, match="nothing claimed"):
+        await a.take(tag, 1)  # granted the refill, refused before claiming
+    state = await b.store.state(tag)
+    assert "refill_by" not in state  # given back: not held for its 600 s
+    assert await b.take(tag, 1) == 1  # another node refills at once
+    await a.close()
+    await b.close()
