@@ -558,15 +558,6 @@ async def test_a_mark_waits_for_the_replica_of_its_own_shard(
         await pool.close()
 
 
-def strict_tag_on(cluster: LocalCluster, prefix: str) -> str:
-    """A new tag name whose slot is away from node 0 (the first seed), so a
-    client made while that slot's primary hangs reads the slot map elsewhere."""
-    while True:
-        tag = new_name(prefix)
-        if cluster.primary_of(Keys().strict(tag)) is not cluster.nodes[0]:
-            return tag
-
-
 async def test_a_strict_take_a_replica_did_not_acknowledge_is_never_answered(
     cs: Settings, cluster: LocalCluster, ledger: Ledger
 ) -> None:
@@ -603,7 +594,7 @@ async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the
     meanwhile; the old primary runs them before the cluster bus demotes it. Each
     was sent after another node's answer from the promoted replica, so each must
     be above it, or refused (IDPOOL_REDIS_MARK_REPLICAS=0, the default)."""
-    tag = strict_tag_on(cluster, "sp")
+    tag = new_name("sp")
     await ledger.add_tag(tag, step=1000, start=1, kind="strict")
     stale = RedisPool.from_settings(cs.with_changes(store_timeout=6.0))
     fresh: RedisPool | None = None
@@ -618,8 +609,23 @@ async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the
         # the stale node's state on the primary: [1, 1001), its connections open
         await asyncio.gather(*(s.take(tag, 1) for s in stales))
         primary.pause()
-        await asyncio.to_thread(cluster.wait_for, lambda: replica.role() == "master", 30.0)
-        fresh = RedisPool.from_settings(cs)
+        slot = key_slot(stale.keys.strict(tag).encode())
+
+        def promoted_everywhere() -> bool:  # but on the paused primary, which knows nothing
+            for other in cluster.running():
+                if other is primary:
+                    continue
+                with other.client() as c:
+                    ranges = c.execute_command("CLUSTER", "SLOTS")
+                if not any(
+                    int(r[0]) <= slot <= int(r[1]) and int(r[2][1]) == replica.port
+                    for r in ranges
+                ):
+                    return False
+            return True
+
+        await asyncio.to_thread(cluster.wait_for, promoted_everywhere, 30.0)
+        fresh = RedisPool.from_settings(cs.with_changes(redis_url=_url_without(cluster, primary)))
         promoted = node(fresh)
         answered = await promoted.take(tag, 1)  # a new state on the promoted replica
         assert answered > 8
@@ -640,3 +646,9 @@ async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the
         if fresh is not None:
             await fresh.close()
         await asyncio.to_thread(cluster.wait_ok, 60.0)
+
+
+def _url_without(cluster: LocalCluster, hanging: RedisServer) -> str:
+    """The cluster's URL without a node that hangs (a client's seeds)."""
+    nodes = [n for n in cluster.nodes if n is not hanging]
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
