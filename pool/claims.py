@@ -249,13 +249,22 @@ async def create_tag(
             # by hand is then refused), but is made with Redis down, as before: the
             # first node to serve it writes the record.
             fenced = await pool.fence_format(tag, fingerprint)
+            if kind == "strict" and fenced not in ("other", "unformatted", "snowflake"):
+                # Also before the row: a strict state an earlier life of the name left
+                # (strict, removed, maybe a segment life since) is never served from;
+                # the first refill claims from the new row, above its start and
+                # every ID the name issued (the mark, the tombstone).
+                await pool.fence_strict(tag, max(start, floor))
         except StoreUnavailable as e:
-            if options or kind == "snowflake":
+            if options or kind in ("snowflake", "strict"):
+                what = "formatted" if options else kind
+                record = "strict state is fenced" if kind == "strict" and not options else (
+                    "record is beside its high-water mark"
+                )
                 raise StoreUnavailable(
                     e.store,
-                    f"a {'formatted' if options else 'snowflake'} tag is made only once its "
-                    f"record is beside its high-water mark ({e.detail}); nothing was made: "
-                    "try again",
+                    f"a {what} tag is made only once its {record} ({e.detail}); nothing was "
+                    "made: try again",
                 ) from e
             # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
             # floor stays what was read (0 if not even the mark answered).

@@ -27,11 +27,12 @@ So every command runs at most once, as with a single Redis.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import MovedError, NoScriptError, RedisClusterException
 
 from .errors import StoreUnavailable
 from .settings import ClusterParams
@@ -85,29 +86,71 @@ async def on_one_connection(
     (value, online, acknowledged); acknowledged is None when nothing was waited
     for: ``replicas`` is 0, or fewer are online than it wants (only an online
     replica can acknowledge: the raise cannot count, and the caller refuses it
-    without holding the connection for the WAIT's timeout).
+    without holding the connection for the WAIT's timeout)."""
 
-    Nothing is retried: an error here is raised as it comes (a MOVED means the
-    script did not run; the next command through the client follows the new map).
+    def wanted(reply: Any) -> int:
+        return replicas if replicas and int(reply[1]) >= replicas else 0
+
+    (value, online), acked = await run_then_wait(client, key, script, keys, args, wanted, ms)
+    return str(value), int(online), acked
+
+
+_REDIRECTS = 5  # MOVED answers followed before giving up (each one ran nothing)
+
+
+async def run_then_wait(
+    client: RedisCluster,
+    key: str,
+    script: Any,
+    keys: list[str],
+    args: list[str],
+    wanted: Callable[[Any], int],
+    ms: int,
+) -> tuple[Any, int | None]:
+    """Run a script on one connection to the primary of ``key``'s slot, then, when
+    ``wanted(reply)`` is above 0, ``WAIT`` that many replicas on that same
+    connection (WAIT counts only its own connection's writes). Returns (reply,
+    acknowledged), acknowledged None when nothing was waited for.
+
+    Nothing that may have run is sent again: an error after the script was sent
+    is raised as it comes. A MOVED (the script did not run: the slot is elsewhere
+    now) updates the slot map and the script is sent to the new primary.
     """
     await client.initialize()
-    node = client.get_node_from_key(key)
-    if node is None:  # not in the slot map: nothing sent
-        raise RedisClusterException(f"no node serves the slot of {key!r}")
+    for _ in range(_REDIRECTS):
+        node = client.get_node_from_key(key)
+        if node is None:  # not in the slot map: nothing sent
+            raise RedisClusterException(f"no node serves the slot of {key!r}")
+        try:
+            return await _run_then_wait_on(node, script, keys, args, wanted, ms)
+        except MovedError as e:
+            await client.nodes_manager.move_slot(e)
+    raise RedisClusterException(f"the slot of {key!r} moved {_REDIRECTS} times in a row")
+
+
+async def _run_then_wait_on(
+    node: ClusterNode,
+    script: Any,
+    keys: list[str],
+    args: list[str],
+    wanted: Callable[[Any], int],
+    ms: int,
+) -> tuple[Any, int | None]:
     conn = node.acquire_connection()
     try:
         await node.disconnect_if_needed(conn)
         try:
             await conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            value, online = await conn.read_response()
+            reply = await conn.read_response()
         except NoScriptError:  # not run: send the text this once
             await conn.send_command("EVAL", script.text, len(keys), *keys, *args)
-            value, online = await conn.read_response()
+            reply = await conn.read_response()
         acked = None
-        if replicas and int(online) >= replicas:
+        replicas = wanted(reply)
+        if replicas > 0:
             await conn.send_command("WAIT", replicas, ms)
             acked = int(await conn.read_response())
-        return str(value), int(online), acked
+        return reply, acked
     except BaseException:
         await conn.disconnect()  # a reply may be left unread on it
         raise

@@ -194,6 +194,15 @@ class TooFewReplicas(StoreUnavailable):
         self.online = online
 
 
+class StrictNotConfirmed(StoreUnavailable):
+    """A strict take ran on a Redis Cluster primary, but not every replica that
+    primary knows of acknowledged it (``WAIT``): it may be a primary deposed while
+    paused, so its IDs are given up. Redis answers: nothing else stops."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("redis", detail)
+
+
 class MarkNotReplicated(MarkNotRaised):
     """A MarkNotRaised because too few replicas acknowledged the raise (TooFewReplicas):
     the range is given up like any, but Redis is not down."""

@@ -236,6 +236,25 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# KEYS[1] = a strict tag's state (pool/strict.py), ARGV[1] = the floor (decimal
+# text). A strict tag made (again) under a name: the state an earlier life of the
+# name left (its IDs below the new start, or below IDs a later segment life
+# issued) is dropped, and `floor` (never lowered) refuses a refill whose claim
+# starts below it: one an earlier life's node claimed before the removal and
+# lands only now. One script: a take or extension runs wholly before or after.
+# Returns the floor kept.
+_FENCE_STRICT = """
+local function lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local floor = redis.call('HGET', KEYS[1], 'floor')
+if not floor or lt(floor, ARGV[1]) then floor = ARGV[1] end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'floor', floor)
+return floor
+"""
+
 # KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
@@ -351,6 +370,7 @@ class RedisPool:
         self._read_hwm = Lua.of(_READ_HWM)
         self._fence_format = Lua.of(_FENCE_FORMAT)
         self._unfence_format = Lua.of(_UNFENCE_FORMAT)
+        self._fence_strict = Lua.of(_FENCE_STRICT)
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
@@ -594,6 +614,12 @@ class RedisPool:
         record = format_record(fingerprint)
         await self._call(self._unfence_format, [self.keys.format(tag)], [record])
 
+    async def fence_strict(self, tag: str, floor: int) -> int:
+        """Before a strict tag's row is made: drop the strict state an earlier tag of
+        the name left, and refuse any later refill whose claim starts below
+        ``floor`` (the new start, the mark). Returns the floor kept (never lowered)."""
+        return int(await self._call(self._fence_strict, [self.keys.strict(tag)], [str(floor)]))
+
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait
         for (IDPOOL_REDIS_MARK_REPLICAS), it counts only once that many replicas have
@@ -607,6 +633,10 @@ class RedisPool:
             mark, _ = await self._call(self._raise_hwm, keys, [str(value)])
             return int(mark)
         return int(await self._plain(self._raise_and_wait(keys, value)))
+
+    def replica_wait_ms(self) -> int:
+        """How long a WAIT for replicas may block (half the store timeout)."""
+        return self._wait_ms()
 
     def _wait_ms(self) -> int:
         return max(1, int(self._slot_wait * 500))  # half the store timeout: WAIT answers first

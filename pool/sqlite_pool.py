@@ -211,6 +211,11 @@ class SqlitePool:
 
         return await self.file.write(op)
 
+    async def fence_strict(self, tag: str, floor: int) -> int:
+        """Nothing to fence: the embedded mode's strict take is the ledger row's own
+        (pool/strict.py, SqliteStrict), made again with the row."""
+        return floor
+
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(

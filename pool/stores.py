@@ -109,6 +109,11 @@ class HighWaterMarks(Protocol):
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None: ...
 
+    async def fence_strict(self, tag: str, floor: int) -> int:
+        """Before a strict tag's row is made: its name's strict sequence starts
+        again, above ``floor`` (a no-op where strict takes are the ledger's own)."""
+        ...
+
 
 class SizingStats(Protocol):
     """What nodes report and the preloader sizes the lists by; the cluster totals."""

@@ -21,7 +21,14 @@ incarnation, then one script extends the state, only if the incarnation is still
   incarnation began, it is above every range any older incarnation served;
 - a range adjacent to ``limit`` extends it;
 - a range above ``limit`` replaces the rest of the state (that rest is waste);
-- a range below ``limit`` is refused (waste): another node extended first.
+- a range below ``limit`` is refused (waste): another node extended first;
+- a range below ``floor`` is refused (waste): the state was fenced when the tag
+  was made (again) under its name, and the range was claimed for an earlier tag
+  of that name (``RedisPool.fence_strict``).
+
+Under Sentinel a take is answered only if most Sentinels name its server as the
+master; on a Redis Cluster only once every replica its primary knows of
+acknowledged it (``WAIT``): a deposed primary's takes are waste, never answered.
 
 Every outcome this process cannot know (a timeout, a reset) is waste and is
 never retried: a lost take loses its batch, a lost extension its range.
@@ -36,19 +43,29 @@ transaction on the ledger row itself (``SqliteStrict``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from .claims import Claim, LedgerClaims
-from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable, TagExhausted
+from .cluster import run_then_wait
+from .errors import (
+    IdPoolError,
+    MarkNotRaised,
+    StoreNotSent,
+    StoreUnavailable,
+    StrictNotConfirmed,
+    TagExhausted,
+)
 from .ranges import IdRange
-from .redis_pool import INCARNATION_LUA, RedisPool
+from .redis_pool import INCARNATION_LUA, Lua, RedisPool, run_script
 from .sentinel import named_master_by_majority
 from .sqlite_file import SqliteFile
 from .sqlite_ledger import _select
@@ -82,6 +99,16 @@ local function now_ms()
 end
 -- KEYS[1] = the strict hash. Take `want` IDs from a state of incarnation `inc`:
 -- {first taken or false, next, limit} (next and limit false: no state of `inc`).
+-- On a cluster: the replicas this server's own cluster config lists for it, but
+-- those it has flagged failed (a take here is confirmed by WAIT for all of them).
+local function replicas_known()
+  local n = 0
+  for _, line in ipairs(redis.call('CLUSTER', 'REPLICAS', redis.call('CLUSTER', 'MYID'))) do
+    local flags = string.match(line, '^%S+ %S+ (%S+)') or ''
+    if not string.find(',' .. flags .. ',', ',fail,', 1, true) then n = n + 1 end
+  end
+  return n
+end
 local function take(inc, want)
   local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc')
   if s[3] ~= inc then return {false, false, false} end
@@ -94,7 +121,8 @@ end
 """
 
 # ARGV[1] = IDs wanted, ARGV[2] = the low-water mark (IDs), ARGV[3] = how long a
-# refill grant lasts (ms), ARGV[4] = who asks (a process's random id). The
+# refill grant lasts (ms), ARGV[4] = who asks (a process's random id), ARGV[5] =
+# '1' on a Redis Cluster (count the replicas a take must be confirmed by). The
 # incarnation check and the take are one script: no take can reach a state set
 # under an older incarnation (one a restored snapshot or a promoted replica
 # brought back). When the state did not hold the batch, or holds less than the
@@ -103,7 +131,8 @@ end
 # nodes do not claim and race each other (the grant is a hint against waste
 # only; the extend script's rules keep the order whatever it says). The holder
 # of a grant is granted again (its refill failed: it tries again at once).
-# Returns {inc, first, next, limit, granted, now ms, since ms, since next}.
+# Returns {inc, first, next, limit, granted, now ms, since ms, since next,
+# replicas to confirm by (0 unless IDs were taken on a cluster)}.
 _TAKE = (
     INCARNATION_LUA
     + _DECIMAL_LUA
@@ -121,15 +150,18 @@ if t[1] == false or lt(t[3], add(t[2], ARGV[2])) then
   end
 end
 local since = redis.call('HMGET', KEYS[1], 'since_ms', 'since_next')
-return {inc, t[1], t[2], t[3], granted, tostring(now), since[1], since[2]}
+local confirm = 0
+if t[1] and ARGV[5] == '1' then confirm = replicas_known() end
+return {inc, t[1], t[2], t[3], granted, tostring(now), since[1], since[2], confirm}
 """
 )
 
 # ARGV[1] = the incarnation seen before the claim, ARGV[2] = the claim's first
-# ID, ARGV[3] = its end (exclusive), ARGV[4] = IDs to take after ('0': none).
+# ID, ARGV[3] = its end (exclusive), ARGV[4] = IDs to take after ('0': none),
+# ARGV[5] = '1' on a Redis Cluster (as for a take).
 # The check of the incarnation seen, the extension and the take are one script:
 # a claim made before a restart or failover can never enter the new state.
-# Returns {inc, first, next, limit, how, lost next, lost limit}.
+# Returns {inc, first, next, limit, how, lost next, lost limit, replicas to confirm by}.
 _EXTEND = (
     INCARNATION_LUA
     + _DECIMAL_LUA
@@ -137,8 +169,12 @@ _EXTEND = (
 local inc = incarnation()
 local how, lost_next, lost_limit = 'moved', false, false
 if inc == ARGV[1] then
-  local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc')
-  if s[3] ~= inc then
+  local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc', 'floor')
+  if s[3] ~= inc and s[4] and lt(ARGV[2], s[4]) then
+    -- below the floor the tag's (re-)creation set (RedisPool.fence_strict): claimed
+    -- for an earlier tag of the name, before its removal
+    how = 'fenced'
+  elseif s[3] ~= inc then
     how = 'replaced'
     if s[1] and s[2] then lost_next, lost_limit = s[1], s[2] end
     redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3], 'inc', inc)
@@ -152,7 +188,7 @@ if inc == ARGV[1] then
     lost_next, lost_limit = s[1], s[2]
     redis.call('HSET', KEYS[1], 'next', ARGV[2], 'limit', ARGV[3])
   end
-  if how ~= 'refused' then
+  if how ~= 'refused' and how ~= 'fenced' then
     -- where the consumption rate is measured from, for the next refill's size:
     -- a window of a second at least (a new one after a replace or a jump, whose
     -- next moved by more than what was handed out)
@@ -166,9 +202,20 @@ if inc == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'refill_until', 'refill_by')
 end
 local t = take(inc, ARGV[4])
-return {inc, t[1], t[2], t[3], how, lost_next, lost_limit}
+local confirm = 0
+if t[1] and ARGV[5] == '1' then confirm = replicas_known() end
+return {inc, t[1], t[2], t[3], how, lost_next, lost_limit, confirm}
 """
 )
+
+# ARGV[1] = who gives its grant back. Only the holder's own grant: one another
+# caller holds since (this one's expired) is left alone.
+_RELEASE = """
+if redis.call('HGET', KEYS[1], 'refill_by') == ARGV[1] then
+  return redis.call('HDEL', KEYS[1], 'refill_until', 'refill_by')
+end
+return 0
+"""
 
 # Refills one take may run before it gives up (each one met a race or a new
 # incarnation; more than this means something is badly wrong, not busy).
@@ -188,6 +235,9 @@ class StrictAnswer(NamedTuple):
     limit: int | None
     granted: bool = False  # this caller is to refill the state now
     rate: float | None = None  # IDs/s taken from the state since its last refill
+    # False: taken on a cluster primary not every replica it knows acknowledged the
+    # take for (WAIT); maybe a deposed one, so never answered (RedisStrict.take)
+    confirmed: bool = True
 
     @property
     def left(self) -> int:
@@ -197,7 +247,7 @@ class StrictAnswer(NamedTuple):
 
 class Extension(NamedTuple):
     answer: StrictAnswer
-    how: str  # replaced, extended, jumped, refused or moved
+    how: str  # replaced, extended, jumped, refused, fenced or moved
     lost: IdRange | None  # the rest of a state given up (jumped, or replaced)
 
 
@@ -219,8 +269,32 @@ class RedisStrict:
     def __init__(self, pool: RedisPool) -> None:
         self.pool = pool
         self.keys = pool.keys
-        self._take = pool.client.register_script(_TAKE)
-        self._extend = pool.client.register_script(_EXTEND)
+        self._take = Lua.of(_TAKE)
+        self._extend = Lua.of(_EXTEND)
+        self._release = Lua.of(_RELEASE)
+
+    async def _run(self, script: Lua, tag: str, args: list[str]) -> tuple[list[Any], bool]:
+        """The script's reply, and whether the IDs it took (if any) are confirmed.
+
+        On a Redis Cluster a primary paused past its failover (SIGSTOP, a VM
+        freeze, a healed partition) runs the commands queued on its sockets
+        before the cluster bus tells it that its replica was promoted: a node
+        whose slot map is stale would answer IDs from the old state, below IDs
+        the promoted replica already answered. So a take there counts only once
+        every replica the primary itself knows of (its own cluster config, not
+        flagged failed) acknowledged it: ``WAIT`` on the script's connection. A
+        promoted replica no longer replicates from the old primary, so its takes
+        are never confirmed. No Sentinel majority plays this role on a cluster;
+        the replicas are the cluster's own witnesses of who is primary."""
+        key = self.keys.strict(tag)
+        client = self.pool.client
+        if not isinstance(client, RedisCluster):
+            return await self.pool.send(run_script(client, script, [key], args)), True
+        ms = self.pool.replica_wait_ms()
+        raw, acked = await self.pool.send(
+            run_then_wait(client, key, script, [key], [*args, "1"], lambda r: int(r[-1]), ms)
+        )
+        return raw, acked is None or acked >= int(raw[-1])
 
     async def take(
         self, tag: str, n: int, low: int = 0, grant_ms: int = 4000, asker: str = ""
@@ -229,8 +303,8 @@ class RedisStrict:
         refill (as ``asker``) when it did not, or holds under ``low`` after.
         Raises StoreUnavailable (the take may have happened: its IDs are lost)."""
         args = [str(n), str(low), str(grant_ms), asker or uuid.uuid4().hex]
-        raw = await self.pool.send(self._take(keys=[self.keys.strict(tag)], args=args))
-        answer = _answer(raw)
+        raw, confirmed = await self._run(self._take, tag, args)
+        answer = _answer(raw)._replace(confirmed=confirmed)
         rate = None
         if raw[6] is not None and raw[7] is not None and answer.next is not None:
             # over a second at least: a grant a few ms after a refill must not read
@@ -243,17 +317,22 @@ class RedisStrict:
         """Add ``claimed`` (claimed after seeing incarnation ``seen``) to the state,
         then take ``n`` IDs if it holds them."""
         args = [seen, str(claimed.start), str(claimed.end), str(n)]
-        raw = await self.pool.send(self._extend(keys=[self.keys.strict(tag)], args=args))
+        raw, confirmed = await self._run(self._extend, tag, args)
         lost = None
         if raw[5] is not None and raw[6] is not None and int(raw[5]) < int(raw[6]):
             lost = IdRange(int(raw[5]), int(raw[6]))
-        return Extension(_answer(raw), str(raw[4]), lost)
+        return Extension(_answer(raw)._replace(confirmed=confirmed), str(raw[4]), lost)
+
+    async def release(self, tag: str, asker: str) -> None:
+        """Give back ``asker``'s refill grant (its refill failed): another node may
+        refill at once instead of waiting for the grant to expire."""
+        key = self.keys.strict(tag)
+        await self.pool.send(run_script(self.pool.client, self._release, [key], [asker]))
 
     async def from_master(self, incarnation: str) -> bool:
         """Whether the server a call ran on (its incarnation) is the master most
-        Sentinels name, asked after the call; always True without Sentinel (a
-        cluster's shards fail over without one: a take reaches only the primary
-        the slot map names)."""
+        Sentinels name, asked after the call; always True without Sentinel (on a
+        cluster the shard's replicas confirm each take instead: see _run)."""
         client = self.pool.client
         if not isinstance(client, Redis):
             return True
@@ -353,6 +432,16 @@ class StrictSequence:
                 await asyncio.sleep(wait)
                 wait = min(wait * 2, _WAIT_MOST)
             answer = await self._take(tag, n)
+        if not answer.confirmed:
+            # Taken on a cluster primary whose replicas did not all acknowledge it:
+            # maybe one deposed while paused, whose promoted replica answered larger
+            # IDs already (RedisStrict._run). Given up, never served.
+            self.waste.lost(tag, n, Reason.STRICT_NOT_CONFIRMED)
+            raise StrictNotConfirmed(
+                f"the Redis Cluster primary that answered for tag {tag!r} could not show "
+                "its replicas have the take (WAIT); its IDs are given up, retry in a moment "
+                "(a failover may be under way, or a replica of that shard is down)",
+            )
         if not await self.store.from_master(answer.incarnation):
             # Two masters during a failover: IDs from the one the Sentinels left
             # could be below IDs the other already answered. Given up, never served.
@@ -388,7 +477,19 @@ class StrictSequence:
 
     async def _refill(self, tag: str, seen: StrictAnswer, n: int) -> StrictAnswer:
         """Claim from the ledger after having seen ``seen.incarnation``, extend the
-        state with it, and take ``n`` IDs (0: none) in the same script."""
+        state with it, and take ``n`` IDs (0: none) in the same script. A refill
+        that fails gives its grant back: the other nodes' takes would otherwise
+        wait for it to expire (4 s) before one of them may refill (issue 28)."""
+        try:
+            return await self._refill_granted(tag, seen, n)
+        except IdPoolError:
+            # The grant is a hint against waste only: giving it back can cost a
+            # second claim, never an order (the extension rules keep it).
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.release(tag, self.asker)
+            raise
+
+    async def _refill_granted(self, tag: str, seen: StrictAnswer, n: int) -> StrictAnswer:
         step = max(1, self.step_of(tag))
         # the whole batch, not what `seen` lacked: other nodes may take the rest
         # before the extension lands, and the extension takes the batch with it
@@ -430,6 +531,8 @@ class StrictSequence:
             self.waste.record(tag, [claim.range], Reason.STRICT_REFILL_RACED)
         elif ext.how == "moved":  # a restart or failover since we looked
             self.waste.record(tag, [claim.range], Reason.REDIS_NEW_INCARNATION)
+        elif ext.how == "fenced":  # claimed from the row of a tag of this name since removed
+            self.waste.record(tag, [claim.range], Reason.TAG_REMOVED)
         if ext.lost is not None:
             # jumped: the rest was never handed out; replaced: a state of an older
             # incarnation, which may have served part of it after its last save

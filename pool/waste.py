@@ -42,6 +42,8 @@ class Reason(StrEnum):
     STRICT_REFILL_RACED = "strict_refill_raced"  # claimed below a limit another node set first
     STRICT_STATE_SKIPPED = "strict_state_skipped"  # a state's rest, jumped over by a refill
     STRICT_NOT_MASTER = "strict_not_master"  # taken on a Redis the Sentinels no longer name
+    # taken on a cluster primary whose replicas did not acknowledge the take (WAIT)
+    STRICT_NOT_CONFIRMED = "strict_not_confirmed"
 
 
 # A store that failed mid-write is worth an error; a decision (disable, no pool) a warning.

@@ -31,6 +31,7 @@ from idpool.pool.errors import (
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    StrictNotConfirmed,
     TooFewReplicas,
 )
 from idpool.pool.redis_pool import RedisPool
@@ -156,8 +157,9 @@ class StrictTags:
             detail = f"strict tags need {e.store}: {e.detail}{others}"
             named = StoreUnavailable(e.store, detail)
             # The sequence's own store: fail fast for a moment. Not after a raise
-            # too few replicas took: Redis answers, and takes need no claim.
-            quiet = StoreSkipped | MarkNotReplicated | TooFewReplicas
+            # too few replicas took: Redis answers, and takes need no claim. Nor after
+            # a take a cluster shard's replicas did not confirm: other shards serve.
+            quiet = StoreSkipped | MarkNotReplicated | TooFewReplicas | StrictNotConfirmed
             if e.store == self.store and not isinstance(e, quiet):
                 self._skip.failed(named)
             raise named from e

@@ -345,6 +345,9 @@ class MarksDown:
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         raise StoreUnavailable("redis", "down")
 
+    async def fence_strict(self, tag: str, floor: int) -> int:
+        raise StoreUnavailable("redis", "down")
+
 
 async def test_a_formatted_tag_is_made_only_once_its_format_is_fenced(
     ledger: Ledger, redis_pool: RedisPool, tag: str
@@ -361,6 +364,11 @@ async def test_a_formatted_tag_is_made_only_once_its_format_is_fenced(
         await ledger.get_tag(tag)
     plain = await create_tag(ledger, MarksDown(), tag + "p", step=10, start=1)  # as before
     assert plain.options == ""
+    # A strict tag too: the state an earlier tag of the name left must be fenced first.
+    with pytest.raises(StoreUnavailable, match="strict state is fenced.*nothing was made"):
+        await create_tag(ledger, MarksDown(), tag + "s", step=10, start=1, kind="strict")
+    with pytest.raises(UnknownTag):
+        await ledger.get_tag(tag + "s")
     # A second add of a live name: tag_exists, and the first's fingerprint is kept.
     made = await create_tag(ledger, redis_pool, tag, step=10, start=1, options=options,
                             secret="aa" * 16)  # fmt: skip

@@ -556,3 +556,99 @@ async def test_a_mark_waits_for_the_replica_of_its_own_shard(
         assert await pool.raise_high_water(tag, 500) == 500
     finally:
         await pool.close()
+
+
+async def test_a_strict_take_a_replica_did_not_acknowledge_is_never_answered(
+    cs: Settings, cluster: LocalCluster, ledger: Ledger
+) -> None:
+    """On a cluster a strict take counts only once every replica its primary knows
+    of acknowledged it (WAIT): the cluster's stand-in for the Sentinel majority.
+    A replica that acknowledges nothing (paused here) leaves the take unconfirmed:
+    its IDs are waste, never answered."""
+    pool = RedisPool.from_settings(cs)
+    try:
+        tag = new_name("sw")
+        await ledger.add_tag(tag, step=100, start=1, kind="strict")
+        seq = StrictSequence(RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda t: 100)
+        assert await seq.take(tag, 1) == 1
+        replica = cluster.replicas_of(cluster.primary_of(pool.keys.strict(tag)))[0]
+        replica.pause()  # known to its primary, not failed yet: it must acknowledge
+        try:
+            with pytest.raises(StoreUnavailable, match="could not show its replicas"):
+                await seq.take(tag, 3)
+        finally:
+            replica.resume()
+        assert seq.waste.of(tag) == {"strict_not_confirmed": 3}
+        await asyncio.to_thread(cluster.wait_ok, 30.0)
+        assert await seq.take(tag, 1) == 5  # 2-4 were taken there: given up, never served
+        await seq.close()
+    finally:
+        await pool.close()
+
+
+async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the_promoted(
+    cs: Settings, cluster: LocalCluster, ledger: Ledger
+) -> None:
+    """Issue 28: a shard's primary is paused (SIGSTOP) until its replica is
+    promoted, then resumed. A node whose slot map is stale has sent takes to it
+    meanwhile; the old primary runs them before the cluster bus demotes it. Each
+    was sent after another node's answer from the promoted replica, so each must
+    be above it, or refused (IDPOOL_REDIS_MARK_REPLICAS=0, the default)."""
+    tag = new_name("sp")
+    await ledger.add_tag(tag, step=1000, start=1, kind="strict")
+    stale = RedisPool.from_settings(cs.with_changes(store_timeout=6.0))
+    fresh: RedisPool | None = None
+    primary = cluster.primary_of(stale.keys.strict(tag))
+    replica = cluster.replicas_of(primary)[0]
+
+    def node(pool: RedisPool) -> StrictSequence:
+        return StrictSequence(RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda t: 1000)
+
+    stales = [node(stale) for _ in range(8)]
+    try:
+        # the stale node's state on the primary: [1, 1001), its connections open
+        await asyncio.gather(*(s.take(tag, 1) for s in stales))
+        primary.pause()
+        slot = key_slot(stale.keys.strict(tag).encode())
+
+        def promoted_everywhere() -> bool:  # but on the paused primary, which knows nothing
+            for other in cluster.running():
+                if other is primary:
+                    continue
+                with other.client() as c:
+                    ranges = c.execute_command("CLUSTER", "SLOTS")
+                if not any(
+                    int(r[0]) <= slot <= int(r[1]) and int(r[2][1]) == replica.port
+                    for r in ranges
+                ):
+                    return False
+            return True
+
+        await asyncio.to_thread(cluster.wait_for, promoted_everywhere, 30.0)
+        fresh = RedisPool.from_settings(cs.with_changes(redis_url=_url_without(cluster, primary)))
+        promoted = node(fresh)
+        answered = await promoted.take(tag, 1)  # a new state on the promoted replica
+        assert answered > 8
+        # Sent after `answered` arrived, to the old primary (the stale slot map):
+        # queued on its sockets while it hangs, run as it resumes.
+        takes = [asyncio.ensure_future(s.take(tag, 1)) for s in stales]
+        await asyncio.sleep(0.2)
+        primary.resume()
+        got = await asyncio.gather(*takes, return_exceptions=True)
+        below = [g for g in got if isinstance(g, int) and g < answered]
+        assert not below, (answered, got)
+        assert all(isinstance(g, int | StoreUnavailable) for g in got), got
+        for s in [*stales, promoted]:
+            await s.close()
+    finally:
+        primary.resume()
+        await stale.close()
+        if fresh is not None:
+            await fresh.close()
+        await asyncio.to_thread(cluster.wait_ok, 60.0)
+
+
+def _url_without(cluster: LocalCluster, hanging: RedisServer) -> str:
+    """The cluster's URL without a node that hangs (a client's seeds)."""
+    nodes = [n for n in cluster.nodes if n is not hanging]
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)

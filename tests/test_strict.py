@@ -111,6 +111,24 @@ async def test_extension_rules(redis_pool: RedisPool, tag: str) -> None:
     assert moved.how == "moved" and moved.answer.limit == 210 and moved.answer.first == 201
 
 
+async def test_a_fenced_state_is_dropped_and_refuses_claims_below_its_floor(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    """A strict tag made again under a name (RedisPool.fence_strict, before its row):
+    the earlier tag's state is never taken from, and a refill an earlier tag's node
+    claimed before the removal, landing only now, does not enter the new state."""
+    strict = RedisStrict(redis_pool)
+    inc = (await strict.take(tag, 1)).incarnation
+    await strict.extend(tag, inc, IdRange(6, 1001), 0)  # the earlier life's state
+    assert await redis_pool.fence_strict(tag, 5000) == 5000
+    assert await redis_pool.fence_strict(tag, 10) == 5000  # never lowered
+    assert (await strict.take(tag, 1)).first is None  # nothing served from the old state
+    late = await strict.extend(tag, inc, IdRange(1001, 2001), 1)
+    assert late.how == "fenced" and late.answer.first is None
+    fresh = await strict.extend(tag, inc, IdRange(5000, 5010), 1)
+    assert fresh.how == "replaced" and fresh.answer.first == 5000 and fresh.lost is None
+
+
 async def test_a_state_of_an_older_incarnation_is_never_served(
     redis_pool: RedisPool, tag: str
 ) -> None:
@@ -450,5 +468,35 @@ async def test_a_refill_covers_the_batch_whatever_others_took_meanwhile(
     monkeypatch.setattr(a.store, "extend", others_take_first)
     first = await a.take(tag, 99)  # a batch larger than a refill claims unasked
     assert first >= 11
+    await a.close()
+    await b.close()
+
+
+async def test_a_refill_that_fails_gives_its_grant_back(
+    ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master restarted within Sentinel's down-after (no failover): its run_id is
+    new and the Sentinels name the old one until they re-read its INFO. The node
+    granted the refill was refused (nothing claimed) but kept the grant: every
+    other node then waited for it to expire (4 s) on top. Now it gives it back."""
+    await ledger.add_tag(tag, step=10, start=1)
+    a = StrictSequence(
+        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
+        grant_seconds=600.0,
+    )  # fmt: skip
+    b = StrictSequence(
+        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
+        grant_seconds=600.0,
+    )  # fmt: skip
+
+    async def not_yet_named(incarnation: str) -> bool:
+        return False
+
+    monkeypatch.setattr(a.store, "from_master", not_yet_named)
+    with pytest.raises(StoreUnavailable, match="nothing claimed"):
+        await a.take(tag, 1)  # granted the refill, refused before claiming
+    state = await b.store.state(tag)
+    assert "refill_by" not in state  # given back: not held for its 600 s
+    assert await b.take(tag, 1) == 1  # another node refills at once
     await a.close()
     await b.close()

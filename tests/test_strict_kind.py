@@ -257,3 +257,38 @@ def test_metrics_show_a_strict_tag(settings: Settings, tag: str) -> None:
         assert c.get(f"/ids/{tag}?count=3").status_code == 200
         text = c.get("/metrics").text
         assert f'idpool_ids_issued_total{{tag="{tag}"}} 3.0' in text
+
+
+def test_a_strict_name_added_again_starts_above_its_start_and_all_it_issued(
+    settings: Settings, tag: str
+) -> None:
+    """The strict state in Redis outlived `tag remove`: a name strict (1-5), removed,
+    added as a segment tag (1001-1004), removed, added strict with --start 5000000
+    answered 6, 7, 8 from the first life's state: below its start and below IDs the
+    name had issued."""
+    issued: list[int] = []
+    with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
+
+        def add(**fields: object) -> None:
+            r = c.post("/admin/tags", json={"tag": tag, **fields}, headers=AUTH)
+            assert r.status_code == 201, r.text
+
+        def take(count: int) -> list[int]:
+            got = [int(c.get(f"/id/{tag}").text) for _ in range(count)]
+            issued.extend(got)
+            return got
+
+        def remove() -> None:
+            assert c.delete(f"/admin/tags/{tag}", headers=AUTH).status_code == 200
+
+        add(strict=True, step=1000)
+        assert take(5) == [1, 2, 3, 4, 5]
+        remove()
+        add(step=1000)
+        assert take(4) == [1001, 1002, 1003, 1004]
+        remove()
+        add(strict=True, start=5_000_000)
+        top = max(issued)
+        again = take(3)
+        assert again[0] >= 5_000_000 and again[0] > top, again
+        assert again == sorted(again) and len(set(issued)) == len(issued)
