@@ -479,7 +479,7 @@ async def test_a_refill_that_fails_gives_its_grant_back(
     new and the Sentinels name the old one until they re-read its INFO. The node
     granted the refill was refused (nothing claimed) but kept the grant: every
     other node then waited for it to expire (4 s) on top. Now it gives it back."""
-    await ledger.add_tag(tag, step=10, start=1)
+    await ledger.add_tag(tag, step=10, start=1, kind="strict")
     a = StrictSequence(
         RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
         grant_seconds=600.0,

@@ -265,7 +265,8 @@ def test_a_strict_name_added_again_starts_above_its_start_and_all_it_issued(
     """The strict state in Redis outlived `tag remove`: a name strict (1-5), removed,
     added as a segment tag (1001-1004), removed, added strict with --start 5000000
     answered 6, 7, 8 from the first life's state: below its start and below IDs the
-    name had issued."""
+    name had issued. (A name now keeps its kind: the segment add is refused, and
+    the strict one without it answered 6, 7, 8 just the same.)"""
     issued: list[int] = []
     with TestClient(create_app(settings.with_changes(admin_token=TOKEN))) as c:
 
@@ -284,8 +285,10 @@ def test_a_strict_name_added_again_starts_above_its_start_and_all_it_issued(
         add(strict=True, step=1000)
         assert take(5) == [1, 2, 3, 4, 5]
         remove()
-        add(step=1000)
-        assert take(4) == [1001, 1002, 1003, 1004]
+        refused = c.post("/admin/tags", json={"tag": tag, "step": 1000}, headers=AUTH)
+        assert refused.status_code == 409 and refused.json()["error"] == "name_used"
+        add(strict=True, step=1000)
+        assert take(4) == [1001, 1002, 1003, 1004]  # above the tombstone (1-1000 claimed)
         remove()
         add(strict=True, start=5_000_000)
         top = max(issued)
