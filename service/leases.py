@@ -104,11 +104,15 @@ def cut(ranges: list[IdRange], count: int) -> tuple[list[IdRange], list[IdRange]
 def _parse_count(request: Request, limit: int) -> int | None:
     values = request.query_params.getlist("count")
     if not values:
-        return None  # one range, whatever its size
+        return None  # one range (cut at the cap like any lease)
     raw = values[0]
     # int(raw), not raw == "0": "00" is zero too (it was leased as a 200 with no lease)
     if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or not int(raw):
-        raise InvalidInput("bad_count", f"count must be a positive integer, not {raw[:40]!r}")
+        raise InvalidInput(
+            "bad_count",
+            f"count must be a positive integer, not {raw[:40]!r} (a count above this node's "
+            f"IDPOOL_CLIENT_MAX_COUNT, {limit}, is cut to it)",
+        )
     return min(int(raw), limit)  # the client's wish, clamped
 
 
@@ -166,7 +170,8 @@ async def lease(request: Request) -> Response:
     taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.
-    ranges, rest = (taken, []) if count is None else cut(taken, count)
+    # Without a count, one range: cut too (a tag's dynamic step may exceed the cap).
+    ranges, rest = cut(taken, run.settings.client_max_count if count is None else count)
     leases = [(*new_lease(sequence), r) for r in ranges]  # in the slot of the row it returns to
     try:
         recorded = await store.record(sequence, leases, rest)

@@ -523,3 +523,32 @@ def test_a_failover_tries_every_node_even_when_another_call_moves_the_first_node
     lease = Lease("id", "orders", 1, 11, "secret")
     assert transport.give_back(lease, 4) == 7
     assert tried == ["http://a.invalid:1", "http://b.invalid:1"]
+
+
+def test_next_ids_refuses_more_than_max_batch_before_leasing() -> None:
+    """Issue 28: next_ids(tag, 10**9) leased a billion IDs (all wasted) and built a
+    list of them. A count above max_batch (default 100,000) is a ValueError naming
+    the bound, before any lease; the async client's too."""
+    client, fake = fake_client(1000)
+    with pytest.raises(ValueError, match=r"max_batch=100000"):
+        client.next_ids("t", 100_001)
+    assert fake.leased == []
+    small, fake = fake_client(1000, max_batch=50)
+    with pytest.raises(ValueError, match=r"n is 51: .*max_batch=50"):
+        small.next_ids("t", 51)
+    assert small.next_ids("t", 50) == range(1, 51)
+    small.close()
+    client.close()
+
+    async def run() -> None:
+        aio = AsyncIdPoolClient(["http://unused"], return_at_exit=False, max_batch=50)
+        aio.transport = FakeTransport(1000)  # type: ignore[assignment]
+        with pytest.raises(ValueError, match=r"max_batch=50"):
+            await aio.next_ids("t", 51)
+        with pytest.raises(ValueError, match=r"max_batch=100000"):
+            await AsyncIdPoolClient(["http://unused"], return_at_exit=False).next_ids("t", 10**9)
+        assert aio.transport.leased == []  # type: ignore[attr-defined]
+        assert await aio.next_ids("t", 50) == range(1, 51)
+        await aio.aclose()
+
+    asyncio.run(run())

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 from .formats import within
-from .sync import _LIVE, RETRY_BACKOFF, CloseReport, close_at_child_exit
+from .sync import _LIVE, RETRY_BACKOFF, CloseReport, _check_batch, close_at_child_exit
 from .transport import Lease, Tokens, Transport
 
 
@@ -44,7 +44,7 @@ class _Tag:
 
 class AsyncIdPoolClient:
     """``await client.next_id(tag)``; the same options as ``IdPoolClient`` (tokens,
-    ``max_count`` bounding what it holds per tag to twice that)."""
+    ``max_count`` bounding what it holds per tag to twice that, ``max_batch``)."""
 
     def __init__(
         self,
@@ -54,15 +54,18 @@ class AsyncIdPoolClient:
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
         initial_count: int = 1000,
-        max_count: int = 10_000_000,
+        max_count: int = 1_000_000,
+        max_batch: int = 100_000,
         return_at_exit: bool = True,
         tokens: Mapping[str, str] | None = None,
         token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
-        if target_seconds <= 0 or max_count < 1 or initial_count < 1:
-            raise ValueError("target_seconds, max_count and initial_count must be positive")
+        if target_seconds <= 0 or min(max_count, max_batch, initial_count) < 1:
+            raise ValueError(
+                "target_seconds, max_count, max_batch and initial_count must be positive"
+            )
         self.transport = Transport(
             list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
         )
@@ -70,6 +73,7 @@ class AsyncIdPoolClient:
         self.prefetch_at = prefetch_at
         self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
+        self.max_batch = max_batch
         self._tags: dict[str, _Tag] = {}
         self._closed = False
         self.report = CloseReport()
@@ -101,8 +105,7 @@ class AsyncIdPoolClient:
     async def next_ids(self, tag: str, n: int) -> Sequence[Any]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
         list (of rendered IDs for a formatted tag)."""
-        if n < 1:
-            raise ValueError("n must be at least 1")
+        _check_batch(n, self.max_batch)
         return await self._rendered(tag, n)
 
     async def _rendered(self, tag: str, n: int) -> Sequence[Any]:
