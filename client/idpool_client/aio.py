@@ -4,6 +4,16 @@ Everything runs on the loop's thread, so taking an ID is a plain
 check-and-increment with no ``await`` in between: two tasks never get the same
 ID. The two HTTP calls run in the default executor (stdlib ``http.client``),
 so no HTTP library is needed. Use one client per event loop.
+
+That includes the cut of the tails at exit. The atexit hook runs in the main
+thread, and a loop run by another thread (fed by ``run_coroutine_threadsafe``)
+still takes meanwhile: a cut between a take's read of ``cur`` and its increment
+returned an ID just handed out, and a take after the cut's first write handed
+out 0. So the hook asks the loop to cut (``call_soon_threadsafe``) and waits a
+moment; a loop that does not answer keeps its IDs (wasted, never returned while
+it may hand them out). It cuts in its own thread only when no thread can run
+the loop: closed, or idle with the thread that ran it ended (or the hook's own).
+The take's hot path stays as it was, with no lock.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavail
 from .formats import within
 from .sync import _LIVE, RETRY_BACKOFF, CloseReport, _check_batch, close_at_child_exit
 from .transport import Lease, Tokens, Transport
+
+EXIT_WAIT = 1.0  # seconds the atexit hook waits for the loop to cut the tails
 
 
 @dataclass
@@ -76,6 +88,9 @@ class AsyncIdPoolClient:
         self.max_batch = max_batch
         self._tags: dict[str, _Tag] = {}
         self._closed = False
+        # The loop the client takes on, and the thread that last ran it: who may cut at exit
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self.report = CloseReport()
         self._report_lock = threading.Lock()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
@@ -89,6 +104,7 @@ class AsyncIdPoolClient:
         """A forked child forgets the parent's leases (see IdPoolClient's): it
         leases its own, in its own event loop."""
         self._tags = {}
+        self._loop = self._loop_thread = None
         self.report = CloseReport()
         if self._return_at_exit:
             close_at_child_exit(self._at_exit)
@@ -128,6 +144,7 @@ class AsyncIdPoolClient:
             if not isinstance(tag, str) or not tag:
                 raise ValueError("tag must be a non-empty string")
             t = self._tags[tag] = _Tag(tag, self.initial_count)
+        self._on_loop()
         parts: list[range] = []
         while n > 0:
             if self._closed:
@@ -168,6 +185,13 @@ class AsyncIdPoolClient:
             await asyncio.shield(task)  # a cancelled caller must not cancel the fetch
         return parts
 
+    def _on_loop(self) -> None:
+        """Note the loop (and thread) this take runs on: the exit hook cuts there.
+        The slow path only; every hot-path take follows one of these on its loop."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._loop_thread is not threading.current_thread():
+            self._loop, self._loop_thread = loop, threading.current_thread()
+
     def _switch(self, t: _Tag) -> None:
         if t.lease is not None:
             lasted = time.monotonic() - t.started_at
@@ -202,7 +226,10 @@ class AsyncIdPoolClient:
         asked = time.time()  # a lease whose period had ended by then is late
         handoff = _Handoff()
         try:
-            leases = await asyncio.to_thread(handoff.lease, self, t.tag, wish)
+            try:
+                leases = await asyncio.to_thread(handoff.lease, self, t.tag, wish)
+            except RuntimeError as e:  # the executor is shut down: the interpreter is ending
+                raise IdPoolError(f"lease for tag {t.tag!r} failed: {e}") from e
         except asyncio.CancelledError:
             # The loop is ending (asyncio.run returned) or the task was cancelled:
             # the thread goes on, and a lease that lands is given back from there.
@@ -218,7 +245,11 @@ class AsyncIdPoolClient:
             t.fetch = None
         t.error = None
         if self._closed:
-            await asyncio.to_thread(self._give_back, [(x, x.start) for x in leases])
+            tails = [(x, x.start) for x in leases]
+            try:
+                await asyncio.to_thread(self._give_back, tails)
+            except RuntimeError:  # the executor is shut down: the interpreter is ending
+                threading.Thread(target=self._give_back, args=(tails,), daemon=True).start()
             return
         t.pending.extend(lease.asked_at(asked) for lease in leases)
         if t.cur >= t.stop:
@@ -317,8 +348,45 @@ def _consume(task: asyncio.Task[None]) -> None:
 
 
 def _close_ref(ref: weakref.ref[AsyncIdPoolClient]) -> None:
+    """At exit (atexit, a multiprocessing finalizer), in whatever thread runs it."""
     client = ref()
     if client is not None:
-        tails = client._cut()
+        tails = _cut_at_exit(client)
         if tails:
             client._give_back(tails)
+
+
+def _cut_at_exit(client: AsyncIdPoolClient) -> list[tuple[Lease, int]] | None:
+    """The client's tails, cut on its loop's thread whenever a thread may still run
+    the loop: a cut from here, beside a take, returned IDs the take handed out."""
+    loop, thread = client._loop, client._loop_thread
+    here = threading.current_thread()
+    if (
+        loop is None
+        or loop.is_closed()
+        or (not loop.is_running() and (thread is None or thread is here or not thread.is_alive()))
+    ):
+        return client._cut()  # no thread runs the loop: no take can run beside the cut
+    lock = threading.Lock()
+    done = threading.Event()
+    box: list[list[tuple[Lease, int]] | None] = []
+
+    def cut_on_loop() -> None:
+        with lock:  # never after the hook gave up: a cut nobody returns is a wasted one
+            if not done.is_set():
+                box.append(client._cut())
+                done.set()
+
+    try:
+        loop.call_soon_threadsafe(cut_on_loop)
+    except RuntimeError:  # closed since: no take can run any more
+        return client._cut()
+    done.wait(EXIT_WAIT)
+    with lock:
+        if not done.is_set():  # the loop is busy or stopped: its IDs stay with it
+            done.set()
+            client.report.lost.append(
+                f"every unused ID: the event loop did not cut them within {EXIT_WAIT}s at exit"
+            )
+            return None
+    return box[0]
