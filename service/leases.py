@@ -159,11 +159,21 @@ async def lease(request: Request) -> Response:
             f"out IDs itself; ask a node for each ID (GET /id/{tag}, GET /ids/{tag}?count=N)",
         )
     # A formatted tag: the client renders as the node does, so the answer carries
-    # the format (with the obfuscation key: every holder of the tag's token gets
-    # it). With a reset the numbers come from the period's row, named in each lease.
+    # the format (with the obfuscation key: only to a holder of the tag's token).
+    # With a reset the numbers come from the period's row, named in each lease.
     fmt = run.node.formatted.format_for(tag)
     sequence, since, until = tag, 0.0, 0.0
     if fmt is not None:
+        await run.node.formatted.check_fence(tag)  # a row edited by hand: its 503 first
+        if fmt.obfuscation is not None and not run.node.tags.tokens.get(tag):
+            # Anyone may lease a tag without tokens: its key would undo the
+            # obfuscation of every ID of the tag for whoever asked.
+            raise HttpRefusal(
+                "key_needs_token",
+                f"tag {tag!r} is obfuscated and a lease carries its key, which goes only to "
+                f"a holder of one of its tokens: add one (`idpool tag token add {tag}`) and "
+                f"give it to the client, or ask a node for each ID (GET /id/{tag})",
+            )
         sequence, since, until = await run.node.formatted.sequence(tag, fmt)
     elif row.kind == "segment":  # a plain row: its name must not be a formatted tag's
         await run.node.formatted.check_fence(tag)
@@ -200,7 +210,10 @@ async def lease(request: Request) -> Response:
     ]
     body: dict[str, Any] = {"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer}
     if fmt is not None:
-        body["format"] = fmt.to_json(secret=True)
+        # With period keys, the key of the lease's period only (its numbers are
+        # rendered in it alone), never the tag's.
+        period = period_of_row(sequence)
+        body["format"] = fmt.to_json(secret=True, period=None if period is None else period[1])
         if sequence != tag:
             body["period"] = {"key": sequence.rpartition("@")[2], "from": since, "until": until}
             for one in answer:
