@@ -156,8 +156,12 @@ class Settings:
     # (POST /lease/{tag}) may be returned; its record in Redis expires after this
     client_lease_seconds: int = 86_400
     # IDPOOL_CLIENT_MAX_COUNT: most IDs one lease call hands out (the client's wish is
-    # clamped to it); at 1M IDs/s the default lasts a client 10 s
-    client_max_count: int = 10_000_000
+    # clamped to it). The client doubles its wish while a lease lasts under its
+    # target_seconds (60): the default is a minute of a client taking 16k IDs/s; a
+    # busier one leases more often (one call per 1M IDs, fetched ahead). Also what a
+    # caller with no token can take from an open tag in one call, and what a client
+    # killed with -9 wastes (twice this per tag): raise it only for such clients.
+    client_max_count: int = 1_000_000
     # IDPOOL_WORKER_LEASE_SECONDS: a snowflake worker ID's lease (renewed every
     # quarter of it); also the quarantine after a new Redis incarnation. Its holder
     # stops issuing IDPOOL_WORKER_MARGIN_SECONDS before the lease can expire, by its

@@ -127,6 +127,12 @@ ERRORS: tuple[ErrorRow, ...] = (
         "the secret is not this lease's or worker lease's (only its answer gives it); "
         "nothing changed",
     ),
+    ErrorRow(
+        "key_needs_token",
+        403,
+        "an obfuscated tag's lease carries its key, which goes only to a holder of one of "
+        "its tokens: the tag has none (idpool tag token add TAG), or ask a node for each ID",
+    ),
     ErrorRow("unknown_token", 404, "the tag has no token with this id"),
     ErrorRow("admin_off", 404, "the admin API is off (no IDPOOL_ADMIN_TOKEN)"),
     ErrorRow("not_found", 404, "no such path"),

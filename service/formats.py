@@ -48,6 +48,12 @@ if TYPE_CHECKING:
 
 Id = int | str
 MAX_RESET_TAG = 64 - 9  # a period's row name (TAG@YYYYMMDD) must fit the ledger's 64
+# The ``secret`` of an obfuscated reset tag whose periods each have their own key
+# (period_key), before the key's hex. Tags made before it keep their bare hex (one
+# key for every period: a new key could render a number as one already handed out
+# in the same period). An idpool that predates it cannot read the secret and
+# refuses the tag, never renders it with the tag's key beside nodes that do not.
+PERIOD_KEYS = "period:"
 
 
 def options_for(
@@ -56,7 +62,9 @@ def options_for(
     """(options JSON, secret) for a new tag; raises InvalidInput saying what is wrong.
 
     The obfuscation key is made here, once, with ``secrets``; it is kept in the
-    ledger's ``secret`` column and never shown but to lease holders.
+    ledger's ``secret`` column and never shown (a lease carries a key derived for
+    its period, and only to a holder of the tag's token). With a reset, each
+    period gets its own key (PERIOD_KEYS).
     """
     if template is None and reset is None and not obfuscate:
         return "", ""
@@ -85,7 +93,8 @@ def options_for(
     if obfuscate:
         options["obfuscate"] = True
         options["max"] = end_id - 1
-    return json.dumps(options, ensure_ascii=False), key.hex()
+    secret = key.hex() if reset is None or not obfuscate else PERIOD_KEYS + key.hex()
+    return json.dumps(options, ensure_ascii=False), secret
 
 
 def format_of(row: TagRow) -> TagFormat | None:
@@ -94,9 +103,11 @@ def format_of(row: TagRow) -> TagFormat | None:
         return None
     options = json.loads(row.options)
     ob = None
+    per_period = row.secret.startswith(PERIOD_KEYS)
     if options.get("obfuscate"):
-        ob = Obfuscation(bytes.fromhex(row.secret), int(options.get("max", MAX_ID - 1)))
-    return TagFormat(options.get("format"), options.get("reset"), ob)
+        key = bytes.fromhex(row.secret.removeprefix(PERIOD_KEYS))
+        ob = Obfuscation(key, int(options.get("max", MAX_ID - 1)))
+    return TagFormat(options.get("format"), options.get("reset"), ob, period_keys=per_period)
 
 
 def describe(row: TagRow) -> dict[str, Any] | None:

@@ -104,11 +104,15 @@ def cut(ranges: list[IdRange], count: int) -> tuple[list[IdRange], list[IdRange]
 def _parse_count(request: Request, limit: int) -> int | None:
     values = request.query_params.getlist("count")
     if not values:
-        return None  # one range, whatever its size
+        return None  # one range (cut at the cap like any lease)
     raw = values[0]
     # int(raw), not raw == "0": "00" is zero too (it was leased as a 200 with no lease)
     if len(values) > 1 or not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or not int(raw):
-        raise InvalidInput("bad_count", f"count must be a positive integer, not {raw[:40]!r}")
+        raise InvalidInput(
+            "bad_count",
+            f"count must be a positive integer, not {raw[:40]!r} (a count above this node's "
+            f"IDPOOL_CLIENT_MAX_COUNT, {limit}, is cut to it)",
+        )
     return min(int(raw), limit)  # the client's wish, clamped
 
 
@@ -155,18 +159,29 @@ async def lease(request: Request) -> Response:
             f"out IDs itself; ask a node for each ID (GET /id/{tag}, GET /ids/{tag}?count=N)",
         )
     # A formatted tag: the client renders as the node does, so the answer carries
-    # the format (with the obfuscation key: every holder of the tag's token gets
-    # it). With a reset the numbers come from the period's row, named in each lease.
+    # the format (with the obfuscation key: only to a holder of the tag's token).
+    # With a reset the numbers come from the period's row, named in each lease.
     fmt = run.node.formatted.format_for(tag)
     sequence, since, until = tag, 0.0, 0.0
     if fmt is not None:
+        await run.node.formatted.check_fence(tag)  # a row edited by hand: its 503 first
+        if fmt.obfuscation is not None and not run.node.tags.tokens.get(tag):
+            # Anyone may lease a tag without tokens: its key would undo the
+            # obfuscation of every ID of the tag for whoever asked.
+            raise HttpRefusal(
+                "key_needs_token",
+                f"tag {tag!r} is obfuscated and a lease carries its key, which goes only to "
+                f"a holder of one of its tokens: add one (`idpool tag token add {tag}`) and "
+                f"give it to the client, or ask a node for each ID (GET /id/{tag})",
+            )
         sequence, since, until = await run.node.formatted.sequence(tag, fmt)
     elif row.kind == "segment":  # a plain row: its name must not be a formatted tag's
         await run.node.formatted.check_fence(tag)
     taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.
-    ranges, rest = (taken, []) if count is None else cut(taken, count)
+    # Without a count, one range: cut too (a tag's dynamic step may exceed the cap).
+    ranges, rest = cut(taken, run.settings.client_max_count if count is None else count)
     leases = [(*new_lease(sequence), r) for r in ranges]  # in the slot of the row it returns to
     try:
         recorded = await store.record(sequence, leases, rest)
@@ -195,7 +210,10 @@ async def lease(request: Request) -> Response:
     ]
     body: dict[str, Any] = {"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer}
     if fmt is not None:
-        body["format"] = fmt.to_json(secret=True)
+        # With period keys, the key of the lease's period only (its numbers are
+        # rendered in it alone), never the tag's.
+        period = period_of_row(sequence)
+        body["format"] = fmt.to_json(secret=True, period=None if period is None else period[1])
         if sequence != tag:
             body["period"] = {"key": sequence.rpartition("@")[2], "from": since, "until": until}
             for one in answer:

@@ -939,18 +939,103 @@ def test_a_running_node_refuses_a_key_or_format_edited_under_it(
         assert app.node is not None and c.portal is not None
         add(c, tag=tag, step=10, obfuscate=True, max=1000)
         add(c, tag=plain, step=10)
-        assert c.get(f"/id/{tag}").status_code == 200
-        assert c.post(f"/lease/{tag}?count=2").status_code == 200
+        # an obfuscated tag's key goes only to a holder of its token
+        token = c.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+        holder = {"Authorization": f"Bearer {token}"}
+        assert c.get(f"/id/{tag}", headers=holder).status_code == 200
+        assert c.post(f"/lease/{tag}?count=2", headers=holder).status_code == 200
         assert c.get(f"/id/{plain}").text == "1"
         edit("UPDATE idpool_tags SET secret = %s WHERE tag = %s", "ab" * 16, tag)
         edit("UPDATE idpool_tags SET options = %s WHERE tag = %s", '{"format": "{id:x}"}', plain)
         c.portal.call(app.node.refresh_tags)
         for name in (tag, plain):
             for path in (f"/id/{name}", f"/ids/{name}?count=2", f"/api/segment/get/{name}"):
-                r = c.get(path)
+                r = c.get(path, headers=holder)
                 assert r.status_code == 503 and "changed since" in r.json()["message"], r.text
-            r = c.post(f"/lease/{name}?count=2")
+            r = c.post(f"/lease/{name}?count=2", headers=holder)
             assert r.status_code == 503 and "format" not in r.json(), r.text
         edit("UPDATE idpool_tags SET options = '' WHERE tag = %s", plain)
         c.portal.call(app.node.refresh_tags)
         assert int(c.get(f"/id/{plain}").text) > 1  # edited back: served as it always was
+
+
+def test_an_obfuscated_tags_key_is_leased_only_with_one_of_its_tokens(
+    admin: TestClient, tag: str
+) -> None:
+    """Issue 28: an anonymous lease of an obfuscated tag without tokens answered its
+    key, which undoes the obfuscation of every ID of the tag. Now 403, saying
+    what to do; a token holder gets it; /id stays open."""
+    add(admin, tag=tag, step=100, format="H-{id}", obfuscate=True, max=10**6)
+    r = admin.post(f"/lease/{tag}?count=5")
+    assert r.status_code == 403 and r.json()["error"] == "key_needs_token", r.text
+    assert f"idpool tag token add {tag}" in r.json()["message"]
+    secret = _row(admin, tag).secret
+    assert "format" not in r.json() and secret and secret not in r.text
+    assert admin.get(f"/id/{tag}").text.startswith("H-")
+    token = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+    assert admin.post(f"/lease/{tag}?count=5").status_code == 401
+    leased = admin.post(f"/lease/{tag}?count=5", headers={"authorization": f"Bearer {token}"})
+    assert leased.status_code == 200 and leased.json()["format"]["key"]
+    plain = tag + "f"  # a format without obfuscation has no key: leased as before
+    add(admin, tag=plain, step=100, format="P-{id}")
+    assert admin.post(f"/lease/{plain}?count=5").status_code == 200
+
+
+def _values(client: TestClient, tag: str, n: int) -> list[int]:
+    """The {id} values of the next n IDs (format 'D{date:%Y%m%d}-{id}')."""
+    got = client.get(f"/ids/{tag}?count={n}").json()["ids"]
+    return [int(x.rpartition("-")[2]) for x in got]
+
+
+def test_each_period_of_an_obfuscated_reset_tag_has_its_own_key(
+    admin: TestClient, tag: str
+) -> None:
+    """Issue 28: with one key for every period the n-th ID of every day rendered
+    alike (INV-20261127-U0EOMl, INV-20261128-U0EOMl): day 1's values gave day 2's
+    volume. A new tag's periods are keyed by HMAC(tag key, period); a lease
+    carries its period's key only, and the client renders as the node does."""
+    clock = Clock(at("2026-11-27 10:00:00"))
+    node_of(admin).node.wall_clock = clock  # type: ignore[union-attr]
+    add(admin, tag=tag, step=100, format="D{date:%Y%m%d}-{id}", reset="daily", obfuscate=True)
+    day1 = _values(admin, tag, 50)
+    clock.now = at("2026-11-28 10:00:00")
+    day2 = _values(admin, tag, 50)
+    assert day1 != day2 and len(set(day1) & set(day2)) < 5  # not the same permutation
+    from idpool_client.formats import TagFormat, period_key
+
+    row = _row(admin, tag)
+    fmt = format_of(row)
+    assert fmt is not None and fmt.period_keys and row.secret.startswith("period:")
+    assert fmt.decode(f"D20261128-{day2[7]}") == 8 and fmt.decode(f"D20261127-{day1[7]}") == 8
+    token = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+    body = admin.post(f"/lease/{tag}?count=10", headers={"authorization": f"Bearer {token}"}).json()
+    assert "key" not in body["format"] and body["period"]["key"] == "20261128"
+    assert fmt.obfuscation is not None
+    assert body["format"]["period_key"] == period_key(fmt.obfuscation.key, "20261128").hex()
+    client_fmt = TagFormat.from_json(body["format"])
+    lease = body["leases"][0]
+    for n in range(lease["first"], lease["last"] + 1):
+        assert client_fmt.render(n, clock.now) == fmt.render(n, clock.now)
+
+
+def _row(client: TestClient, tag: str) -> Any:
+    """The tag's ledger row, read on the node's loop."""
+    app = node_of(client)
+    assert app.node is not None and client.portal is not None
+    return client.portal.call(app.node.source.claims.ledger.get_tag, tag)
+
+
+def test_an_obfuscated_reset_tag_from_before_keeps_its_one_key(admin: TestClient, tag: str) -> None:
+    """A tag made before period keys (its secret the bare hex) keeps one key for
+    every period: a number rendered under a new key could equal a string already
+    handed out under the old one in the same period. Node and lease alike."""
+    import dataclasses
+
+    add(admin, tag=tag, step=100, format="D{date:%Y%m%d}-{id}", reset="daily", obfuscate=True)
+    row = _row(admin, tag)
+    old = row.secret.removeprefix("period:")
+    fmt = format_of(dataclasses.replace(row, secret=old))
+    assert fmt is not None and not fmt.period_keys
+    one = fmt.render(5, at("2026-11-27 10:00:00")), fmt.render(5, at("2026-11-28 10:00:00"))
+    assert one[0].rpartition("-")[2] == one[1].rpartition("-")[2]  # as it always rendered
+    assert fmt.to_json(secret=True, period="20261127")["key"] == old

@@ -10,6 +10,7 @@ import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -19,6 +20,8 @@ from idpool.pool.claims import create_tag
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.pool.tokens import hash_token
+from idpool.service.formats import format_of
 from idpool.service.tag_fields import new_tag
 from ops.toolkit import NodeProcess, env_with
 
@@ -41,7 +44,9 @@ def stores(tmp_path: Path) -> Iterator[tuple[Settings, dict[str, str]]]:
     client.close()
 
 
-def make_tag(settings: Settings, **fields: object) -> str:
+def make_tag(settings: Settings, token: str | None = None, **fields: object) -> str:
+    """A new tag; with ``token``, guarded by it (an obfuscated tag's key is leased
+    only to a holder of one of its tokens)."""
     tag = new_name("ftag")
 
     async def go() -> None:
@@ -59,6 +64,8 @@ def make_tag(settings: Settings, **fields: object) -> str:
                 options=spec.options,
                 secret=spec.secret,
             )
+            if token is not None:
+                await ledger.add_token(tag, "t1", hash_token(token))
         finally:
             await pool.close()
             await ledger.close()
@@ -67,14 +74,23 @@ def make_tag(settings: Settings, **fields: object) -> str:
     return tag
 
 
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:
+async def _read_row(settings: Settings, tag: str) -> Any:
+    ledger = await Ledger.connect(settings)
+    try:
+        return await ledger.get_tag(tag)
+    finally:
+        await ledger.close()
+
+
+def get(url: str, token: str | None = None) -> str:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
         return str(r.read().decode())
 
 
-def draw(node: NodeProcess, tag: str, n: int) -> list[object]:
-    out: list[object] = [get(f"{node.base_url}/id/{tag}") for _ in range(n)]
-    out += json.loads(get(f"{node.base_url}/ids/{tag}?count={n}"))["ids"]
+def draw(node: NodeProcess, tag: str, n: int, token: str | None = None) -> list[object]:
+    out: list[object] = [get(f"{node.base_url}/id/{tag}", token) for _ in range(n)]
+    out += json.loads(get(f"{node.base_url}/ids/{tag}?count={n}", token))["ids"]
     return out
 
 
@@ -113,14 +129,26 @@ def test_the_client_renders_as_the_node_does(
 ) -> None:
     settings, env = stores
     invoices = make_tag(settings, step=50, format="INV-{date:%Y%m%d}-{id:06d}", reset="daily")
-    short = make_tag(settings, step=50, format="{id:b62}", obfuscate=True)
+    short = make_tag(settings, step=50, format="{id:b62}", obfuscate=True, token="short-token")
+    # a reset tag with period keys: the lease carries its period's key only
+    daily = make_tag(
+        settings,
+        token="daily-token",
+        step=50,
+        format="H{date:%Y%m%d}-{id:b62}",
+        reset="daily",
+        obfuscate=True,
+    )
+    tokens = {short: "short-token", daily: "daily-token"}
     node = NodeProcess(env, tmp_path / "node").start()
     try:
         over_http = draw(node, invoices, 5)
-        with IdPoolClient(node.base_url, return_at_exit=False) as client:
+        hidden = draw(node, daily, 5, tokens[daily])
+        with IdPoolClient(node.base_url, return_at_exit=False, tokens=tokens) as client:
             mine = [client.next_id(invoices) for _ in range(5)]
             mine += list(client.next_ids(invoices, 5))
             coded = [client.next_id(short) for _ in range(20)]
+            hidden += [client.next_id(daily) for _ in range(20)]
         report = client.report
         assert not report.lost and report.returned > 0  # tails back to their period's row
 
@@ -132,7 +160,8 @@ def test_the_client_renders_as_the_node_does(
 
         mine += asyncio.run(async_client())
         more_http = draw(node, invoices, 5)
-        coded += draw(node, short, 10)
+        coded += draw(node, short, 10, tokens[short])
+        hidden += draw(node, daily, 5, tokens[daily])
     finally:
         node.stop()
     everything = [str(v) for v in over_http + mine + more_http]
@@ -143,3 +172,8 @@ def test_the_client_renders_as_the_node_does(
     assert numbers[0] == 1  # a daily sequence starts at 1
     assert len(set(coded)) == len(coded) == 40
     assert all(isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z]+", v) for v in coded)
+    # node and client render alike: every string decodes to a distinct number of its day
+    assert len(set(hidden)) == len(hidden) == 40
+    fmt = format_of(asyncio.run(_read_row(settings, daily)))
+    assert fmt is not None and fmt.period_keys
+    assert len({fmt.decode_period(str(v)) for v in hidden}) == 40

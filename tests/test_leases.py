@@ -332,3 +332,27 @@ def test_the_rest_of_an_unrecorded_lease_is_counted_as_waste(settings: Settings,
         wasted = client.app.node.waste.of(tag)  # type: ignore[attr-defined]
         assert wasted["lease_not_recorded"] == 100
         assert wasted["push_outcome_unknown"] == 900
+
+
+def test_one_lease_call_hands_out_at_most_a_million_ids_by_default(
+    client: TestClient, settings: Settings, tag: str
+) -> None:
+    """Issue 28: an anonymous caller leased 10,000,000 IDs of an open tag per call
+    (1,000 times what /ids allows). The default cap is now a busy client's minute."""
+    assert settings.client_max_count == Settings().client_max_count  # the default
+    add_tag(settings, tag, step=100, start=1)
+    body = lease(client, tag, 10**9)
+    assert body["count"] == 1_000_000
+    assert [(x["first"], x["last"]) for x in body["leases"]] == [(1, 1_000_000)]
+    r = client.post(f"/lease/{tag}?count=0")
+    assert r.status_code == 400 and "IDPOOL_CLIENT_MAX_COUNT, 1000000," in r.json()["message"]
+
+
+def test_a_lease_without_a_count_is_cut_at_the_cap_too(settings: Settings, tag: str) -> None:
+    """One range, whatever its size, was handed out whole: a tag's step may be above
+    the cap (a dynamic step grows it). The rest stays in the pool."""
+    add_tag(settings, tag, step=5000, start=1)
+    with TestClient(create_app(settings.with_changes(client_max_count=2500))) as client:
+        body = lease(client, tag)
+        assert body["count"] == 2500
+        assert pool_ranges(settings, tag)[0] == "2501-5000"

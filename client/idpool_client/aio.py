@@ -4,6 +4,16 @@ Everything runs on the loop's thread, so taking an ID is a plain
 check-and-increment with no ``await`` in between: two tasks never get the same
 ID. The two HTTP calls run in the default executor (stdlib ``http.client``),
 so no HTTP library is needed. Use one client per event loop.
+
+That includes the cut of the tails at exit. The atexit hook runs in the main
+thread, and a loop run by another thread (fed by ``run_coroutine_threadsafe``)
+still takes meanwhile: a cut between a take's read of ``cur`` and its increment
+returned an ID just handed out, and a take after the cut's first write handed
+out 0. So the hook asks the loop to cut (``call_soon_threadsafe``) and waits a
+moment; a loop that does not answer keeps its IDs (wasted, never returned while
+it may hand them out). It cuts in its own thread only when no thread can run
+the loop: closed, or idle with the thread that ran it ended (or the hook's own).
+The take's hot path stays as it was, with no lock.
 """
 
 from __future__ import annotations
@@ -21,8 +31,10 @@ from typing import Any
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
 from .formats import within
-from .sync import _LIVE, RETRY_BACKOFF, CloseReport, close_at_child_exit
+from .sync import _LIVE, RETRY_BACKOFF, CloseReport, _check_batch, close_at_child_exit
 from .transport import Lease, Tokens, Transport
+
+EXIT_WAIT = 1.0  # seconds the atexit hook waits for the loop to cut the tails
 
 
 @dataclass
@@ -44,7 +56,7 @@ class _Tag:
 
 class AsyncIdPoolClient:
     """``await client.next_id(tag)``; the same options as ``IdPoolClient`` (tokens,
-    ``max_count`` bounding what it holds per tag to twice that)."""
+    ``max_count`` bounding what it holds per tag to twice that, ``max_batch``)."""
 
     def __init__(
         self,
@@ -54,15 +66,18 @@ class AsyncIdPoolClient:
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
         initial_count: int = 1000,
-        max_count: int = 10_000_000,
+        max_count: int = 1_000_000,
+        max_batch: int = 100_000,
         return_at_exit: bool = True,
         tokens: Mapping[str, str] | None = None,
         token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
-        if target_seconds <= 0 or max_count < 1 or initial_count < 1:
-            raise ValueError("target_seconds, max_count and initial_count must be positive")
+        if target_seconds <= 0 or min(max_count, max_batch, initial_count) < 1:
+            raise ValueError(
+                "target_seconds, max_count, max_batch and initial_count must be positive"
+            )
         self.transport = Transport(
             list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
         )
@@ -70,8 +85,12 @@ class AsyncIdPoolClient:
         self.prefetch_at = prefetch_at
         self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
+        self.max_batch = max_batch
         self._tags: dict[str, _Tag] = {}
         self._closed = False
+        # The loop the client takes on, and the thread that last ran it: who may cut at exit
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self.report = CloseReport()
         self._report_lock = threading.Lock()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
@@ -85,6 +104,7 @@ class AsyncIdPoolClient:
         """A forked child forgets the parent's leases (see IdPoolClient's): it
         leases its own, in its own event loop."""
         self._tags = {}
+        self._loop = self._loop_thread = None
         self.report = CloseReport()
         if self._return_at_exit:
             close_at_child_exit(self._at_exit)
@@ -101,8 +121,7 @@ class AsyncIdPoolClient:
     async def next_ids(self, tag: str, n: int) -> Sequence[Any]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
         list (of rendered IDs for a formatted tag)."""
-        if n < 1:
-            raise ValueError("n must be at least 1")
+        _check_batch(n, self.max_batch)
         return await self._rendered(tag, n)
 
     async def _rendered(self, tag: str, n: int) -> Sequence[Any]:
@@ -125,6 +144,7 @@ class AsyncIdPoolClient:
             if not isinstance(tag, str) or not tag:
                 raise ValueError("tag must be a non-empty string")
             t = self._tags[tag] = _Tag(tag, self.initial_count)
+        self._on_loop()
         parts: list[range] = []
         while n > 0:
             if self._closed:
@@ -165,6 +185,13 @@ class AsyncIdPoolClient:
             await asyncio.shield(task)  # a cancelled caller must not cancel the fetch
         return parts
 
+    def _on_loop(self) -> None:
+        """Note the loop (and thread) this take runs on: the exit hook cuts there.
+        The slow path only; every hot-path take follows one of these on its loop."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._loop_thread is not threading.current_thread():
+            self._loop, self._loop_thread = loop, threading.current_thread()
+
     def _switch(self, t: _Tag) -> None:
         if t.lease is not None:
             lasted = time.monotonic() - t.started_at
@@ -199,7 +226,10 @@ class AsyncIdPoolClient:
         asked = time.time()  # a lease whose period had ended by then is late
         handoff = _Handoff()
         try:
-            leases = await asyncio.to_thread(handoff.lease, self, t.tag, wish)
+            try:
+                leases = await asyncio.to_thread(handoff.lease, self, t.tag, wish)
+            except RuntimeError as e:  # the executor is shut down: the interpreter is ending
+                raise IdPoolError(f"lease for tag {t.tag!r} failed: {e}") from e
         except asyncio.CancelledError:
             # The loop is ending (asyncio.run returned) or the task was cancelled:
             # the thread goes on, and a lease that lands is given back from there.
@@ -215,7 +245,11 @@ class AsyncIdPoolClient:
             t.fetch = None
         t.error = None
         if self._closed:
-            await asyncio.to_thread(self._give_back, [(x, x.start) for x in leases])
+            tails = [(x, x.start) for x in leases]
+            try:
+                await asyncio.to_thread(self._give_back, tails)
+            except RuntimeError:  # the executor is shut down: the interpreter is ending
+                threading.Thread(target=self._give_back, args=(tails,), daemon=True).start()
             return
         t.pending.extend(lease.asked_at(asked) for lease in leases)
         if t.cur >= t.stop:
@@ -314,8 +348,45 @@ def _consume(task: asyncio.Task[None]) -> None:
 
 
 def _close_ref(ref: weakref.ref[AsyncIdPoolClient]) -> None:
+    """At exit (atexit, a multiprocessing finalizer), in whatever thread runs it."""
     client = ref()
     if client is not None:
-        tails = client._cut()
+        tails = _cut_at_exit(client)
         if tails:
             client._give_back(tails)
+
+
+def _cut_at_exit(client: AsyncIdPoolClient) -> list[tuple[Lease, int]] | None:
+    """The client's tails, cut on its loop's thread whenever a thread may still run
+    the loop: a cut from here, beside a take, returned IDs the take handed out."""
+    loop, thread = client._loop, client._loop_thread
+    here = threading.current_thread()
+    if (
+        loop is None
+        or loop.is_closed()
+        or (not loop.is_running() and (thread is None or thread is here or not thread.is_alive()))
+    ):
+        return client._cut()  # no thread runs the loop: no take can run beside the cut
+    lock = threading.Lock()
+    done = threading.Event()
+    box: list[list[tuple[Lease, int]] | None] = []
+
+    def cut_on_loop() -> None:
+        with lock:  # never after the hook gave up: a cut nobody returns is a wasted one
+            if not done.is_set():
+                box.append(client._cut())
+                done.set()
+
+    try:
+        loop.call_soon_threadsafe(cut_on_loop)
+    except RuntimeError:  # closed since: no take can run any more
+        return client._cut()
+    done.wait(EXIT_WAIT)
+    with lock:
+        if not done.is_set():  # the loop is busy or stopped: its IDs stay with it
+            done.set()
+            client.report.lost.append(
+                f"every unused ID: the event loop did not cut them within {EXIT_WAIT}s at exit"
+            )
+            return None
+    return box[0]

@@ -17,7 +17,13 @@ A tag may carry a *format* on top of its sequence of numbers (docs/design.md,
 - **obfuscation**: the number handed out is a keyed permutation of the
   sequence number over ``[1, top]`` (a Feistel network on the bit width, cycle
   walking down to ``top``), so it is unique but does not show how many IDs were
-  taken. ``decode`` maps it back.
+  taken. ``decode`` maps it back. With a reset, a tag added since issue 28 has
+  *period keys*: each period's permutation is keyed by ``period_key(tag key,
+  period key)``, so the n-th ID of one day says nothing of another's (with one
+  key for every period, the n-th ID of each day rendered alike, and one day's
+  values gave the next day's volume). Older tags keep their one key: a number
+  rendered under a new key could equal one rendered under the old key in the
+  same period.
 
 Why every string is unique: each field but ``{id}`` renders to a fixed width,
 and there is one ``{id}``, so a string splits into its parts one way only; the
@@ -31,6 +37,7 @@ Standard library only: the client package has no dependencies.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import re
 import string
@@ -328,6 +335,14 @@ class Obfuscation:
                 return x + 1
 
 
+def period_key(key: bytes, period: str) -> bytes:
+    """The obfuscation key of one reset period (``period``: its key, ``20261127``)
+    of a tag with period keys: HMAC-SHA256 of the tag's key, cut to KEY_BYTES. One
+    period's key tells nothing of the tag's key or of another period's."""
+    mac = hmac.new(key, b"idpool-period:" + period.encode("ascii"), hashlib.sha256)
+    return mac.digest()[:KEY_BYTES]
+
+
 def _prf(hasher: Any, half: int) -> int:
     h = hasher.copy()
     h.update(half.to_bytes(8, "little"))
@@ -345,10 +360,14 @@ class TagFormat:
         template: str | None = None,
         reset: str | None = None,
         obfuscation: Obfuscation | None = None,
+        period_keys: bool = False,
     ) -> None:
         self.template = template
         self.reset = reset
         self.obfuscation = obfuscation
+        # Each reset period's numbers permuted with its own key (period_key); else
+        # one key for every period (tags from before: kept, see the module doc)
+        self.period_keys = period_keys and reset is not None and obfuscation is not None
         self._parts = None if template is None else _parse(template)
         if reset is not None:
             if reset not in RESETS:
@@ -373,6 +392,7 @@ class TagFormat:
         self._step = _date_step(self._parts.directives) if self._parts else 0
         self._dates = (0.0, -1.0, "", "")  # (from, until, rendered before, rendered after)
         self._period = ("", 0.0, -1.0)  # (key, from, until)
+        self._keyed: tuple[float, float, Obfuscation | None] = (0.0, -1.0, None)
 
     @property
     def text(self) -> bool:
@@ -392,9 +412,30 @@ class TagFormat:
         self._period = found = period_bounds(self.reset, now)
         return found
 
+    def obfuscation_at(self, now: float) -> Obfuscation | None:
+        """The permutation numbers handed out at ``now`` go through (cached)."""
+        if not self.period_keys:
+            return self.obfuscation
+        since, until, found = self._keyed
+        if found is not None and since <= now < until:
+            return found
+        assert self.obfuscation is not None and self.reset is not None
+        key, since, until = period_bounds(self.reset, now)
+        found = Obfuscation(period_key(self.obfuscation.key, key), self.obfuscation.top)
+        # One tuple, assigned at once: threads of a client read it without a lock.
+        self._keyed = (since, until, found)
+        return found
+
+    def _number_at(self, now: float) -> Callable[[int], int]:
+        if not self.period_keys:
+            return self._number
+        ob = self.obfuscation_at(now)
+        assert ob is not None
+        return ob.encode
+
     def render(self, n: int, now: float) -> str | int:
         """The ID for sequence number ``n`` handed out at ``now`` (unix seconds)."""
-        value = self._number(n)
+        value = self._number(n) if not self.period_keys else self._number_at(now)(n)
         if self._parts is None:
             return value
         start, until, before, after = self._dates
@@ -404,13 +445,13 @@ class TagFormat:
 
     def render_many(self, numbers: Iterable[int], now: float) -> list[str] | list[int]:
         """IDs for ``numbers``, all handed out at ``now``."""
+        number = self._number_at(now)
         if self._parts is None:
-            number = self._number
             return [number(n) for n in numbers]
         start, until, before, after = self._dates
         if not start <= now < until:
             start, until, before, after = self._render_dates(now)
-        number, rendered = self._number, self._id
+        rendered = self._id
         return [before + rendered(number(n)) + after for n in numbers]
 
     def _render_dates(self, now: float) -> tuple[float, float, str, str]:
@@ -454,10 +495,11 @@ class TagFormat:
         if self._parts is None:
             if not (text.isascii() and text.isdigit()):
                 raise ValueError(f"{text[:40]!r} is not a decimal number")
-            n = self._sequence(int(text))
             moment = 0.0
+            n = self._sequence(int(text), moment)
         else:
-            n, moment = self._split(text)
+            value, moment = self._split(text)
+            n = self._sequence(value, moment)
         again = self._render_at(n, moment)
         if again != text:
             raise ValueError(
@@ -471,17 +513,22 @@ class TagFormat:
         except (OverflowError, ValueError):  # a period ending past 9999-12-31
             raise ValueError(f"{text[:80]!r}: its period ends past any UTC date") from None
 
-    def _sequence(self, number: int) -> int:
-        """The sequence number of ``number`` (the {id} value); ValueError if none."""
-        if self.obfuscation is not None:
-            return self.obfuscation.decode(number)  # ValueError outside 1..max
+    def _sequence(self, number: int, moment: float) -> int:
+        """The sequence number of ``number`` (the {id} value, handed out at
+        ``moment``); ValueError if none."""
+        try:
+            ob = self.obfuscation_at(moment)
+        except (OverflowError, ValueError):  # a period ending past 9999-12-31: no key
+            raise ValueError(f"{number}: its period ends past any UTC date") from None
+        if ob is not None:
+            return ob.decode(number)  # ValueError outside 1..max
         if number < 1:
             raise ValueError(f"{number} is not a sequence number (they start at 1)")
         return number
 
     def _render_at(self, n: int, moment: float) -> str:
         """What ``render`` gives, without touching its cache (decode runs beside it)."""
-        value = self._number(n)
+        value = self._number_at(moment)(n)
         if self._parts is None:
             return str(value)
         at = datetime.fromtimestamp(whole_second(moment), UTC)
@@ -490,7 +537,7 @@ class TagFormat:
         return before + self._id(value) + after
 
     def _split(self, text: str) -> tuple[int, float]:
-        """(sequence number, a moment whose date parts are the string's) of a
+        """(the {id} value, a moment whose date parts are the string's) of a
         templated ID; ValueError naming the part that does not match."""
         assert self._parts is not None
         found: dict[str, int] = {}
@@ -501,7 +548,7 @@ class TagFormat:
             raise ValueError(f"{text[:80]!r} is too short for the format")
         _take_parts(self._parts.after, text, len(text) - tail_width, found)
         middle = text[head : len(text) - tail_width]
-        return self._sequence(self._id_value(middle)), _moment(found)
+        return self._id_value(middle), _moment(found)
 
     def _id_value(self, middle: str) -> int:
         assert self._parts is not None
@@ -525,24 +572,32 @@ class TagFormat:
         except ValueError:
             raise ValueError(f"{middle[:40]!r} is not a base-{radix} number") from None
 
-    def to_json(self, secret: bool) -> dict[str, Any]:
+    def to_json(self, secret: bool, period: str | None = None) -> dict[str, Any]:
         """The format as JSON; with ``secret``, the obfuscation key too (the lease
-        answer: a client must render as the node does)."""
+        answer: a client must render as the node does). With period keys, only
+        the key of ``period`` (``period_key``: the lease's period, the only one
+        its numbers are rendered in), never the tag's."""
         out: dict[str, Any] = {"template": self.template, "reset": self.reset}
         ob = self.obfuscation
         out["obfuscate"] = ob is not None
         if ob is not None:
             out["max"] = ob.top
-            if secret:
+            if secret and self.period_keys:
+                assert period is not None  # a reset tag's lease names its period
+                out["period_key"] = period_key(ob.key, period).hex()
+            elif secret:
                 out["key"] = ob.key.hex()
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TagFormat:
-        """The inverse of ``to_json(secret=True)``."""
+        """The inverse of ``to_json(secret=True)``. With ``period_key`` (no
+        ``key``: a client before period keys refuses the lease), a format for the
+        lease's period alone: its numbers are rendered with a date of it only."""
         ob = None
         if data.get("obfuscate"):
-            ob = Obfuscation(bytes.fromhex(str(data["key"])), int(data["max"]))
+            key = data["period_key"] if "period_key" in data else data["key"]
+            ob = Obfuscation(bytes.fromhex(str(key)), int(data["max"]))
         return cls(data.get("template"), data.get("reset"), ob)
 
 

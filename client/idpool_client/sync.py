@@ -193,7 +193,8 @@ class IdPoolClient:
     being served and the next one). ``target_seconds``: how long a lease should
     last; the size asked for doubles while leases last less and halves when one
     lasts over twice as long (within ``max_count``). ``prefetch_at``: fraction of
-    a lease used before the next is fetched.
+    a lease used before the next is fetched. ``max_batch``: the most IDs one
+    ``next_ids`` call takes (a larger ``n`` is a ValueError naming it).
     ``tokens``: a token per guarded tag (``{"orders": "..."}``), sent on its
     leases and returns; ``token``: the one sent for any other tag. Tokens are
     never logged or shown in a repr; a tag that refuses its token raises
@@ -208,15 +209,18 @@ class IdPoolClient:
         target_seconds: float = 60.0,
         prefetch_at: float = 0.15,
         initial_count: int = 1000,
-        max_count: int = 10_000_000,
+        max_count: int = 1_000_000,
+        max_batch: int = 100_000,
         return_at_exit: bool = True,
         tokens: Mapping[str, str] | None = None,
         token: str | None = None,
     ) -> None:
         if not 0.0 <= prefetch_at < 1.0:
             raise ValueError("prefetch_at must be in [0, 1)")
-        if target_seconds <= 0 or max_count < 1 or initial_count < 1:
-            raise ValueError("target_seconds, max_count and initial_count must be positive")
+        if target_seconds <= 0 or min(max_count, max_batch, initial_count) < 1:
+            raise ValueError(
+                "target_seconds, max_count, max_batch and initial_count must be positive"
+            )
         self.transport = Transport(
             list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
         )
@@ -224,6 +228,7 @@ class IdPoolClient:
         self.prefetch_at = prefetch_at
         self.initial_count = min(initial_count, max_count)
         self.max_count = max_count
+        self.max_batch = max_batch
         self._ids: dict[str, Iterator[Any]] = {}  # tag -> its chain, for next_id
         self._tags: dict[str, _Tag] = {}
         self._tags_lock = threading.Lock()
@@ -281,8 +286,7 @@ class IdPoolClient:
     def next_ids(self, tag: str, n: int) -> Sequence[Any]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
         list (of rendered IDs for a formatted tag)."""
-        if n < 1:
-            raise ValueError("n must be at least 1")
+        _check_batch(n, self.max_batch)
         t = self._tag(tag)
         parts: list[tuple[Lease, range]] = []
         now = time.time()
@@ -562,6 +566,19 @@ def _close_ref(ref: weakref.ref[Any]) -> None:
     client = ref()
     if client is not None:
         client.close()
+
+
+def _check_batch(n: int, max_batch: int) -> None:
+    """Refuse a ``next_ids`` count below 1 or above the client's ``max_batch``
+    before any lease: ``next_ids(tag, 10**9)`` leased a billion IDs (all wasted)
+    and built a list of them."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, not {n!r}")
+    if n > max_batch:
+        raise ValueError(
+            f"n is {n}: next_ids takes at most max_batch={max_batch} IDs per call "
+            "(ask in batches, or raise the client's max_batch)"
+        )
 
 
 def _render_many(lease: Lease, numbers: range, now: float) -> list[Any]:
