@@ -12,7 +12,7 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-from .status import RUNWAY_SHORT_S, Snapshot, runway_text
+from .status import QUIET_STATES, RUNWAY_SHORT_S, Snapshot, runway_text
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fafbfc}
@@ -61,7 +61,10 @@ def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) 
 def _problems(problems: list[str], field: str) -> str:
     if not problems:
         return f'<td class="l up" data-field="{escape(field)}">ok</td>'
-    return f'<td class="l down" data-field="{escape(field)}">{escape(", ".join(problems))}</td>'
+    # disabled, removed, exhausted: what an operator did or a bound says, not an outage
+    klass = "muted" if QUIET_STATES.issuperset(problems) else "down"
+    text = escape(", ".join(problems))
+    return f'<td class="l {klass}" data-field="{escape(field)}">{text}</td>'
 
 
 def _cluster(snap: Snapshot) -> str:

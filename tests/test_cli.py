@@ -11,6 +11,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout, lease_ms_of
 from idpool.pool.values import TagRow
+from ops.redis_cluster import ClusterNodeServer
 from ops.toolkit import env_with, free_port
 
 
@@ -73,6 +74,22 @@ def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
     assert r.returncode == 3 and "IDPOOL_MYSQL_URL" in r.stderr
     r = idpool(settings, "pool", "show", IDPOOL_REDIS_URL=f"redis://127.0.0.1:{port}/0")
     assert r.returncode == 3 and "IDPOOL_REDIS_URL" in r.stderr
+
+
+def test_a_plain_url_at_a_redis_cluster_node_is_refused_at_start(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Issue 29: redis:// at a Cluster node started "ready" and answered every
+    request 503 MovedError (each tag's keys are in another node's slot)."""
+    node = ClusterNodeServer(tmp_path / "redis", "--cluster-enabled", "yes").start()
+    try:
+        serve = ("serve", "--port", str(free_port()))
+        r = idpool(settings, *serve, IDPOOL_REDIS_URL=node.url)
+    finally:
+        node.kill9()
+    assert r.returncode == 2, r.stderr
+    assert "Redis Cluster" in r.stderr and "redis+cluster://" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_bad_setting_names_the_variable(settings: Settings) -> None:
