@@ -421,6 +421,24 @@ def test_a_bounded_tag_stops_at_its_max_with_503_for_itself_only(
         assert f'idpool_tag_runway_seconds{{tag="{tag}"}} 0.0' in c.get("/metrics").text
 
 
+def test_a_batch_over_what_a_bounded_tag_has_left_says_how_many_are_left(
+    settings: Settings, tag: str
+) -> None:
+    """Issue 29: a batch bigger than the rest answered 503 tag_exhausted ("has run
+    out") while IDs remained. A batch is all or nothing: 400 naming what is left."""
+    add_tag(settings, tag, step=10, end_id=21)  # IDs 1..20
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/ids/{tag}", params={"count": 15}).json()["ids"] == list(range(1, 16))
+        over = c.get(f"/ids/{tag}", params={"count": 10})
+        assert over.status_code == 400 and over.json()["error"] == "bad_count", over.text
+        message = over.json()["message"]
+        assert "only 5 IDs" in message and "5 or fewer" in message
+        assert "run out" not in message
+        assert c.get(f"/ids/{tag}", params={"count": 5}).json()["ids"] == list(range(16, 21))
+        refused = c.get(f"/ids/{tag}", params={"count": 2})
+        assert refused.status_code == 503 and refused.json()["error"] == "tag_exhausted"
+
+
 def test_head_takes_no_id(client: TestClient, settings: Settings, tag: str) -> None:
     add_tag(settings, tag)
     for path in (f"/id/{tag}", f"/ids/{tag}?count=5", f"/api/segment/get/{tag}"):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -408,3 +409,57 @@ def test_snowflake_tag_refuses_start_and_step_and_records_its_lease(
     made = asyncio.run(row())
     assert (made.start_id, made.step, made.max_id) == (1, 1, 1)  # nothing moved
     assert lease_ms_of(made.layout) == 7000  # the adder's IDPOOL_WORKER_LEASE_SECONDS
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(settings: Settings, tag: str) -> None:
+    """Issue 29: `idpool tag list | head -1` (and pool show, status) ended in a
+    BrokenPipeError traceback. Here the pipe's read end is closed before idpool
+    writes a byte, so every write meets EPIPE."""
+    assert idpool(settings, "tag", "add", tag).returncode == 0
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+    )
+    for command in (("tag", "list"), ("pool", "show"), ("status",)):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            ran = subprocess.run(
+                [sys.executable, "-m", "idpool.service.cli", *command],
+                stdout=write, stderr=subprocess.PIPE, env=env, text=True, timeout=60,
+            )  # fmt: skip
+        finally:
+            os.close(write)
+        assert ran.stderr == "", (command, ran.stderr)
+        assert ran.returncode == 141, command  # as a command killed by SIGPIPE
+
+
+def test_conflicting_kind_flags_are_refused(settings: Settings, tag: str) -> None:
+    """Issue 29: --strict --snowflake (either order) and --kind segment --strict made
+    a strict tag with rc 0; the admin API refuses the same request."""
+    for flags in (
+        ("--strict", "--snowflake"),
+        ("--snowflake", "--strict"),
+        ("--kind", "segment", "--strict"),
+        ("--kind", "strict", "--snowflake"),
+    ):
+        r = idpool(settings, "tag", "add", tag, *flags)
+        assert r.returncode == 2 and "name different kinds: give one" in r.stderr, (flags, r)
+    listed = idpool(settings, "tag", "list")
+    assert tag not in listed.stdout  # nothing was made
+    agreeing = idpool(settings, "tag", "add", tag, "--kind", "strict", "--strict")
+    assert agreeing.returncode == 0 and "kind strict" in agreeing.stdout, agreeing
+
+
+def test_a_snowflake_tag_in_embedded_mode_is_refused_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDPOOL_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "idpool.service.cli", "tag", "add", "sf", "--snowflake",
+         "--embedded"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "snowflake tags need Redis" in r.stderr

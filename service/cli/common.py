@@ -14,6 +14,7 @@ from .logs import LOG_LEVELS
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_CANNOT_LISTEN = 4
+EXIT_BROKEN_PIPE = 141  # as a command killed by SIGPIPE (128 + 13) says to a shell
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 

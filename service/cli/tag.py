@@ -15,9 +15,7 @@ from idpool_client.formats import RESETS
 
 from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
-    FormatChanged,
     InvalidInput,
-    NameUsedBefore,
     StartAboveMax,
     StartBelowIssued,
     StartOnReset,
@@ -60,8 +58,9 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     )
     add.add_argument(
         "--kind",
-        default=SEGMENT,
-        help=f"how its IDs are made: {', '.join(KINDS)} (default: {SEGMENT})",
+        default=None,
+        help=f"how its IDs are made: {', '.join(KINDS)} (default: {SEGMENT}); "
+        "--strict and --snowflake name a kind too: give one",
     )
     add.add_argument(
         "--strict",
@@ -178,16 +177,34 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         await ledger.close()
 
 
+def _kind_named(args: argparse.Namespace) -> str | None:
+    """The one kind --kind, --strict and --snowflake name; raises InvalidInput when
+    they name two (the admin API refuses {"kind": ..., "strict": true} alike)."""
+    named = {"--kind": args.kind, "--strict": "strict" if args.strict else None}
+    named["--snowflake"] = SNOWFLAKE if args.snowflake else None
+    given = {flag_: kind for flag_, kind in named.items() if kind is not None}
+    if len(set(given.values())) > 1:
+        shown = " and ".join(f"--kind {k}" if f == "--kind" else f for f, k in given.items())
+        raise InvalidInput(
+            "bad_kind", f"{shown} name different kinds: give one (a tag's kind never changes)"
+        )
+    return next(iter(given.values()), None)
+
+
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields: dict[str, object] = {"tag": args.tag, "description": args.description}
     if args.start is not None:
         fields["start"] = args.start  # given: a snowflake tag refuses it
-    fields.update(max=args.max, kind="snowflake" if args.snowflake else args.kind)
-    fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
-    if args.strict:
-        fields["strict"] = True
-        if args.kind == SEGMENT:
-            del fields["kind"]  # the default: --strict alone decides
+    try:
+        kind = _kind_named(args)
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    fields.update(max=args.max, format=args.format, reset=args.reset, obfuscate=args.obfuscate)
+    if kind == "strict":
+        fields["strict"] = True  # as --strict alone always said it
+    else:
+        fields["kind"] = kind or SEGMENT
     if args.step is not None:
         fields["step"] = args.step
     for field in ("layout", *LAYOUT_FIELDS):
@@ -208,7 +225,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
-    except (FormatChanged, NameUsedBefore) as e:
+    except InvalidInput as e:  # FormatChanged, NameUsedBefore, a kind the mode cannot serve
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
