@@ -104,7 +104,8 @@ def _cluster(snap: Snapshot) -> str:
             + "</tr>"
         )
     return (
-        f"<h2>Cluster: {len(view['nodes'])} live nodes</h2><table>"
+        f"<h2>Cluster: {len(view['nodes'])} live node{'s' * (len(view['nodes']) != 1)}</h2>"
+        "<table>"
         '<tr><th class="l">node</th><th>pid</th><th>version</th><th>started (UTC)</th>'
         '<th>seen s ago</th><th>tags</th><th class="l">state</th><th></th></tr>'
         f"{''.join(nodes)}</table>"

@@ -163,13 +163,16 @@ def test_tag_created_after_start_is_served(
     assert client.get(f"/id/{tag}").text == "1"
 
 
-def test_unknown_tag_is_404_with_a_hint(client: TestClient) -> None:
+def test_unknown_tag_is_404_with_a_hint(client: TestClient, settings: Settings) -> None:
     r = client.get("/id/no_such_tag_here")
     assert r.status_code == 404
+    # Issue 29: the ledger named, so a tag added to another database is found out
+    database = settings.mysql_params().database
     assert r.json() == {
         "error": "unknown_tag",
-        "message": "tag 'no_such_tag_here' does not exist; create it with "
-        "`idpool tag add no_such_tag_here`",
+        "message": "tag 'no_such_tag_here' does not exist in this node's ledger, MySQL "
+        f"database {database!r} at 127.0.0.1:3306; create it there with "
+        "`idpool tag add no_such_tag_here` (same IDPOOL_MYSQL_URL as this node)",
     }
 
 

@@ -463,3 +463,25 @@ def test_a_snowflake_tag_in_embedded_mode_is_refused_without_a_traceback(
     )  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "snowflake tags need Redis" in r.stderr
+
+
+def test_listings_keep_their_columns_and_count_in_words(settings: Settings, tag: str) -> None:
+    """Issue 29: "1 tags"; snowflake rows of `tag list` out of the columns; `pool
+    show` gave a snowflake tag step 1; a token's time without its zone."""
+    flake = tag + "sf"
+    assert idpool(settings, "tag", "add", tag).returncode == 0
+    assert idpool(settings, "tag", "add", flake, "--snowflake").returncode == 0
+    listed = idpool(settings, "tag", "list").stdout.splitlines()
+    assert "-- kind segment: 1 tag" in listed and "-- kind snowflake: 1 tag" in listed
+    header = listed[0]
+    rows = {line.split()[0]: line for line in listed if line.startswith(tag)}
+    for name in (tag, flake):  # the state column ends where its heading ends
+        state = "enabled"
+        assert rows[name].index(state) + len(state) == header.index("state") + len("state")
+    assert rows[flake].split()[1:6] == ["-"] * 5
+    shown = idpool(settings, "pool", "show").stdout.splitlines()
+    (row,) = [line.split() for line in shown if line.startswith(flake)]
+    assert row[1:8] == ["-"] * 7 and "snowflake: no pool" in " ".join(row)
+    assert idpool(settings, "tag", "token", "add", tag).returncode == 0
+    tokens = idpool(settings, "tag", "token", "list", tag).stdout
+    assert tokens.rstrip().endswith(" UTC"), tokens

@@ -15,6 +15,8 @@ import zipfile
 from importlib.metadata import requires, version
 from pathlib import Path
 
+import yaml
+
 from ops.processes import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,3 +178,24 @@ def test_the_built_server_wheel_installs_into_a_fresh_venv_and_serves(tmp_path: 
         code = node.wait(30)
     assert issued >= 1
     assert code in (0, -signal.SIGTERM), (tmp_path / "node.log").read_text()
+
+
+def test_compose_names_each_node_publishes_on_loopback_and_takes_the_password() -> None:
+    """Issue 29: both nodes showed as 0.0.0.0:8000, the nodes and the proxy were
+    published on every interface (MySQL and Redis on 127.0.0.1), and the root
+    password was written in the file."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    services = yaml.safe_load(text)["services"]
+    nodes = {name: s for name, s in services.items() if s.get("command", [""])[0] == "serve"}
+    advertised = [s["environment"]["IDPOOL_ADVERTISE"] for s in nodes.values()]
+    assert len(nodes) == 2 and len(set(advertised)) == 2, advertised
+    for name, service in nodes.items():  # each node's own port is the one it advertises
+        (published,) = service["ports"]
+        assert published.rsplit(":", 1)[0] == service["environment"]["IDPOOL_ADVERTISE"], name
+        assert "IDPOOL_MYSQL_URL" in service["environment"]  # the shared ones kept
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    password = "${IDPOOL_DB_PASSWORD:-idpool}"
+    assert services["mysql"]["environment"]["MARIADB_ROOT_PASSWORD"] == password
+    assert f"root:{password}@mysql" in services["preloader"]["environment"]["IDPOOL_MYSQL_URL"]

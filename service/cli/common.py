@@ -95,3 +95,8 @@ def common_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def show(value: object) -> str:
     return "-" if value is None else str(value)
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 tag``, ``2 tags``, ``0 ranges``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -37,7 +37,7 @@ from ..kinds import KINDS, SEGMENT
 from ..snowflake import SNOWFLAKE, check_range_change, check_removable
 from ..status import runway_seconds, runway_text
 from ..tag_fields import check_int, new_tag
-from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, flag, integer, show, tag_arg
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, counted, flag, integer, show, tag_arg
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -272,14 +272,15 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
     # Grouped by kind, each group under one line naming it: the rows keep their columns.
     for kind in sorted({row.kind for row in rows}, key=lambda k: (k != SEGMENT, k)):
         group = [row for row in rows if row.kind == kind]
-        print(f"-- kind {kind}: {len(group)} tags")
+        print(f"-- kind {kind}: {counted(len(group), 'tag')}")
         for row in group:
-            if row.kind == SNOWFLAKE:
+            if row.kind == SNOWFLAKE:  # the columns of a range; its layout under it
                 print(
-                    f"{row.tag:<24} {'grants ' + str(row.max_id - row.start_id):>20} "
-                    f"{_layout_text(row)}  "
-                    f"{'disabled' if row.disabled else 'enabled'}  {row.description}"
+                    f"{row.tag:<24} {'-':>20} {'-':>10} {'-':>12} {'-':>20} {'-':>10} "
+                    f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
                 )
+                grants = counted(row.max_id - row.start_id, "worker ID grant")
+                print(f"{'':<24} {_layout_text(row)}; {grants}")
                 continue
             found = pooled.get(row.tag)
             rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
@@ -378,7 +379,7 @@ async def _token(ledger: LedgerStore, args: argparse.Namespace) -> int:
     if not rows:
         print(f"{args.tag}: no tokens; served to anyone")
     for row in rows:
-        print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S}")
+        print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S} UTC")
     return 0
 
 
@@ -408,7 +409,8 @@ async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
         kept = "its period rows and their max_id are kept"
     print(
         f"{row.tag}: disabled (410 tag_disabled at every node within "
-        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; {kept}"
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {counted(len(drained), 'range')} "
+        f"wasted; {kept}"
     )
     return 0
 
@@ -471,7 +473,7 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
     kept = "" if removed is None else f"; {_added_again(removed)}"
     print(
         f"{args.tag}: removed (404 unknown_tag at every node within "
-        f"IDPOOL_TAG_RELOAD_SECONDS); {sum(map(len, drained))} ready IDs in {len(drained)} "
-        f"ranges wasted{kept}"
+        f"IDPOOL_TAG_RELOAD_SECONDS); {sum(map(len, drained))} ready IDs in "
+        f"{counted(len(drained), 'range')} wasted{kept}"
     )
     return 0
