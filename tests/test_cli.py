@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pymysql
 import pytest
 
 from idpool.pool.ledger import Ledger
@@ -14,6 +15,8 @@ from idpool.pool.snowflake import Layout, lease_ms_of
 from idpool.pool.values import TagRow
 from ops.redis_cluster import ClusterNodeServer
 from ops.toolkit import env_with, free_port
+
+from .conftest import MYSQL_SERVER, new_name
 
 
 def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -467,7 +470,19 @@ def test_a_snowflake_tag_in_embedded_mode_is_refused_without_a_traceback(
 
 def test_listings_keep_their_columns_and_count_in_words(settings: Settings, tag: str) -> None:
     """Issue 29: "1 tags"; snowflake rows of `tag list` out of the columns; `pool
-    show` gave a snowflake tag step 1; a token's time without its zone."""
+    show` gave a snowflake tag step 1; a token's time without its zone. A ledger
+    of its own: the shared one holds the tags of other tests."""
+    database = new_name("idpool_listing_")
+    settings = settings.with_changes(mysql_url=f"{MYSQL_SERVER}/{database}")
+    try:
+        _listings(settings, tag)
+    finally:
+        conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{database}`")
+        conn.close()
+
+
+def _listings(settings: Settings, tag: str) -> None:
     flake = tag + "sf"
     assert idpool(settings, "tag", "add", tag).returncode == 0
     assert idpool(settings, "tag", "add", flake, "--snowflake").returncode == 0
