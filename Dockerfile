@@ -12,6 +12,8 @@ COPY idpool ./idpool
 COPY client ./client
 # -c constraints.txt: the versions the tests ran against (`make constraints`),
 # never whatever is newest on the day the image is built.
+# idpool declares idpool-client, which is on no index: pip takes it from ./client,
+# named in the same command.
 RUN pip install --no-cache-dir -c constraints.txt ./client .
 USER idpool
 # Writable by idpool: where `--embedded` keeps ./idpool.db.

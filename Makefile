@@ -13,14 +13,15 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml client/pyproject.toml client/idpool_client/_clockrun.c constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e .
-	$(PY) -m pip install --quiet -e ./client
+	# One command: idpool declares idpool-client, which is on no index; pip takes it
+	# from ./client only when it is named beside idpool.
+	$(PY) -m pip install --quiet -c constraints.txt -e ./client -e .
 	touch $@
 
 # `make test` adds the test tools (pytest, mypy, ruff, schemathesis, build, ...:
 # pyproject.toml's [test] extras), still within constraints.txt.
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e ./client -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -64,7 +65,7 @@ test: install-test browser promtool galera
 constraints: install
 	rm -rf $(VENV)-constraints && python3 -m venv $(VENV)-constraints
 	$(PY) -m pip freeze --exclude-editable > $(VENV)-constraints/tested.txt
-	$(VENV)-constraints/bin/pip install --quiet -c $(VENV)-constraints/tested.txt .
+	$(VENV)-constraints/bin/pip install --quiet -c $(VENV)-constraints/tested.txt ./client .
 	{ grep '^#' constraints.txt; $(VENV)-constraints/bin/pip freeze | grep -v '^idpool'; } \
 		> constraints.txt.new
 	mv constraints.txt.new constraints.txt && rm -rf $(VENV)-constraints

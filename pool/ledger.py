@@ -13,6 +13,7 @@ import random
 import warnings
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import aiomysql
@@ -551,12 +552,19 @@ class Ledger:
         """Every tag's tokens (hashes), or one tag's."""
 
         async def op(cur: Any) -> list[TokenRow]:
-            query = f"SELECT tag, token_id, token_hash, created_at FROM {TOKENS}"
+            # UNIX_TIMESTAMP: the instant, whatever the session's time zone (a TIMESTAMP
+            # read as is comes back naive, in that zone: shown without one, it misled)
+            query = (
+                f"SELECT tag, token_id, token_hash, UNIX_TIMESTAMP(created_at) FROM {TOKENS}"
+            )
             if tag is None:
                 await cur.execute(query + " ORDER BY tag, created_at")
             else:
                 await cur.execute(query + " WHERE tag = %s ORDER BY created_at", (tag,))
-            return [TokenRow(*row) for row in await cur.fetchall()]
+            return [
+                TokenRow(t, i, h, datetime.fromtimestamp(float(c), UTC))
+                for t, i, h, c in await cur.fetchall()
+            ]
 
         return await self._run(op)
 

@@ -35,7 +35,15 @@ from typing import TypeVar
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
-from .errors import IdPoolError, MarkNotRaised, StoreNotSent, StoreUnavailable
+from .errors import (
+    IdPoolError,
+    MarkNotRaised,
+    StoreNotSent,
+    StoreUnavailable,
+    TagDisabled,
+    TagExhausted,
+    UnknownTag,
+)
 from .ranges import IdRange
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
@@ -49,6 +57,12 @@ _BUSY_RETRIES = 3  # a push that found every connection busy (never sent) is sen
 _VISIT_CHUNK = 500  # tags read and written per round trip
 _DECAY_VISIT_EVERY = 5.0  # seconds between visits of a tag that stopped moving
 _REFILLS_AT_ONCE = 4  # as many as the ledger has connections
+# A refill that finds its tag gone is skipped, not failed (RefillReport.skipped)
+_STOPPED: dict[type[IdPoolError], str] = {
+    UnknownTag: "removed",
+    TagDisabled: "disabled",
+    TagExhausted: "exhausted",
+}
 # A reset tag's period that ended this long ago has its list emptied (waste) and its
 # figures deleted. Nodes stop asking for it at its end by their own clocks, and hand
 # back what their buffers held after IDPOOL_IDLE_SECONDS (300 s by default): an hour
@@ -302,6 +316,13 @@ class Preloader:
                 report.skipped = "full"
                 return report
             await self._claim_and_push(report, tag, target - state.depth)
+        except (UnknownTag, TagDisabled, TagExhausted) as e:
+            # Not a failure: an operator removed or disabled the tag (or it reached its
+            # max) after the sweep read its row. The cached row goes, so the next visit
+            # reads the row again and skips it quietly (or never visits a removed tag).
+            report.skipped = _STOPPED[type(e)]
+            self._rows.pop(tag, None)
+            logger.info("event=preload_stopped tag=%s reason=%s", tag, report.skipped)
         except IdPoolError as e:
             report.skipped = str(e)
             logger.warning("event=preload_failed tag=%s reason=%r", tag, str(e))

@@ -41,7 +41,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .cluster import Client, cluster_client, on_one_connection, verify_cluster
-from .errors import StoreBusy, StoreNotSent, StoreUnavailable, TooFewReplicas
+from .errors import ConfigError, StoreBusy, StoreNotSent, StoreUnavailable, TooFewReplicas
 from .keys import Keys, Legacy
 from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
@@ -380,7 +380,9 @@ class RedisPool:
         self._incarnation = Lua.of(_INCARNATION)
         self._seen: dict[str, str] = {}  # server -> incarnation whose lists this process cleaned
         self._closed = False
-        self._verified = not self.clustered  # a cluster's coverage and state, checked once
+        # Checked once: a cluster's coverage and state, or that a plain redis:// URL
+        # does not name a node of a Redis Cluster
+        self._verified = False
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         # replicas that must have a raised high-water mark before it counts (WAIT)
         self._mark_replicas = mark_replicas
@@ -415,14 +417,17 @@ class RedisPool:
         a master during a failover kept using it until Sentinel demoted it (8-15
         s): two masters serving at once, which a strict tag's order cannot take.
         The first check of a cluster also asks every primary for its state: a
-        cluster with a slot uncovered or a shard down is refused at start."""
+        cluster with a slot uncovered or a shard down is refused at start. The
+        first check of a plain URL raises ConfigError when it names a Cluster node."""
         pool = getattr(self.client, "connection_pool", None)  # a cluster client has none
         try:
             if isinstance(pool, SentinelConnectionPool) and pool.is_master:
                 await self._plain(pool.get_master_address())  # type: ignore[no-untyped-call]
             if not self._verified and isinstance(self.client, RedisCluster):
                 await self._plain(verify_cluster(self.client))
-                self._verified = True
+            elif not self._verified:
+                await self._refuse_cluster_node()
+            self._verified = True
             await self._plain(self.client.ping())
         except StoreBusy:
             raise  # it answers; this process is busy
@@ -430,6 +435,18 @@ class RedisPool:
             raise StoreUnavailable(
                 "redis", f"no answer from Redis (check IDPOOL_REDIS_URL): {e.detail}"
             ) from e
+
+    async def _refuse_cluster_node(self) -> None:
+        """A plain client on a node of a Redis Cluster reaches one shard: every key
+        in another slot answers MOVED, so the node would start ready and answer
+        503 to nearly every request. Raises ConfigError naming the URL to use."""
+        info = await self._plain(self.client.info("cluster"))
+        if str(info.get("cluster_enabled", "0")) == "1":
+            raise ConfigError(
+                "IDPOOL_REDIS_URL names a node of a Redis Cluster (cluster_enabled:1) with "
+                "redis://: use redis+cluster://host:port[,host:port...] so each key goes "
+                "to the node of its slot"
+            )
 
     async def mark_replicas(self) -> tuple[int, int] | None:
         """(fewest replicas online on a primary, replicas a raise waits for), or

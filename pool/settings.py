@@ -268,6 +268,18 @@ class Settings:
             )
         return Path(unquote(url.path))
 
+    def ledger_shown(self) -> str:
+        """The ledger as a message names it, never with its password: "MySQL
+        database 'idpool' at db1:3306" or "SQLite file /var/idpool.db"."""
+        try:
+            path = self.sqlite_path()
+            if path is not None:
+                return f"SQLite file {path}"
+            p = self.mysql_params()
+        except ConfigError:
+            return "the ledger IDPOOL_MYSQL_URL names"
+        return f"MySQL database {p.database!r} at {p.host}:{p.port}"
+
     def mysql_params(self) -> MysqlParams:
         url = urlsplit(self.mysql_url)
         database = url.path.lstrip("/")

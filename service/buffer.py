@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from idpool.pool.errors import Draining
+from idpool.pool.errors import Draining, InvalidInput, TagExhausted
 from idpool.pool.ranges import MAX_ID, IdRange
 
 Fetch = Callable[[str, int], Awaitable[list[IdRange]]]  # (tag, IDs wanted) -> ranges
@@ -140,7 +140,18 @@ class SegmentBuffer:
         """
         while self.in_memory < count:
             # One fetch sized to what is missing (one pop or one claim), not range by range.
-            await self._wait_for(count - self.in_memory)
+            try:
+                await self._wait_for(count - self.in_memory)
+            except TagExhausted:
+                if not self.in_memory:
+                    raise  # nothing left here at all: the tag has run out
+                left = self.in_memory
+                raise InvalidInput(
+                    "bad_count",
+                    f"only {left} IDs of tag {self.tag!r} are left below its max at this node, "
+                    f"fewer than the {count} asked for; a batch is all or nothing: ask for "
+                    f"{left} or fewer to get them",
+                ) from None
         return self.take_many(count)
 
     async def wait_for(self, ids: int) -> None:

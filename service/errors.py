@@ -261,7 +261,14 @@ def row_of(exc: Exception) -> ErrorRow:
     return BY_CODE["unavailable"]
 
 
-def message_of(exc: Exception, row: ErrorRow, tag: str) -> str:
+def message_of(exc: Exception, row: ErrorRow, tag: str, ledger: str = "") -> str:
+    if row.code == "unknown_tag" and ledger:
+        # Named: a tag just added to another ledger (another database, a SQLite file)
+        # is unknown here, and "create it" alone sends the user round in circles.
+        return (
+            f"tag {tag!r} does not exist in this node's ledger, {ledger}; create it there "
+            f"with `idpool tag add {tag}` (same IDPOOL_MYSQL_URL as this node)"
+        )
     if row.code == "unknown_tag":
         return f"tag {tag!r} does not exist; create it with `idpool tag add {tag}`"
     if row.code == "tag_exhausted":
@@ -275,7 +282,9 @@ async def answer_error(request: Request, exc: Exception) -> Response:
     """The one exception handler for what the routes raise."""
     row = row_of(exc)
     tag = str(request.path_params.get("tag", ""))
-    message = message_of(exc, row, tag)
+    run = getattr(request.state, "run", None)
+    ledger = run.settings.ledger_shown() if row.code == "unknown_tag" and run else ""
+    message = message_of(exc, row, tag, ledger)
     if row.code == "unavailable":
         run = request.state.run
         run.failures.log(tag, message)

@@ -76,6 +76,11 @@ class _SnapshotCollector:
         rate = GaugeMetricFamily(
             "idpool_consumption_ids_per_second", "Recent IDs/s", labels=["tag", "scope"]
         )
+        disabled = GaugeMetricFamily(
+            "idpool_tag_disabled",
+            "1 while an operator has the tag disabled (its pool is empty on purpose), else 0",
+            labels=["tag"],
+        )
         for t in self.snap["tags"]:
             tag, c = t["tag"], t["counters"]
             issued.add_metric([tag], c["ids_issued"])
@@ -89,8 +94,13 @@ class _SnapshotCollector:
             if t.get("runway_s") is not None:
                 runway.add_metric([tag], t["runway_s"])
             rate.add_metric([tag, "node"], t["rate"]["node_ids_per_s"])
+            state = t.get("state")
+            if state in ("enabled", "disabled"):
+                disabled.add_metric([tag], 1 if state == "disabled" else 0)
             pool = t["pool"]
-            if pool is not None:
+            # A disabled or removed tag's pool is empty on purpose: no supply series
+            # (they read 0 and paged as IdpoolPoolRunningDry).
+            if pool is not None and state not in ("disabled", "removed"):
                 depth.add_metric([tag], pool["depth"])
                 pool_ids.add_metric([tag], pool["ids"])
                 if pool["target_depth"] is not None:
@@ -101,6 +111,7 @@ class _SnapshotCollector:
                     rate.add_metric([tag, "cluster"], t["rate"]["cluster_ids_per_s"])
         yield from (issued, taken, returned, wasted, depth, pool_ids, target, supply, step, rate)
         yield runway
+        yield disabled
         yield from self._snowflake_metrics()
 
     def _snowflake_metrics(self) -> Iterator[Metric]:

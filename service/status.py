@@ -26,6 +26,8 @@ Snapshot = dict[str, Any]
 STORE_READS_SECONDS = 1.0  # scrapes within this long share one round of store reads
 MAX_CLUSTER_TAGS = 100  # rows of the cluster view's tag table: the page stays a few KB
 RUNWAY_SHORT_S = 7 * 86400  # a runway under a week is a problem (as in ops/alerts.yml)
+# What a tag's row says, not a fault: shown, never in red (status_page.py)
+QUIET_STATES = frozenset({"disabled", "removed", "exhausted"})
 
 
 @dataclass
@@ -36,6 +38,7 @@ class StoreView:
     rows: dict[str, TagRow] = field(default_factory=dict)
     pooled: dict[str, PoolSummary] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # store -> detail
+    rows_read: bool = False  # the ledger answered: a name without a row was removed
     nodes: list[dict[str, str]] = field(default_factory=list)  # live nodes' heartbeats
     cluster_tags: list[str] = field(default_factory=list)  # tags live nodes serve
 
@@ -60,6 +63,7 @@ async def read_stores(
         names = sorted(set(names).union(view.cluster_tags))
     try:
         view.rows = {row.tag: row for row in await ledger.list_tags(names)}
+        view.rows_read = True
     except StoreUnavailable as e:
         view.errors[e.store] = e.detail
     if pool is not None:
@@ -125,7 +129,18 @@ class StoreReadsCache:
 def tag_entries(node: Node | None, view: StoreView, names: Sequence[str]) -> list[dict[str, Any]]:
     """Per tag, its /status.json entry: what the stores said and, given a node,
     what that node holds and did (``idpool pool show`` has no node)."""
-    return [_tag(node, tag, view.rows.get(tag), view.pooled.get(tag)) for tag in names]
+    return [
+        _tag(node, tag, view.rows.get(tag), view.pooled.get(tag), view.rows_read) for tag in names
+    ]
+
+
+def tag_state(row: TagRow | None, rows_read: bool) -> str | None:
+    """enabled, disabled or removed (no row although the ledger answered); None
+    when the ledger could not be read. A disabled or removed tag is an operator's
+    doing, not an outage: its pool figures are left out of /metrics (no page)."""
+    if row is None:
+        return "removed" if rows_read else None
+    return "disabled" if row.disabled else "enabled"
 
 
 def assemble(
@@ -217,12 +232,15 @@ def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:
     return {
         "nodes": nodes,
         "tags": [
-            _cluster_tag(tag, view.rows.get(tag), view.pooled.get(tag)) for tag in view.cluster_tags
+            _cluster_tag(tag, view.rows.get(tag), view.pooled.get(tag), view.rows_read)
+            for tag in view.cluster_tags
         ],
     }
 
 
-def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> dict[str, Any]:
+def _cluster_tag(
+    tag: str, row: TagRow | None, pooled: PoolSummary | None, rows_read: bool = True
+) -> dict[str, Any]:
     stats = {} if pooled is None else pooled.stats
     rate = float(stats["rate"]) if "rate" in stats else None
     ids = 0 if pooled is None else pooled.ids
@@ -230,9 +248,12 @@ def _cluster_tag(tag: str, row: TagRow | None, pooled: PoolSummary | None) -> di
     target = int(stats["target_depth"]) if "target_depth" in stats else None
     runway = runway_seconds(row, ids, rate)
     problems = []
-    if row is not None and row.disabled:
-        problems.append("disabled")
-    if depth is not None and target and depth < target / 2:
+    state = tag_state(row, rows_read)
+    if state in QUIET_STATES:
+        problems.append(str(state))
+    # A disabled, removed or exhausted tag has an empty pool on purpose: no refill.
+    serving = state not in QUIET_STATES and runway != 0
+    if serving and depth is not None and target and depth < target / 2:
         problems.append("supply under target")
     if runway is not None and runway < RUNWAY_SHORT_S:
         problems.append("exhausted" if runway == 0 else "runway short")
@@ -263,6 +284,7 @@ def _tag(
     tag: str,
     row: TagRow | None,
     pooled: PoolSummary | None,
+    rows_read: bool = True,
 ) -> dict[str, Any]:
     counters = None if node is None else node.stats.tags.get(tag)
     buf = None if node is None else node.buffers.get(tag)
@@ -280,6 +302,7 @@ def _tag(
         "start_id": None if row is None else row.start_id,
         "max": None if row is None else row.max,
         "disabled": None if row is None else row.disabled,
+        "state": tag_state(row, rows_read),
         "runway_s": None,
         "buffer": described,
         "pool": None,

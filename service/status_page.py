@@ -12,7 +12,7 @@ from collections.abc import Callable
 from html import escape
 from typing import Any
 
-from .status import RUNWAY_SHORT_S, Snapshot, runway_text
+from .status import QUIET_STATES, RUNWAY_SHORT_S, Snapshot, runway_text
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1b1f24;background:#fafbfc}
@@ -21,7 +21,12 @@ table{border-collapse:collapse;background:#fff}td,th{border:1px solid #d0d7de;pa
 text-align:right}th{background:#f0f3f6}td.l,th.l{text-align:left}.up{color:#1a7f37}
 .down{color:#cf222e;font-weight:600}.muted{color:#6e7781}.warn{background:#fff8c5}
 svg{background:#fff;border:1px solid #d0d7de}
+.wide{overflow-x:auto;max-width:100%}.wide td,.wide th{padding:3px 5px;font-size:13px}
+td.w{overflow-wrap:anywhere;min-width:5em}td.chart{min-width:204px}
 """
+# .wide: a table wider than the window scrolls inside its box, never the page; long
+# ranges, formats and names wrap (overflow-wrap) first, so the IDs/s chart (a
+# fixed 200 px column) stays in view: the tag table was over 1,400 px and cut it.
 
 
 def _cell(value: Any, field: str, cls: str = "") -> str:
@@ -42,7 +47,7 @@ def _bounded(t: dict[str, Any]) -> bool:
     return t.get("max") is not None or t.get("max_id") is None
 
 
-def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) -> str:
+def _chart(history: list[dict[str, float]], width: int = 200, height: int = 48) -> str:
     if len(history) < 2:
         return '<span class="muted">collecting</span>'
     top = max(p["ids_per_s"] for p in history) or 1.0
@@ -61,7 +66,10 @@ def _chart(history: list[dict[str, float]], width: int = 240, height: int = 48) 
 def _problems(problems: list[str], field: str) -> str:
     if not problems:
         return f'<td class="l up" data-field="{escape(field)}">ok</td>'
-    return f'<td class="l down" data-field="{escape(field)}">{escape(", ".join(problems))}</td>'
+    # disabled, removed, exhausted: what an operator did or a bound says, not an outage
+    klass = "muted" if QUIET_STATES.issuperset(problems) else "down"
+    text = escape(", ".join(problems))
+    return f'<td class="l {klass}" data-field="{escape(field)}">{text}</td>'
 
 
 def _cluster(snap: Snapshot) -> str:
@@ -101,15 +109,16 @@ def _cluster(snap: Snapshot) -> str:
             + "</tr>"
         )
     return (
-        f"<h2>Cluster: {len(view['nodes'])} live nodes</h2><table>"
+        f"<h2>Cluster: {len(view['nodes'])} live node{'s' * (len(view['nodes']) != 1)}</h2>"
+        "<table>"
         '<tr><th class="l">node</th><th>pid</th><th>version</th><th>started (UTC)</th>'
         '<th>seen s ago</th><th>tags</th><th class="l">state</th><th></th></tr>'
         f"{''.join(nodes)}</table>"
-        "<h2>Cluster tags</h2><table>"
+        "<h2>Cluster tags</h2><div class=wide><table>"
         '<tr><th class="l">tag</th><th>max_id</th><th>max</th><th>pool ranges/target</th>'
         "<th>pool minutes</th><th>IDs/s</th><th>returned</th>"
         '<th class="l">wasted (why)</th><th>runway</th><th class="l">state</th></tr>'
-        f"{''.join(tags)}</table>"
+        f"{''.join(tags)}</table></div>"
     )
 
 
@@ -155,13 +164,13 @@ def render(snap: Snapshot) -> str:
         pool = t["pool"] or {}
         rows.append(
             "<tr>"
-            + _cell(t["tag"], f"{p}.tag", "l")
+            + _cell(t["tag"], f"{p}.tag", "l w")
             + _cell(t["kind"], f"{p}.kind", "l")
-            + _cell(t.get("format"), f"{p}.format", "l")
-            + _cell(buf.get("current"), f"{p}.buffer.current", "l")
+            + _cell(t.get("format"), f"{p}.format", "l w")
+            + _cell(buf.get("current"), f"{p}.buffer.current", "l w")
             + _cell(buf.get("used"), f"{p}.buffer.used")
             + _cell(buf.get("remaining"), f"{p}.buffer.remaining")
-            + _cell(buf.get("next"), f"{p}.buffer.next", "l")
+            + _cell(buf.get("next"), f"{p}.buffer.next", "l w")
             + _cell(pool.get("depth"), f"{p}.pool.depth")
             + _cell(pool.get("ids"), f"{p}.pool.ids")
             + _cell(pool.get("minutes_of_supply"), f"{p}.pool.minutes_of_supply")
@@ -170,7 +179,7 @@ def render(snap: Snapshot) -> str:
             + _runway_cell(t.get("runway_s"), f"{p}.runway_s", _bounded(t))
             + _cell(t["counters"]["ids_issued"], f"{p}.counters.ids_issued")
             + _cell(t["rate"]["node_ids_per_s"], f"{p}.rate.node_ids_per_s")
-            + f'<td class="l">{_chart(t["history"])}</td>'
+            + f'<td class="l chart">{_chart(t["history"])}</td>'
             + "</tr>"
         )
     head = (
@@ -201,7 +210,7 @@ def render(snap: Snapshot) -> str:
         '<a href="/status.json">/status.json</a> and <a href="/metrics">/metrics</a></div>'
         f"<h2>Stores</h2><ul>{stores}</ul>"
         f"{_cluster(snap)}"
-        f"<h2>Tags at this node</h2><table>{head}{''.join(rows)}</table>"
+        f"<h2>Tags at this node</h2><div class=wide><table>{head}{''.join(rows)}</table></div>"
         f"{_more(len(snap['tags']))}"
         "</body></html>"
     )

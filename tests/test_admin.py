@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from starlette.testclient import TestClient
@@ -300,3 +301,17 @@ def test_remove_a_tag_for_good_and_add_it_again_above_all_it_issued(
         assert admin.get(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["tokens"] == []
     with TestClient(create_app(settings)) as node:  # (this one remembers the name as unknown)
         assert node.get(f"/id/{tag}").text == "41"  # open again: its tokens went with it
+
+
+def test_a_tokens_created_at_is_the_instant_with_its_time_zone(
+    admin: TestClient, settings: Settings, tag: str
+) -> None:
+    """Issue 29: created_at came back as the server's local time with no zone."""
+    add_tag(settings, tag)
+    before = datetime.now(UTC)
+    made = admin.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()
+    listed = admin.get(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["tokens"]
+    for shown in (made["created_at"], listed[0]["created_at"]):
+        at = datetime.fromisoformat(shown)
+        assert at.utcoffset() is not None, shown  # says its zone
+        assert abs((at - before).total_seconds()) < 60, (shown, before)

@@ -163,13 +163,16 @@ def test_tag_created_after_start_is_served(
     assert client.get(f"/id/{tag}").text == "1"
 
 
-def test_unknown_tag_is_404_with_a_hint(client: TestClient) -> None:
+def test_unknown_tag_is_404_with_a_hint(client: TestClient, settings: Settings) -> None:
     r = client.get("/id/no_such_tag_here")
     assert r.status_code == 404
+    # Issue 29: the ledger named, so a tag added to another database is found out
+    database = settings.mysql_params().database
     assert r.json() == {
         "error": "unknown_tag",
-        "message": "tag 'no_such_tag_here' does not exist; create it with "
-        "`idpool tag add no_such_tag_here`",
+        "message": "tag 'no_such_tag_here' does not exist in this node's ledger, MySQL "
+        f"database {database!r} at 127.0.0.1:3306; create it there with "
+        "`idpool tag add no_such_tag_here` (same IDPOOL_MYSQL_URL as this node)",
     }
 
 
@@ -419,6 +422,24 @@ def test_a_bounded_tag_stops_at_its_max_with_503_for_itself_only(
         entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
         assert entry["max"] == js_max and entry["runway_s"] == 0.0
         assert f'idpool_tag_runway_seconds{{tag="{tag}"}} 0.0' in c.get("/metrics").text
+
+
+def test_a_batch_over_what_a_bounded_tag_has_left_says_how_many_are_left(
+    settings: Settings, tag: str
+) -> None:
+    """Issue 29: a batch bigger than the rest answered 503 tag_exhausted ("has run
+    out") while IDs remained. A batch is all or nothing: 400 naming what is left."""
+    add_tag(settings, tag, step=10, end_id=21)  # IDs 1..20
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/ids/{tag}", params={"count": 15}).json()["ids"] == list(range(1, 16))
+        over = c.get(f"/ids/{tag}", params={"count": 10})
+        assert over.status_code == 400 and over.json()["error"] == "bad_count", over.text
+        message = over.json()["message"]
+        assert "only 5 IDs" in message and "5 or fewer" in message
+        assert "run out" not in message
+        assert c.get(f"/ids/{tag}", params={"count": 5}).json()["ids"] == list(range(16, 21))
+        refused = c.get(f"/ids/{tag}", params={"count": 2})
+        assert refused.status_code == 503 and refused.json()["error"] == "tag_exhausted"
 
 
 def test_head_takes_no_id(client: TestClient, settings: Settings, tag: str) -> None:

@@ -1,17 +1,22 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pymysql
 import pytest
 
 from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout, lease_ms_of
 from idpool.pool.values import TagRow
+from ops.redis_cluster import ClusterNodeServer
 from ops.toolkit import env_with, free_port
+
+from .conftest import MYSQL_SERVER, new_name
 
 
 def idpool(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -73,6 +78,22 @@ def test_unreachable_stores_name_the_variable(settings: Settings) -> None:
     assert r.returncode == 3 and "IDPOOL_MYSQL_URL" in r.stderr
     r = idpool(settings, "pool", "show", IDPOOL_REDIS_URL=f"redis://127.0.0.1:{port}/0")
     assert r.returncode == 3 and "IDPOOL_REDIS_URL" in r.stderr
+
+
+def test_a_plain_url_at_a_redis_cluster_node_is_refused_at_start(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Issue 29: redis:// at a Cluster node started "ready" and answered every
+    request 503 MovedError (each tag's keys are in another node's slot)."""
+    node = ClusterNodeServer(tmp_path / "redis", "--cluster-enabled", "yes").start()
+    try:
+        serve = ("serve", "--port", str(free_port()))
+        r = idpool(settings, *serve, IDPOOL_REDIS_URL=node.url)
+    finally:
+        node.kill9()
+    assert r.returncode == 2, r.stderr
+    assert "Redis Cluster" in r.stderr and "redis+cluster://" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_bad_setting_names_the_variable(settings: Settings) -> None:
@@ -391,3 +412,91 @@ def test_snowflake_tag_refuses_start_and_step_and_records_its_lease(
     made = asyncio.run(row())
     assert (made.start_id, made.step, made.max_id) == (1, 1, 1)  # nothing moved
     assert lease_ms_of(made.layout) == 7000  # the adder's IDPOOL_WORKER_LEASE_SECONDS
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(settings: Settings, tag: str) -> None:
+    """Issue 29: `idpool tag list | head -1` (and pool show, status) ended in a
+    BrokenPipeError traceback. Here the pipe's read end is closed before idpool
+    writes a byte, so every write meets EPIPE."""
+    assert idpool(settings, "tag", "add", tag).returncode == 0
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+    )
+    for command in (("tag", "list"), ("pool", "show"), ("status",)):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            ran = subprocess.run(
+                [sys.executable, "-m", "idpool.service.cli", *command],
+                stdout=write, stderr=subprocess.PIPE, env=env, text=True, timeout=60,
+            )  # fmt: skip
+        finally:
+            os.close(write)
+        assert ran.stderr == "", (command, ran.stderr)
+        assert ran.returncode == 141, command  # as a command killed by SIGPIPE
+
+
+def test_conflicting_kind_flags_are_refused(settings: Settings, tag: str) -> None:
+    """Issue 29: --strict --snowflake (either order) and --kind segment --strict made
+    a strict tag with rc 0; the admin API refuses the same request."""
+    for flags in (
+        ("--strict", "--snowflake"),
+        ("--snowflake", "--strict"),
+        ("--kind", "segment", "--strict"),
+        ("--kind", "strict", "--snowflake"),
+    ):
+        r = idpool(settings, "tag", "add", tag, *flags)
+        assert r.returncode == 2 and "name different kinds: give one" in r.stderr, (flags, r)
+    listed = idpool(settings, "tag", "list")
+    assert tag not in listed.stdout  # nothing was made
+    agreeing = idpool(settings, "tag", "add", tag, "--kind", "strict", "--strict")
+    assert agreeing.returncode == 0 and "kind strict" in agreeing.stdout, agreeing
+
+
+def test_a_snowflake_tag_in_embedded_mode_is_refused_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IDPOOL_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "idpool.service.cli", "tag", "add", "sf", "--snowflake",
+         "--embedded"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "snowflake tags need Redis" in r.stderr
+
+
+def test_listings_keep_their_columns_and_count_in_words(settings: Settings, tag: str) -> None:
+    """Issue 29: "1 tags"; snowflake rows of `tag list` out of the columns; `pool
+    show` gave a snowflake tag step 1; a token's time without its zone. A ledger
+    of its own: the shared one holds the tags of other tests."""
+    database = new_name("idpool_listing_")
+    settings = settings.with_changes(mysql_url=f"{MYSQL_SERVER}/{database}")
+    try:
+        _listings(settings, tag)
+    finally:
+        conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{database}`")
+        conn.close()
+
+
+def _listings(settings: Settings, tag: str) -> None:
+    flake = tag + "sf"
+    assert idpool(settings, "tag", "add", tag).returncode == 0
+    assert idpool(settings, "tag", "add", flake, "--snowflake").returncode == 0
+    listed = idpool(settings, "tag", "list").stdout.splitlines()
+    assert "-- kind segment: 1 tag" in listed and "-- kind snowflake: 1 tag" in listed
+    header = listed[0]
+    rows = {line.split()[0]: line for line in listed if line.startswith(tag)}
+    for name in (tag, flake):  # the state column ends where its heading ends
+        state = "enabled"
+        assert rows[name].index(state) + len(state) == header.index("state") + len("state")
+    assert rows[flake].split()[1:6] == ["-"] * 5
+    shown = idpool(settings, "pool", "show").stdout.splitlines()
+    (row,) = [line.split() for line in shown if line.startswith(flake)]
+    assert row[1:8] == ["-"] * 7 and "snowflake: no pool" in " ".join(row)
+    assert idpool(settings, "tag", "token", "add", tag).returncode == 0
+    tokens = idpool(settings, "tag", "token", "list", tag).stdout
+    assert tokens.rstrip().endswith(" UTC"), tokens

@@ -8,6 +8,7 @@ then be handed out once or be back in the list.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import subprocess
@@ -603,3 +604,36 @@ def test_a_client_exiting_while_another_thread_takes_returns_only_unused_ids(
     issued = set(handed)
     for s, e in ledger_and_pool(settings, tag)[2]:  # a lease in flight at exit may be waste
         assert not issued.intersection(range(s, e)), f"{s}-{e - 1} is in the list, and handed out"
+
+
+class _NotANode(http.server.BaseHTTPRequestHandler):
+    """Some other web server: 404 with its own page, as most answer a path they lack."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        body = b"<html><body>Not Found</body></html>"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_server_that_is_not_an_idpool_node_is_named_as_such() -> None:
+    """Issue 29: a client pointed at another web server said `answered 404 None: None`."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotANode)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(IdPoolUnavailable) as raised:
+            IdPoolClient([url], return_at_exit=False).next_id("orders")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    message = str(raised.value)
+    assert f"{url} is not an idpool node" in message and "HTTP 404" in message, message
+    assert "Not Found" in message and "None" not in message

@@ -112,8 +112,12 @@ def test_a_client_that_cannot_renew_stops_before_its_lease_could_expire(
             time.sleep(0.01)
         # the deadline, and at most one time unit's run past it (a unit chosen in time)
         time.sleep(max(0.0, killed + 1.5 + 0.1 - time.monotonic()))
-        with pytest.raises(SnowflakeStopped):
+        with pytest.raises(SnowflakeStopped) as stopped:
             ids.next_id(tag)  # stopped before Redis could let the lease go
+    # Issue 29: the message named neither the tag nor why the lease ran out
+    message = str(stopped.value)
+    assert f"tag {tag!r}, worker ID " in message and "not renewed in time" in message
+    assert "the last renewal failed: renewal: every idpool node failed" in message, message
 
 
 def fake_node(client: SnowflakeClient, epoch_ms: int) -> None:

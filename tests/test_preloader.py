@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Sequence
 
@@ -279,3 +280,28 @@ async def test_a_preloader_frozen_past_its_lease_claims_and_pushes_nothing_more(
     assert report.pushed == [] and [r.to_text() for r in report.abandoned] == ["21-30", "31-40"]
     assert await redis_pool.depth(tag) == 0 and not stale.leading
     assert stale.waste.of(tag)["lease_lost"] == 20
+
+
+async def test_a_tag_disabled_removed_or_run_out_since_the_sweep_is_skipped_quietly(
+    settings: Settings,
+    ledger: Ledger,
+    redis_pool: RedisPool,
+    tag: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 29: the sweep's cached row still said enabled, the claim was refused,
+    and the preloader logged event=preload_failed reason='X' every tick until the
+    next sweep: an operator's disable or remove read as an outage."""
+    pre = Preloader(settings.with_changes(pool_depth=2), ledger, redis_pool)
+    disabled, removed, full = f"{tag}d", f"{tag}r", f"{tag}f"
+    rows = [await ledger.add_tag(t, step=10, start=1) for t in (disabled, removed)]
+    rows.append(await ledger.add_tag(full, step=10, start=1, end_id=11))
+    await ledger.set_disabled(disabled, True)
+    await ledger.remove_tag(removed)
+    await ledger.claim(full, 10)  # every ID of the bounded tag claimed elsewhere
+    caplog.set_level(logging.INFO, logger="idpool.preloader")
+    reports = [await pre.refill_tag(row) for row in rows]  # the rows as cached before
+    assert [r.skipped for r in reports] == ["disabled", "removed", "exhausted"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "event=preload_failed" not in caplog.text
+    assert all(not r.pushed for r in reports)

@@ -132,3 +132,11 @@ def test_a_bad_store_url_never_shows_its_password(name: str, url: str) -> None:
     with pytest.raises(ConfigError, match=name) as refused:
         Settings.from_env({name: url})
     assert "Zq9" not in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+def test_the_ledger_is_named_without_its_password() -> None:
+    mysql = Settings(mysql_url="mysql://app:hunter2@db1:3307/orders_ledger")
+    assert mysql.ledger_shown() == "MySQL database 'orders_ledger' at db1:3307"
+    assert "hunter2" not in mysql.ledger_shown()
+    sqlite = Settings(mysql_url="sqlite:///var/lib/idpool/idpool.db")
+    assert sqlite.ledger_shown() == "SQLite file /var/lib/idpool/idpool.db"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import os
 import re
 import shutil
@@ -21,6 +23,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.status import StoreReadsCache, StoreView
+from idpool.service.status_page import render
 from ops.toolkit import NodeProcess, env_with
 
 from .test_app import add_tag
@@ -348,3 +351,55 @@ def test_cluster_view_shows_every_live_node_and_a_draining_one(
     assert sorted(states) == ["draining", "ok", "ok"]
     assert re.search(r'class="l down" data-field="cluster\.nodes\.\d+\.problems">draining', dom)
     assert "Updated" in dom
+
+
+def _busy_tag(name: str, fmt: str | None) -> dict[str, object]:
+    """A /status.json tag entry with the widest values a tag can show."""
+    now = time.time()
+    history = [{"t": now - 600 + i * 10, "ids_per_s": 1000.0 + (i % 7) * 300} for i in range(60)]
+    return {
+        "tag": name, "kind": "segment", "format": fmt, "step": 100_000,
+        "max_id": 9_223_372_036_854_000_000, "start_id": 1, "max": 9_007_199_254_740_991,
+        "disabled": False, "state": "enabled", "runway_s": 123_456_789.0,
+        "buffer": {"current": "9223372036853000000-9223372036853099999", "used": 12_345,
+                   "remaining": 87_654, "next": "9223372036853100000-9223372036853199999"},
+        "pool": {"depth": 10, "ids": 1_000_000, "head": "x", "target_depth": 10,
+                 "minutes_of_supply": 12.5},
+        "rate": {"node_ids_per_s": 1234.5, "cluster_ids_per_s": 2345.6}, "history": history,
+        "counters": {"ids_issued": 123_456_789_012, "ranges_from_pool": 1,
+                     "ranges_from_ledger": 1, "ids_returned": 0, "ids_wasted": {}},
+    }  # fmt: skip
+
+
+MEASURE = """<script>
+const charts = [...document.querySelectorAll("svg")].map(s => s.getBoundingClientRect().right);
+document.body.setAttribute("data-measured", JSON.stringify(
+  {page: document.documentElement.scrollWidth, view: window.innerWidth, charts}));
+</script>"""
+
+
+def test_the_tag_table_fits_a_1400_px_window_with_its_chart(tmp_path: Path) -> None:
+    """Issue 29: the per-node table was wider than 1,400 px and cut the IDs/s chart."""
+    assert CHROMIUM, "chromium is not installed (the Makefile's test target installs it)"
+    snap = {
+        "updated_at": time.time(),
+        "node": {"addr": "127.0.0.1:8001", "pid": 1, "uptime_s": 1.0, "draining": False},
+        "stores": {"mysql": {"up": True, "error": None}},
+        "cluster": {"nodes": [], "tags": []},
+        "tags": [_busy_tag("orders_eu_west_production", "INV-{date:%Y%m%d}-{id:06d}"),
+                 _busy_tag("users", None)],
+    }  # fmt: skip
+    page = tmp_path / "status.html"
+    page.write_text(render(snap).replace("</body>", MEASURE + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--window-size=1400,900", f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run(
+        [CHROMIUM, *flags, "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    found = re.search(r'data-measured="([^"]+)"', dom)
+    assert found, dom[-500:]
+    measured = json.loads(html.unescape(found.group(1)))
+    assert measured["page"] <= measured["view"], measured  # no sideways scroll of the page
+    assert len(measured["charts"]) == 2
+    assert all(right <= measured["view"] for right in measured["charts"]), measured

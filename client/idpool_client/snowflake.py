@@ -247,6 +247,13 @@ class _Held:
         self.gen = gen
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.renew_failed: str | None = None  # why the last renewal did not land, if so
+
+    def stopped(self, e: SnowflakeStopped) -> SnowflakeStopped:
+        """``e`` naming the tag, the worker ID and, for a lease run out, why the
+        renewals failed (the generator knows neither)."""
+        why = f"{e}; the last renewal failed: {self.renew_failed}" if self.renew_failed else e
+        return SnowflakeStopped(f"tag {self.tag!r}, worker ID {self.worker}: {why}")
 
 
 def _default_holder() -> str:
@@ -383,11 +390,11 @@ class SnowflakeClient:
                         if self._closed or held.gen.lost is not None:
                             end()
                         return value
-            except SnowflakeStopped:
+            except SnowflakeStopped as e:
                 self._runs.pop(tag, None)
                 self._run_ends.pop(tag, None)
                 if held.gen.lost is None or self._closed:
-                    raise
+                    raise held.stopped(e) from None
                 # Lost (a renewal refused): forget it; the next round asks for a
                 # new worker ID. Its IDs start above every unit this one used (its
                 # floor from the node may be lower: a lower worker ID in the same
@@ -450,8 +457,10 @@ class SnowflakeClient:
                     if self._held.get(held.tag) is held and (end := self._run_ends.get(held.tag)):
                         end()
                 return
-            except IdPoolError:
+            except IdPoolError as e:
+                held.renew_failed = str(e)
                 continue  # not renewed: the generator stops on its own deadline
+            held.renew_failed = None
             # The deadline counts from the TTL this renewal gave (the lease's own,
             # recorded at its grant), never a longer one of this client's.
             # Not the larger of that and the last deadline: a node older than recorded

@@ -202,6 +202,9 @@ class Transport:
             except (OSError, http.client.HTTPException, ValueError) as e:
                 failures.append((server.url, f"{type(e).__name__}: {e}"))
                 continue
+            if body.get("error") == _NOT_IDPOOL:  # another URL may be a node
+                failures.append((server.url, str(body["message"])))
+                continue
             if status >= 500:
                 why = f"{status} {body.get('error')}: {body.get('message')}"
                 failures.append((server.url, why))
@@ -246,10 +249,25 @@ class Transport:
             raw = resp.read()
         finally:
             conn.close()
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = {"error": "not_json", "message": raw[:200].decode(errors="replace")}
-        if not isinstance(body, dict):
-            body = {"error": "not_json", "message": repr(body)[:200]}
-        return resp.status, body
+        return resp.status, _body(server.url, resp.status, raw)
+
+
+_NOT_IDPOOL = "not_idpool"  # no node sends it: the client's own word for a stranger
+
+
+def _body(url: str, status: int, raw: bytes) -> dict[str, Any]:
+    """The answer's JSON object. An error answer without idpool's ``error`` and
+    ``message`` came from something else at that URL (another service, a proxy's
+    page): said so, with what it answered, rather than "404 None: None"."""
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and (status < 400 or isinstance(body.get("error"), str)):
+        return body  # a JSON object; a refusal with its code
+    shown = raw[:120].decode(errors="replace").strip() or "an empty body"
+    return {
+        "error": _NOT_IDPOOL,
+        "message": f"{url} is not an idpool node (check the server URL): it answered "
+        f"HTTP {status} with {shown!r}",
+    }

@@ -16,12 +16,19 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from idpool.pool.errors import ConfigError, StoreUnavailable
+from idpool.pool.errors import ConfigError, InvalidInput, StoreUnavailable
 from idpool.pool.settings import Settings
 
 from ..metrics import VERSION
 from . import serve, status, tag
-from .common import EMBEDDED_FILE, EXIT_CANNOT_LISTEN, EXIT_UNAVAILABLE, EXIT_USAGE, common_options
+from .common import (
+    EMBEDDED_FILE,
+    EXIT_BROKEN_PIPE,
+    EXIT_CANNOT_LISTEN,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    common_options,
+)
 from .logs import logging_config
 
 Command = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -53,10 +60,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _choose_ledger(Settings.from_env(), args.embedded)
         if args.command == "serve":
             return serve.serve(settings, args)
-        return asyncio.run(_COMMANDS[args.command](settings, args))
+        code = asyncio.run(_COMMANDS[args.command](settings, args))
+        sys.stdout.flush()  # here, where a reader gone is caught, not at exit
+        return code
     except ConfigError as e:
         print(f"idpool: configuration error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except InvalidInput as e:  # what a command did not refuse itself: no traceback
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # `idpool tag list | head -1`: the reader left. Python's docs' recipe: point
+        # stdout at devnull so the flush at exit cannot raise again, and exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except StoreUnavailable as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE

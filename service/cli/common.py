@@ -14,6 +14,7 @@ from .logs import LOG_LEVELS
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_CANNOT_LISTEN = 4
+EXIT_BROKEN_PIPE = 141  # as a command killed by SIGPIPE (128 + 13) says to a shell
 EMBEDDED_FILE = "idpool.db"  # `--embedded` without a sqlite: IDPOOL_MYSQL_URL: in the working dir
 
 
@@ -94,3 +95,8 @@ def common_options(parser: argparse.ArgumentParser, default: object) -> None:
 
 def show(value: object) -> str:
     return "-" if value is None else str(value)
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 tag``, ``2 tags``, ``0 ranges``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

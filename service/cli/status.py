@@ -11,7 +11,7 @@ from idpool.pool.stores import open_stores
 
 from ..node import node_ttl
 from ..status import cluster, read_stores, runway_text, tag_entries
-from .common import show
+from .common import counted, show
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -38,6 +38,10 @@ async def pool_show(settings: Settings, args: argparse.Namespace) -> int:
         f"{'IDs/s':>9} {'minutes':>8}  head range"
     )
     for t in entries:
+        if t["kind"] == "snowflake":  # made in memory from a leased worker ID: no pool
+            print(f"{t['tag']:<20} {'-':>9} {'-':>14} {'-':>6} {'-':>6} {'-':>12} {'-':>9} "
+                  f"{'-':>8}  (snowflake: no pool; see `idpool tag list`)")  # fmt: skip
+            continue
         pooled = t["pool"] or {}
         rate = t["rate"].get("cluster_ids_per_s")
         print(
@@ -61,7 +65,8 @@ async def status(settings: Settings, args: argparse.Namespace) -> int:
     shown = cluster(view)
     for store, detail in view.errors.items():
         print(f"! {store} down: {detail}")
-    print(f"{len(shown['nodes'])} live nodes (as of {time.strftime('%Y-%m-%d %H:%M:%S')})")
+    now = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{counted(len(shown['nodes']), 'live node')} (as of {now})")
     print(f"  {'node':<24} {'pid':>8} {'version':>8} {'seen':>6} {'tags':>5}  state")
     for n in shown["nodes"]:
         state = ", ".join(n["problems"]) or "serving"

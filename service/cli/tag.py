@@ -15,10 +15,7 @@ from idpool_client.formats import RESETS
 
 from idpool.pool.claims import disable_tag, enable_tag, move_start
 from idpool.pool.errors import (
-    FormatChanged,
     InvalidInput,
-    KindKept,
-    NameUsedBefore,
     StartAboveMax,
     StartBelowIssued,
     StartOnReset,
@@ -40,7 +37,7 @@ from ..kinds import KINDS, SEGMENT
 from ..snowflake import SNOWFLAKE, check_range_change, check_removable
 from ..status import runway_seconds, runway_text
 from ..tag_fields import check_int, new_tag
-from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, flag, integer, show, tag_arg
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, counted, flag, integer, show, tag_arg
 
 
 def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -61,8 +58,9 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     )
     add.add_argument(
         "--kind",
-        default=SEGMENT,
-        help=f"how its IDs are made: {', '.join(KINDS)} (default: {SEGMENT})",
+        default=None,
+        help=f"how its IDs are made: {', '.join(KINDS)} (default: {SEGMENT}); "
+        "--strict and --snowflake name a kind too: give one",
     )
     add.add_argument(
         "--strict",
@@ -179,16 +177,34 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         await ledger.close()
 
 
+def _kind_named(args: argparse.Namespace) -> str | None:
+    """The one kind --kind, --strict and --snowflake name; raises InvalidInput when
+    they name two (the admin API refuses {"kind": ..., "strict": true} alike)."""
+    named = {"--kind": args.kind, "--strict": "strict" if args.strict else None}
+    named["--snowflake"] = SNOWFLAKE if args.snowflake else None
+    given = {flag_: kind for flag_, kind in named.items() if kind is not None}
+    if len(set(given.values())) > 1:
+        shown = " and ".join(f"--kind {k}" if f == "--kind" else f for f, k in given.items())
+        raise InvalidInput(
+            "bad_kind", f"{shown} name different kinds: give one (a tag's kind never changes)"
+        )
+    return next(iter(given.values()), None)
+
+
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
     fields: dict[str, object] = {"tag": args.tag, "description": args.description}
     if args.start is not None:
         fields["start"] = args.start  # given: a snowflake tag refuses it
-    fields.update(max=args.max, kind="snowflake" if args.snowflake else args.kind)
-    fields.update(format=args.format, reset=args.reset, obfuscate=args.obfuscate)
-    if args.strict:
-        fields["strict"] = True
-        if args.kind == SEGMENT:
-            del fields["kind"]  # the default: --strict alone decides
+    try:
+        kind = _kind_named(args)
+    except InvalidInput as e:
+        print(f"idpool: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    fields.update(max=args.max, format=args.format, reset=args.reset, obfuscate=args.obfuscate)
+    if kind == "strict":
+        fields["strict"] = True  # as --strict alone always said it
+    else:
+        fields["kind"] = kind or SEGMENT
     if args.step is not None:
         fields["step"] = args.step
     for field in ("layout", *LAYOUT_FIELDS):
@@ -209,7 +225,7 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     except TagExists:
         print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
         return EXIT_USAGE
-    except (FormatChanged, NameUsedBefore, KindKept) as e:
+    except InvalidInput as e:  # FormatChanged, NameUsedBefore, a kind the mode cannot serve
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
@@ -256,14 +272,15 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
     # Grouped by kind, each group under one line naming it: the rows keep their columns.
     for kind in sorted({row.kind for row in rows}, key=lambda k: (k != SEGMENT, k)):
         group = [row for row in rows if row.kind == kind]
-        print(f"-- kind {kind}: {len(group)} tags")
+        print(f"-- kind {kind}: {counted(len(group), 'tag')}")
         for row in group:
-            if row.kind == SNOWFLAKE:
+            if row.kind == SNOWFLAKE:  # the columns of a range; its layout under it
                 print(
-                    f"{row.tag:<24} {'grants ' + str(row.max_id - row.start_id):>20} "
-                    f"{_layout_text(row)}  "
-                    f"{'disabled' if row.disabled else 'enabled'}  {row.description}"
+                    f"{row.tag:<24} {'-':>20} {'-':>10} {'-':>12} {'-':>20} {'-':>10} "
+                    f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
                 )
+                grants = counted(row.max_id - row.start_id, "worker ID grant")
+                print(f"{'':<24} {_layout_text(row)}; {grants}")
                 continue
             found = pooled.get(row.tag)
             rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
@@ -362,7 +379,7 @@ async def _token(ledger: LedgerStore, args: argparse.Namespace) -> int:
     if not rows:
         print(f"{args.tag}: no tokens; served to anyone")
     for row in rows:
-        print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S}")
+        print(f"{row.token_id}  created {row.created_at:%Y-%m-%d %H:%M:%S} UTC")
     return 0
 
 
@@ -392,7 +409,8 @@ async def _toggle(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
         kept = "its period rows and their max_id are kept"
     print(
         f"{row.tag}: disabled (410 tag_disabled at every node within "
-        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {len(drained)} ranges wasted; {kept}"
+        f"IDPOOL_TAG_RELOAD_SECONDS); {ids} ready IDs in {counted(len(drained), 'range')} "
+        f"wasted; {kept}"
     )
     return 0
 
@@ -455,7 +473,7 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
     kept = "" if removed is None else f"; {_added_again(removed)}"
     print(
         f"{args.tag}: removed (404 unknown_tag at every node within "
-        f"IDPOOL_TAG_RELOAD_SECONDS); {sum(map(len, drained))} ready IDs in {len(drained)} "
-        f"ranges wasted{kept}"
+        f"IDPOOL_TAG_RELOAD_SECONDS); {sum(map(len, drained))} ready IDs in "
+        f"{counted(len(drained), 'range')} wasted{kept}"
     )
     return 0
