@@ -17,7 +17,10 @@ Fields of the hash:
   new incarnation was first seen); ``f``: the time floor of a worker ID with no
   field of its own (set with ``q``).
 * ``w:{n}``: ``"gen expires_ms last_ms holder hash ttl_ms"`` for worker ID n: the
-  lease's generation (0: free), when it expires unless renewed, the last time it
+  lease's generation (0: free), when it expires unless renewed (also the *ceiling*:
+  the grant and each renewal answer it, and the holder makes no ID with a later
+  time, so a new grant's floor, at or above it, is above every unit the holder may
+  have used whatever its clock did; it never moves earlier), the last time it
   may have used (renewals raise it; a new grant starts above it), who holds it,
   the SHA-256 of the lease's *secret* (none once free), and the lease's TTL:
   every renewal, through whichever node, extends by it (never by the caller's).
@@ -164,8 +167,9 @@ if not same(hash, ARGV[7]) then return {'wrong_secret', 'not the secret of this 
 -- A lease written before TTLs were recorded renews by the caller's TTL (as before).
 local ttl = tonumber(lttl ~= '' and lttl or ARGV[2])
 -- A last time far past this server's clock would keep the worker ID from everyone
--- until then (10^14 ms: the year 5138). No holder reaches it: its clock is less than
--- the margin ahead of this one, its last unit ends at most a unit (1 s) on.
+-- until then (10^14 ms: the year 5138). No holder reaches it: it makes no ID past the
+-- expiry this script answered it (its ceiling, <= now + ttl), its last unit ends at
+-- most a unit (1 s) on; whatever its clock does (a leap stops it at the ceiling).
 local bound = now + ttl + 1000
 if tonumber(ARGV[6]) > bound then
   return {'bad_last', tostring(bound)}

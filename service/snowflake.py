@@ -34,6 +34,7 @@ from idpool.pool.errors import (
 from idpool.pool.lease_store import fingerprint
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.snowflake import (
+    ClockAhead,
     ClockBehind,
     Generator,
     Layout,
@@ -113,6 +114,7 @@ class SnowflakeKind:
         self._refused: dict[str, str] = {}  # tag -> why the last grant failed
         self.clock_behind: Counter[str] = Counter()  # tag -> episodes of a large step back
         self._logged: dict[int, int] = {}  # id(generator) -> episodes logged
+        self._logged_ahead: dict[int, int | None] = {}  # id(generator) -> ceiling logged at
         self.closed = False
         self.ttl = node.worker_lease_seconds
         self.margin = node.worker_margin_seconds
@@ -184,6 +186,17 @@ class SnowflakeKind:
     def _take(self, gen: Generator) -> int | None:
         try:
             return gen.take()
+        except ClockAhead as e:
+            if self._logged_ahead.get(id(gen)) != gen.ceiling_ms:  # once per renewal
+                self._logged_ahead[id(gen)] = gen.ceiling_ms
+                logger.error(
+                    "event=clock_ahead tag=%s worker=%d ahead_ms=%d detail=%r",
+                    gen.tag,
+                    gen.worker,
+                    e.ahead_ms,
+                    "no snowflake ID past the worker lease's expiry (the clock leaped forward?)",
+                )
+            raise
         except ClockBehind as e:
             # once per episode, whichever path (fast or routed) met it first
             if self._logged.get(id(gen), 0) < gen.behind_events:
@@ -295,6 +308,9 @@ class SnowflakeKind:
             sent + grant.ttl_ms / 1000 - self.margin,
             clock_ms=self._clock_ms,
             monotonic=self._monotonic,
+            # No ID past the expiry the script recorded: the floor of every later
+            # holder of this worker ID is at or above it, whatever this clock does.
+            ceiling_ms=grant.expires_ms,
         )
         held = Held(grant, gen)
         old = self.held.get(tag)
@@ -337,6 +353,7 @@ class SnowflakeKind:
                 continue
             # The deadline counts from the TTL the renewal extended by (the lease's).
             gen.stop_at = max(gen.stop_at, sent + renewed.ttl_ms / 1000 - self.margin)
+            gen.cover(renewed.expires_ms)  # recorded in the field before this answer
         if self.generators.get(tag) is gen:
             del self.generators[tag]  # the next request asks for a new worker ID
 
@@ -370,6 +387,15 @@ class SnowflakeKind:
         behind = sorted(t for t, g in self.generators.items() if g.behind_ms)
         if behind:
             return f"the clock stepped back behind the last time used for snowflake tag(s) {behind}"
+        # Only while the lease holds: past its deadline (Redis unreachable) the clock
+        # passes the last expiry answered without having leaped.
+        now = self._monotonic()
+        ahead = sorted(t for t, g in self.generators.items() if now < g.stop_at and g.ahead_ms())
+        if ahead:
+            return (
+                "the clock is past the worker lease's expiry by the Redis server's clock "
+                f"(leaped forward?) for snowflake tag(s) {ahead}"
+            )
         return None
 
     def describe(self, tag: str) -> dict[str, Any] | None:
@@ -390,6 +416,7 @@ class SnowflakeKind:
             "lost": gen.lost,
             "clock_behind_ms": gen.behind_ms,
             "clock_behind_events": self.clock_behind[tag],
+            "clock_ahead_ms": gen.ahead_ms(),
             "layout": gen.layout.describe(),
         }
 

@@ -473,3 +473,49 @@ async def test_a_late_tag_add_keeps_the_quarantine_once_a_generation_was_claimed
     with pytest.raises(WorkerRefused) as q:
         await grant_now(redis_pool, tag, 2)  # B may still hold worker 0
     assert q.value.why == "quarantine"
+
+
+def test_a_clock_leaped_past_the_lease_makes_no_id_a_later_holder_makes_again(
+    settings: Settings, tag: str
+) -> None:
+    """Issue 28: a node whose wall clock leaps forward by more than the lease's
+    TTL and a second made IDs at the leaped time; its renewal carried that time,
+    was refused (bad_last) and recorded nothing, so its worker IDs came back with
+    floors at real time and a later holder made the same IDs when real time got
+    there (45,602 duplicates). The node now stops (503) at the lease's expiry as
+    the script recorded it; the later holder starts above that."""
+    s = settings.with_changes(
+        admin_token=TOKEN, worker_lease_seconds=1.0, worker_margin_seconds=0.2
+    )
+    leap = [0]
+    leaped: list[int] = []
+    refusals: list[str] = []
+    with TestClient(create_app(s)) as a:
+        add(a, tag, worker_bits=1, unit_ms=100)  # two worker IDs, 100 ms units
+        kind = a.app.node.kinds["snowflake"]  # type: ignore[attr-defined]
+        kind._clock_ms = lambda: wall_ms() + leap[0]  # this node's wall clock
+        before = int(a.get(f"/id/{tag}").text)  # granted with a good clock
+        leap[0] = 3_000  # NTP, an operator, a VM resumed: 3 s ahead (lease 1 s)
+        leaped_at = wall_ms()
+        while wall_ms() < leaped_at + 1_200:  # past several renewals
+            answer = a.get(f"/id/{tag}")
+            if answer.status_code == 200:
+                leaped.append(int(answer.text))
+            else:
+                refusals.append(answer.json()["message"])
+            time.sleep(0.01)
+        ready = a.get("/readyz")
+    seen = {before, *leaped}
+    later: list[int] = []
+    with TestClient(create_app(s)) as b:  # a node with a good clock, once A's leases expired
+        while wall_ms() < leaped_at + 1_200 + 3_000 + 300:  # real time past A's leaped times
+            answer = b.get(f"/id/{tag}")
+            if answer.status_code == 200:
+                later.append(int(answer.text))
+            time.sleep(0.01)
+    again = seen.intersection(later)
+    assert not again, f"{len(again)} IDs made again by a later holder of the leaped worker IDs"
+    assert later and not leaped, f"{len(leaped)} IDs made at the leaped time"
+    assert refusals and "past the worker lease's expiry" in refusals[-1]
+    assert ready.status_code == 503 and "leaped forward" in ready.json()["message"]
+
