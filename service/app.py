@@ -391,6 +391,9 @@ def _snowflakes(node: Node, tag: str, query: bytes, max_count: int) -> Answer | 
         or not query.startswith(b"count=")
         or not (digits.isdigit() and len(digits) <= 6)
         or not 1 <= (count := int(digits)) <= max_count
+        # over the tag's batch cap: the route's 400, before take_many used up the
+        # rest of the unit's sequence on a batch it then skips
+        or count > batch_limit(gen.layout)
     ):
         return None
     try:

@@ -519,3 +519,20 @@ def test_a_clock_leaped_past_the_lease_makes_no_id_a_later_holder_makes_again(
     assert refusals and "past the worker lease's expiry" in refusals[-1]
     assert ready.status_code == 503 and "leaped forward" in ready.json()["message"]
 
+
+def test_an_oversized_batch_on_the_fast_path_uses_none_of_the_units_sequence(
+    node: TestClient, tag: str
+) -> None:
+    """Issue 28: /ids with a count over the tag's batch cap (but under the node's)
+    went to take_many on the fast path first, which used up the rest of the
+    unit's sequence before the route's 400 bad_count."""
+    add(node, tag, sequence_bits=2, unit_ms=1000)  # 4 IDs per 1 s unit: at most 4 a batch
+    frozen = wall_ms() + 2_000  # unit 2 (unit 0, the epoch, is never used)
+    node.app.node.kinds["snowflake"]._clock_ms = lambda: frozen  # type: ignore[attr-defined]
+    node.get(f"/id/{tag}")  # granted (sequence 0 of the unit): the fast path from here
+    gen = node.app.node.snowflakes[tag]  # type: ignore[attr-defined]
+    refused = node.get(f"/ids/{tag}?count=5")
+    assert refused.status_code == 400 and refused.json()["error"] == "bad_count"
+    assert (gen.issued, gen.sequence) == (1, 0)  # nothing taken for it
+    rest = node.get(f"/ids/{tag}?count=3")  # the unit's other three are still there
+    assert rest.status_code == 200 and [i & 3 for i in rest.json()["ids"]] == [1, 2, 3]
