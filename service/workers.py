@@ -49,9 +49,8 @@ async def _checked(request: Request) -> tuple[Runtime, str]:
     run: Runtime = request.state.run
     if run.node.draining:
         raise Draining("node is shutting down")
-    await run.node.tags.lookup(tag)  # its tokens are read with it
-    if not auth.allowed(run.node.tags, tag, request):
-        raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    await run.node.tags.lookup(tag)  # its tokens are read with it (a fresh row: disabled?)
+    await auth.check_token(run.node.tags, tag, request)
     return run, tag
 
 

@@ -520,6 +520,29 @@ def test_a_clock_leaped_past_the_lease_makes_no_id_a_later_holder_makes_again(
     assert ready.status_code == 503 and "leaped forward" in ready.json()["message"]
 
 
+def test_decode_of_a_guarded_tag_needs_its_token_as_every_route_does(
+    node: TestClient, tag: str
+) -> None:
+    """Issue 28: GET /decode/{tag}/{id} decoded a guarded snowflake tag's IDs and
+    named a guarded tag's kind (not_decodable) without a token, where /id, /ids
+    and /worker answer 401."""
+    add(node, tag)
+    value = node.get(f"/id/{tag}").text
+    token = node.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+    refused = node.get(f"/decode/{tag}/{value}")
+    assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+    assert "snowflake" not in refused.text and "worker" not in refused.json()
+    assert refused.headers["www-authenticate"] == "Bearer"
+    mine = {"Authorization": f"Bearer {token}"}
+    assert node.get(f"/decode/{tag}/{value}", headers=mine).json()["kind"] == "snowflake"
+    assert node.get(f"/decode/{tag}/{value}?token={token}").status_code == 200
+    segment = f"{tag}s"
+    assert node.post("/admin/tags", json={"tag": segment}, headers=AUTH).status_code == 201
+    node.post(f"/admin/tags/{segment}/tokens", headers=AUTH)
+    hidden = node.get(f"/decode/{segment}/1")
+    assert hidden.status_code == 401 and "segment" not in hidden.text  # its kind unsaid
+
+
 def test_an_oversized_batch_on_the_fast_path_uses_none_of_the_units_sequence(
     node: TestClient, tag: str
 ) -> None:
