@@ -44,7 +44,7 @@ from idpool.pool.snowflake import (
     wall_ms,
 )
 from idpool.pool.values import TagRow
-from idpool.pool.worker_store import Grant, LastTooLate, WorkerRefused, WorkerStore
+from idpool.pool.worker_store import ClientCaps, Grant, LastTooLate, WorkerRefused, WorkerStore
 
 if TYPE_CHECKING:
     from idpool.pool.stores import LedgerStore
@@ -113,6 +113,9 @@ class SnowflakeKind:
         self._retry: dict[str, tuple[float, str]] = {}  # tag -> (no grant before, why)
         self._refused: dict[str, str] = {}  # tag -> why the last grant failed
         self.clock_behind: Counter[str] = Counter()  # tag -> episodes of a large step back
+        # (tag, why) -> grants refused here: "full" (every worker ID held), "capped"
+        # (a client over IDPOOL_WORKER_CLIENT_SHARE or _HOLDER_MAX), "quarantine"
+        self.refusals: Counter[tuple[str, str]] = Counter()
         self._logged: dict[int, int] = {}  # id(generator) -> episodes logged
         self._logged_ahead: dict[int, int | None] = {}  # id(generator) -> ceiling logged at
         self.closed = False
@@ -225,10 +228,13 @@ class SnowflakeKind:
             pending.add_done_callback(lambda _: self._granting.pop(tag, None))
         return await asyncio.shield(pending)
 
-    async def lease_worker(self, tag: str, holder: str) -> tuple[Grant, Layout, float]:
+    async def lease_worker(
+        self, tag: str, holder: str, caps: ClientCaps | None = None
+    ) -> tuple[Grant, Layout, float]:
         """A worker ID of ``tag`` for ``holder`` (this node, or a client through
-        POST /worker/{tag}), and the monotonic time the grant was sent (the
-        holder's lease runs from then). Raises WorkerLeaseLost naming why not."""
+        POST /worker/{tag}, bounded by ``caps``), and the monotonic time the grant
+        was sent (the holder's lease runs from then). Raises WorkerLeaseLost
+        naming why not. A client's refusal leaves this node's own grants be."""
         row = await self.node.tags.lookup(tag)
         if row.kind != SNOWFLAKE:
             raise InvalidInput("wrong_kind", f"tag {tag!r} is a {row.kind} tag, not snowflake")
@@ -254,6 +260,8 @@ class SnowflakeKind:
             await self.node.formatted.check_fence(tag)
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
+        if caps is not None:  # before the claim: a capped caller writes no ledger row
+            await self._client_room(tag, store, layout, holder, caps)
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
             # lease, which a renewal or release must show.
@@ -274,8 +282,12 @@ class SnowflakeKind:
                 holder=holder,
                 ttl_ms=ttl_ms,
                 quarantine_ms=quarantine_ms,
+                caps=caps,
             )
         except WorkerRefused as e:
+            self.refusals[(tag, e.why)] += 1
+            if e.why == "capped":
+                raise WorkerLeaseLost(tag, str(e)) from None
             raise self._refuse(tag, str(e), max(RETRY_SECONDS, e.retry_ms / 1000)) from None
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
@@ -291,6 +303,17 @@ class SnowflakeKind:
             fingerprint(grant.secret),  # never the secret: a log line cannot renew or release
         )
         return grant, layout, sent
+
+    async def _client_room(
+        self, tag: str, store: WorkerStore, layout: Layout, holder: str, caps: ClientCaps
+    ) -> None:
+        try:
+            await store.room(tag, workers=layout.workers, holder=holder, caps=caps)
+        except WorkerRefused as e:
+            self.refusals[(tag, e.why)] += 1
+            raise WorkerLeaseLost(tag, str(e)) from None
+        except StoreUnavailable as e:
+            raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
 
     def _refuse(self, tag: str, why: str, wait: float) -> WorkerLeaseLost:
         self._refused[tag] = why
@@ -400,11 +423,16 @@ class SnowflakeKind:
 
     def describe(self, tag: str) -> dict[str, Any] | None:
         held = self.held.get(tag)
+        refusals = {why: n for (t, why), n in self.refusals.items() if t == tag}
         if held is None:
             why = self._refused.get(tag)
-            return None if why is None else {"kind": SNOWFLAKE, "worker": None, "refused": why}
+            if why is None and not refusals:
+                return None
+            return {"kind": SNOWFLAKE, "worker": None, "refused": why, "refusals": refusals}
         gen = held.generator
         return {
+            # grants refused here, by why: "full" is a tag out of worker IDs
+            "refusals": refusals,
             "kind": SNOWFLAKE,
             "current": f"worker {gen.worker}",  # the status page's buffer column
             "used": gen.issued,

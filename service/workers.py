@@ -26,7 +26,13 @@ from starlette.routing import Route
 
 from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
 from idpool.pool.snowflake import WorkerLeaseLost
-from idpool.pool.worker_store import MAX_LAST_MS, Grant, LastTooLate, WorkerRefused
+from idpool.pool.worker_store import (
+    MAX_LAST_MS,
+    ClientCaps,
+    Grant,
+    LastTooLate,
+    WorkerRefused,
+)
 
 from . import auth
 from .errors import HttpRefusal, json_response
@@ -59,7 +65,8 @@ async def grant(request: Request) -> Response:
     holder = request.query_params.get("holder", "client")
     holder = "".join(c for c in holder[:64] if c.isalnum() or c in "-_.:") or "client"
     kind = _kind(run)
-    given, layout, _ = await kind.lease_worker(tag, holder)
+    caps = ClientCaps(run.settings.worker_client_share, run.settings.worker_holder_max)
+    given, layout, _ = await kind.lease_worker(tag, holder, caps)
     return json_response(
         {
             "tag": tag,

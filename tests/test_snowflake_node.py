@@ -216,7 +216,7 @@ def test_only_the_holder_can_renew_or_release_a_worker_lease(
     field = redis.Redis.from_url(settings.redis_url).hget(
         Keys(settings.redis_prefix).workers(tag), f"w:{got['worker']}"
     )
-    assert field is not None and b" victim " in field and secret.encode() not in field
+    assert field is not None and b" client:victim " in field and secret.encode() not in field
     assert node.post(f"/worker/{tag}/renew", json={**guessed, "secret": secret}).status_code == 200
     # The secret is the holder's alone: not in a log, the status page or the metrics.
     for page in ("/status", "/metrics", "/openapi.json"):
@@ -559,3 +559,44 @@ def test_an_oversized_batch_on_the_fast_path_uses_none_of_the_units_sequence(
     assert (gen.issued, gen.sequence) == (1, 0)  # nothing taken for it
     rest = node.get(f"/ids/{tag}?count=3")  # the unit's other three are still there
     assert rest.status_code == 200 and [i & 3 for i in rest.json()["ids"]] == [1, 2, 3]
+
+
+def max_id(node: TestClient, tag: str) -> int:
+    rows = node.get("/admin/tags", headers=AUTH).json()["tags"]
+    return int([t for t in rows if t["tag"] == tag][0]["max_id"])
+
+
+def test_clients_cannot_take_every_worker_id_of_a_tag_and_nodes_keep_serving(
+    settings: Settings, tag: str
+) -> None:
+    """Issue 28: one caller took 1,023 of a tag's 1,024 worker IDs in ~7 s through
+    POST /worker (no token on an open tag), a ledger row per grant, and nodes
+    then answered 503 to every /id. Clients now hold at most
+    IDPOOL_WORKER_CLIENT_SHARE of them (here half of 8), one holder name at most
+    IDPOOL_WORKER_HOLDER_MAX; a refused grant claims no generation, and the
+    refusals show in /status and /metrics."""
+    s = settings.with_changes(admin_token=TOKEN, worker_holder_max=2)
+    with TestClient(create_app(s)) as node:
+        add(node, tag, worker_bits=3)  # 8 worker IDs
+        mine = [node.post(f"/worker/{tag}?holder=greedy") for _ in range(3)]
+        assert [r.status_code for r in mine] == [200, 200, 503]
+        assert "IDPOOL_WORKER_HOLDER_MAX" in mine[2].json()["message"]
+        others = [node.post(f"/worker/{tag}?holder=greedy{i}") for i in range(4)]
+        assert [r.status_code for r in others] == [200, 200, 503, 503]
+        refused = others[-1].json()
+        assert refused["error"] == "worker_unavailable"
+        assert "IDPOOL_WORKER_CLIENT_SHARE" in refused["message"]
+        claimed = max_id(node, tag)
+        assert node.post(f"/worker/{tag}?holder=more").status_code == 503
+        assert max_id(node, tag) == claimed  # no generation claimed: no ledger write
+        assert node.get(f"/id/{tag}").status_code == 200  # the node's own worker ID
+        status = node.get("/status.json").json()
+        shown = [t for t in status["tags"] if t["tag"] == tag][0]["buffer"]
+        assert shown["refusals"] == {"capped": 4}
+        metrics = node.get("/metrics").text
+        assert (
+            f'idpool_snowflake_worker_refusals_total{{tag="{tag}",why="capped"}} 4.0' in metrics
+        )
+        body = {k: mine[0].json()[k] for k in ("worker", "generation", "secret")}
+        node.post(f"/worker/{tag}/release", json={**body, "last_ms": mine[0].json()["server_ms"]})
+        assert node.post(f"/worker/{tag}?holder=greedy").status_code == 200  # room again
