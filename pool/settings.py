@@ -169,6 +169,13 @@ class Settings:
     # between machines; docs/design.md, "Snowflake tags")
     worker_lease_seconds: float = 10.0
     worker_margin_seconds: float = 2.0
+    # IDPOOL_WORKER_CLIENT_SHARE: the most of a snowflake tag's worker IDs that
+    # clients (POST /worker, SnowflakeClient) hold at once; the rest stay for
+    # nodes, which serve /id (one caller took 1,023 of 1,024 before). At least one.
+    worker_client_share: float = 0.5
+    # IDPOOL_WORKER_HOLDER_MAX: the most worker IDs of one tag one holder name
+    # holds at once (a SnowflakeClient holds one per tag per process); 0: no cap
+    worker_holder_max: int = 4
     # IDPOOL_MAX_BODY_BYTES: largest request body a node reads (admin calls, lease
     # returns: a few hundred bytes); a larger one is refused with 413 unread
     max_body_bytes: int = 65_536
@@ -223,6 +230,11 @@ class Settings:
                 "IDPOOL_WORKER_MARGIN_SECONDS must be positive and under half of "
                 "IDPOOL_WORKER_LEASE_SECONDS",
             ),
+            (
+                0 < self.worker_client_share <= 1,
+                "IDPOOL_WORKER_CLIENT_SHARE must be above 0 and at most 1",
+            ),
+            (self.worker_holder_max >= 0, "IDPOOL_WORKER_HOLDER_MAX must be 0 or more"),
             (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
             (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
         ]

@@ -66,6 +66,22 @@ class WorkerLeaseLost(IdPoolError):
         self.why = why
 
 
+class ClockAhead(WorkerLeaseLost):
+    """The wall clock reads past the lease's expiry by the Redis server's clock
+    (``ceiling_ms``): a time the worker store has not recorded for this worker
+    ID, which it may grant again above its expiry. No ID until a renewal covers
+    it or the clock is set right (a leap forward beyond the lease)."""
+
+    def __init__(self, tag: str, ahead_ms: int) -> None:
+        super().__init__(
+            tag,
+            f"this machine's clock is {ahead_ms} ms past the worker lease's expiry by the "
+            "Redis server's clock (a time not recorded for its worker ID): no ID until the "
+            "clock is set right (check NTP)",
+        )
+        self.ahead_ms = ahead_ms
+
+
 @dataclass(frozen=True)
 class Layout:
     time_bits: int = 41
@@ -245,9 +261,15 @@ class Generator:
 
     ``take()`` never waits: it returns None when the next ID needs a later time
     unit (sequence used up, or the clock stepped back less than
-    ``MAX_WAIT_BACK_MS``), raises ClockBehind for a larger step back and
-    WorkerLeaseLost once ``stop_at`` (monotonic) has passed. Not thread-safe by
-    itself: the node calls it on its event loop; the client under a lock.
+    ``MAX_WAIT_BACK_MS``), raises ClockBehind for a larger step back,
+    WorkerLeaseLost once ``stop_at`` (monotonic) has passed, and ClockAhead for a
+    time unit past ``ceiling_ms``: the lease's expiry as the worker store
+    recorded it (grant, then each renewal: ``cover``). A new holder of the worker
+    ID starts above that expiry, so an ID past it could be made again; a wall
+    clock leaped forward beyond the lease stops here instead (issue 28: renewals
+    carrying the leaped time were refused, nothing recorded, and the worker ID
+    came back at real time: 45,602 duplicates). Not thread-safe by itself: the
+    node calls it on its event loop; the client under a lock.
     """
 
     def __init__(
@@ -260,6 +282,7 @@ class Generator:
         *,
         clock_ms: Callable[[], int] | None = None,
         monotonic: Callable[[], float] = lease_clock,
+        ceiling_ms: int | None = None,
     ) -> None:
         self.tag = tag
         self.layout = layout
@@ -282,6 +305,28 @@ class Generator:
         self.issued = 0
         self.behind_ms = 0  # how far the clock was behind at the last refusal (0: not)
         self.behind_events = 0  # large steps back seen (each stopped the tag a while)
+        self._max_units = (1 << layout.time_bits) - 1
+        # The highest unit an ID may carry: the time bits' last, or the lease's
+        # expiry's (None: not bounded, a test's generator without a store).
+        self.ceiling_ms: int | None = None
+        self._top = self._max_units
+        if ceiling_ms is not None:
+            self.cover(ceiling_ms)
+
+    def cover(self, ceiling_ms: int) -> None:
+        """Allow time units up to ``ceiling_ms`` (unix ms, the Redis server's
+        clock): the expiry a grant or renewal recorded in the worker's field,
+        which every later holder's floor is at or above. Never lowered (a late
+        answer of an earlier renewal)."""
+        if self.ceiling_ms is None or ceiling_ms > self.ceiling_ms:
+            self.ceiling_ms = ceiling_ms
+            self._top = min(self._max_units, self._units(ceiling_ms))
+
+    def ahead_ms(self) -> int:
+        """How far the wall clock is past the lease's ceiling now (0: not)."""
+        if self.ceiling_ms is None:
+            return 0
+        return max(0, self._clock_ms() - self.ceiling_ms)
 
     def _units(self, unix_ms: int) -> int:
         return (unix_ms - self.layout.epoch_ms) // self.layout.unit_ms
@@ -307,8 +352,8 @@ class Generator:
             )
         last = self.last
         if now > last:
-            if now >> self.layout.time_bits:
-                raise WorkerLeaseLost(self.tag, "the layout's time bits are used up")
+            if now > self._top:  # one test for the lease's ceiling and the time bits
+                raise self._past_top(now)
             self.last, self.sequence, self.behind_ms = now, 0, 0
             last, sequence = now, 0
         else:
@@ -320,6 +365,13 @@ class Generator:
             sequence = self.sequence = sequence + 1
         self.issued += 1
         return (last << self._shift) | self._worker_part | sequence
+
+    def _past_top(self, now: int) -> WorkerLeaseLost:
+        if now > self._max_units:
+            return WorkerLeaseLost(self.tag, "the layout's time bits are used up")
+        assert self.ceiling_ms is not None
+        unit_ms = self.layout.unit_ms
+        return ClockAhead(self.tag, self.layout.epoch_ms + now * unit_ms - self.ceiling_ms)
 
     def _behind(self, now: int) -> ClockBehind:
         if not self.behind_ms:

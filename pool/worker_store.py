@@ -17,7 +17,10 @@ Fields of the hash:
   new incarnation was first seen); ``f``: the time floor of a worker ID with no
   field of its own (set with ``q``).
 * ``w:{n}``: ``"gen expires_ms last_ms holder hash ttl_ms"`` for worker ID n: the
-  lease's generation (0: free), when it expires unless renewed, the last time it
+  lease's generation (0: free), when it expires unless renewed (also the *ceiling*:
+  the grant and each renewal answer it, and the holder makes no ID with a later
+  time, so a new grant's floor, at or above it, is above every unit the holder may
+  have used whatever its clock did; it never moves earlier), the last time it
   may have used (renewals raise it; a new grant starts above it), who holds it,
   the SHA-256 of the lease's *secret* (none once free), and the lease's TTL:
   every renewal, through whichever node, extends by it (never by the caller's).
@@ -47,8 +50,10 @@ from .lease_store import hash_secret, new_secret
 # ARGV[1] = op (init, lift, grant, renew, release), ARGV[2] = lease TTL ms (a grant's; a
 # renewal extends by the TTL recorded in the field, whatever the caller's), ARGV[3] =
 # quarantine ms (at least the longest lease any node may grant for the tag), ARGV[4] =
-# generation; grant: ARGV[5] = worker IDs, ARGV[6] = holder, ARGV[7] = unused (was the
-# "first generation" flag), ARGV[8] = the secret's hash; renew, release: ARGV[5] =
+# generation; grant, room: ARGV[5] = worker IDs, ARGV[6] = holder, ARGV[7] = the most
+# live client leases of the tag (0: a node's grant, no cap; was the "first generation"
+# flag, always "0"), ARGV[8] = the secret's hash, ARGV[9] = the most live leases of
+# this holder (0: none); renew, release: ARGV[5] =
 # worker ID, ARGV[6] = last unix ms used, ARGV[7] = the hash of the secret shown; lift:
 # ARGV[5] = the incarnation init saw, ARGV[6] = the quarantine's end init set.
 _WORKERS = """
@@ -104,10 +109,34 @@ if seen ~= inc then
   end
 end
 if ARGV[1] == 'init' then return {'ok'} end
+-- A client's grant (ARGV[7] > 0): at most ARGV[7] live client leases on the tag (the
+-- rest stay for nodes) and ARGV[9] for this holder. Counted in the script that
+-- grants: two grants racing count one after the other, never both under the cap.
+local function capped()
+  local cap, mine = tonumber(ARGV[7]) or 0, tonumber(ARGV[9] or '0') or 0
+  if cap <= 0 then return nil end
+  local clients, held = 0, 0
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'w:' then
+      local g, exp, _, who = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%S+)')
+      if g ~= '0' and tonumber(exp) > now and string.sub(who, 1, 7) == 'client:' then
+        clients = clients + 1
+        if who == ARGV[6] then held = held + 1 end
+      end
+    end
+  end
+  if mine > 0 and held >= mine then return {'capped', 'holder', tostring(mine)} end
+  if clients >= cap then return {'capped', 'clients', tostring(cap)} end
+  return nil
+end
+if ARGV[1] == 'room' then return capped() or {'ok'} end
 if ARGV[1] == 'grant' then
   local ttl = tonumber(ARGV[2])
   local q = tonumber(redis.call('HGET', KEYS[1], 'q') or '0')
   if now < q then return {'quarantine', tostring(q), tostring(now)} end
+  local over = capped()
+  if over then return over end
   local base = tonumber(redis.call('HGET', KEYS[1], 'f') or '0')
   for w = 0, tonumber(ARGV[5]) - 1 do
     local v = redis.call('HGET', KEYS[1], 'w:' .. w)
@@ -164,8 +193,9 @@ if not same(hash, ARGV[7]) then return {'wrong_secret', 'not the secret of this 
 -- A lease written before TTLs were recorded renews by the caller's TTL (as before).
 local ttl = tonumber(lttl ~= '' and lttl or ARGV[2])
 -- A last time far past this server's clock would keep the worker ID from everyone
--- until then (10^14 ms: the year 5138). No holder reaches it: its clock is less than
--- the margin ahead of this one, its last unit ends at most a unit (1 s) on.
+-- until then (10^14 ms: the year 5138). No holder reaches it: it makes no ID past the
+-- expiry this script answered it (its ceiling, <= now + ttl), its last unit ends at
+-- most a unit (1 s) on; whatever its clock does (a leap stops it at the ceiling).
 local bound = now + ttl + 1000
 if tonumber(ARGV[6]) > bound then
   return {'bad_last', tostring(bound)}
@@ -249,6 +279,45 @@ class LastTooLate(ValueError):
         self.bound_ms = bound_ms
 
 
+CLIENT = "client:"  # the holder field of a client's lease starts with it (counted by caps)
+
+
+@dataclass(frozen=True)
+class ClientCaps:
+    """Bounds on the worker IDs of one tag that clients hold at once (POST /worker):
+    ``share`` of the tag's worker IDs at most (the rest stay for nodes, which serve
+    /id), and ``per_holder`` for one holder name (0: no such cap)."""
+
+    share: float
+    per_holder: int
+
+    def most(self, workers: int) -> int:
+        """The most client leases a tag of ``workers`` worker IDs takes at once."""
+        return max(1, int(workers * self.share))
+
+    def args(self, holder: str, workers: int) -> tuple[str, str, str]:
+        """The script's holder, tag cap and holder cap."""
+        named = CLIENT + ("".join("_" if c.isspace() else c for c in holder) or "-")
+        return named, str(self.most(workers)), str(self.per_holder)
+
+
+def _check_capped(reply: list[str], tag: str) -> None:
+    if reply[0] != "capped":
+        return
+    if reply[1] == "holder":
+        raise WorkerRefused(
+            "capped",
+            f"this holder already holds {reply[2]} worker IDs of tag {tag!r}, the most one "
+            "holder may (IDPOOL_WORKER_HOLDER_MAX): release one (SnowflakeClient.close) first",
+        )
+    raise WorkerRefused(
+        "capped",
+        f"clients hold {reply[2]} worker IDs of tag {tag!r}, the most they may at once "
+        "(IDPOOL_WORKER_CLIENT_SHARE of its worker IDs; the rest stay for nodes): try "
+        "again when one is released or expires, or serve through a node's /id",
+    )
+
+
 class WorkerStore:
     """The worker-ID script's ops, run at most once each (as every Redis call:
     ``send`` is RedisPool.send). A call that fails raises StoreUnavailable: a
@@ -284,6 +353,14 @@ class WorkerStore:
         reply = await self._run(tag, ["lift", "0", "0", "0", made.incarnation, made.quarantine])
         return reply[0] == "ok"
 
+    async def room(self, tag: str, *, workers: int, holder: str, caps: ClientCaps) -> None:
+        """Raise WorkerRefused ('capped') when a client grant for ``holder`` would be
+        refused by ``caps`` now (read only: checked before the grant claims its
+        generation, so a capped caller writes no ledger row; the grant checks again)."""
+        named, cap, mine = caps.args(holder, workers)
+        reply = await self._run(tag, ["room", "0", "0", "0", str(workers), named, cap, "-", mine])
+        _check_capped(reply, tag)
+
     async def grant(
         self,
         tag: str,
@@ -294,17 +371,24 @@ class WorkerStore:
         holder: str,
         ttl_ms: int,
         quarantine_ms: int,
+        caps: ClientCaps | None = None,
     ) -> Grant:
         """A worker ID for ``ttl_ms``. ``quarantine_ms`` is how long to wait when the
         hash is missing or of another incarnation: at least the longest lease any
         node may have granted for the tag. ``first`` is ignored: a grant that finds
-        no hash always waits (only ``lift``, at tag creation, clears it)."""
+        no hash always waits (only ``lift``, at tag creation, clears it). ``caps``:
+        a client's grant (POST /worker), bounded per tag and per holder."""
         del first  # kept for callers; the generation's value proves nothing (issue 25)
         secret = new_secret()
         args = ["grant", str(ttl_ms), str(quarantine_ms), str(generation), str(workers)]
-        holder = "".join("_" if c.isspace() else c for c in holder) or "-"  # one field
-        args += [holder, "0", hash_secret(secret)]
+        if caps is None:
+            holder = "".join("_" if c.isspace() else c for c in holder) or "-"  # one field
+            args += [holder, "0", hash_secret(secret), "0"]
+        else:
+            named, cap, mine = caps.args(holder, workers)
+            args += [named, cap, hash_secret(secret), mine]
         reply = await self._run(tag, args)
+        _check_capped(reply, tag)
         if reply[0] == "ok":
             w, floor, now, expires, ttl = (int(x) for x in reply[1:6])
             return Grant(w, generation, floor, now, expires, secret, ttl)
@@ -345,7 +429,9 @@ class WorkerStore:
 
 
 __all__ = [
+    "CLIENT",
     "MAX_LAST_MS",
+    "ClientCaps",
     "Grant",
     "LastTooLate",
     "Made",

@@ -2,8 +2,9 @@
 
 The tokens' hashes come with the node's copy of the tag list
 (``service/tags.py``); see ``pool/tokens.py`` for how they are made and why
-SHA-256. Used by the ID routes (``app.py``) and the lease route (``leases.py``);
-the fast path never answers a tag that has tokens.
+SHA-256. ``check_token`` is the check of every tag route (``app.py``'s ID
+routes, ``workers.py``, ``decode.py``); the lease route (``leases.py``) calls
+``allowed``. The fast path never answers a tag that has tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from starlette.requests import Request
 
 from idpool.pool.tokens import matches
 
+from .errors import HttpRefusal
 from .tags import TagDirectory
 
 
@@ -39,3 +41,13 @@ def refusal_message(tag: str) -> str:
         f"tag {tag!r} needs one of its tokens: send Authorization: Bearer <token> "
         "or ?token=<token> (`idpool tag token add` makes one)"
     )
+
+
+async def check_token(tags: TagDirectory, tag: str, request: Request) -> None:
+    """Nothing when the tag has no tokens or the request shows one of them; else
+    raises the 401 (or the tag's own failure: unknown, disabled). Before anything
+    that tells of the tag (its kind, its layout, its IDs)."""
+    if tag not in tags.rows:
+        await tags.lookup(tag)  # the tokens are read with the tag
+    if not allowed(tags, tag, request):
+        raise HttpRefusal("unauthorized", refusal_message(tag), {"www-authenticate": "Bearer"})

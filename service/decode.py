@@ -9,7 +9,8 @@ through its format (``service/formats.py``: an obfuscated one too).
 
 The public ``GET /decode/{tag}/{id}`` answers only for kinds in ``PUBLIC``: a
 snowflake layout hides nothing, while decoding an obfuscated ID is what its key
-keeps from anyone but an operator (400 ``not_decodable`` for the others).
+keeps from anyone but an operator (400 ``not_decodable`` for the others). A
+tag with tokens needs one of them here too (401 before anything about the tag).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from idpool.pool.snowflake import Layout, wall_ms
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
+from . import auth
 from .errors import json_response
 from .formats import describe, format_of
 from .kinds import SEGMENT
@@ -151,7 +153,11 @@ def snowflake_fields(row: TagRow) -> dict[str, Any]:
 
 async def decode_id(request: Request) -> Response:
     tag = check_tag(request.path_params["tag"])
-    row = await request.state.run.node.tags.lookup(tag)
+    tags = request.state.run.node.tags
+    # A guarded tag's token first, as /id: its kind and its IDs' parts are the tag's
+    # to tell (issue 28: decode answered them where every other route said 401).
+    await auth.check_token(tags, tag, request)
+    row = await tags.lookup(tag)
     if row.kind not in PUBLIC:
         raise InvalidInput(
             "not_decodable",

@@ -134,16 +134,27 @@ class _SnapshotCollector:
             "Large steps back of the clock that stopped the tag here",
             labels=["tag"],
         )
+        refusals = CounterMetricFamily(
+            "idpool_snowflake_worker_refusals",
+            "Worker-ID grants refused here, by why: full (every worker ID of the tag held), "
+            "capped (a client over IDPOOL_WORKER_CLIENT_SHARE or IDPOOL_WORKER_HOLDER_MAX), "
+            "quarantine",
+            labels=["tag", "why"],
+        )
         for t in self.snap["tags"]:
             held = t["buffer"]
-            if not held or held.get("kind") != "snowflake" or held.get("worker") is None:
+            if not held or held.get("kind") != "snowflake":
                 continue
             tag = t["tag"]
+            for why, count in held.get("refusals", {}).items():
+                refusals.add_metric([tag, why], count)
+            if held.get("worker") is None:
+                continue
             worker.add_metric([tag], held["worker"])
             lease.add_metric([tag], max(0.0, held["lease_left_s"]))
             behind.add_metric([tag], held["clock_behind_ms"])
             episodes.add_metric([tag], held["clock_behind_events"])
-        yield from (worker, lease, behind, episodes)
+        yield from (worker, lease, behind, episodes, refusals)
 
     def _node_metrics(self) -> Iterator[Metric]:
         """The node's stores, errors, latencies, requests and version."""

@@ -528,14 +528,17 @@ def _snowflake_paths() -> Schema:
                 [
                     _ok("the parts", "application/json", {"type": "object"}),
                     _error("400", "bad_tag", "bad_id", "not_decodable"),
+                    _error("401", "unauthorized"),
                     _error("404", "unknown_tag", "not_found"),
                     _error("405", "method_not_allowed"),
                     _error("410", "tag_disabled"),
                     _error("503", "unavailable"),
                 ],
+                security=_TAG_SECURITY,
                 parameters=[
                     _TAG_PARAM,
                     {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
+                    _TOKEN_PARAM,
                 ],
             )
         },

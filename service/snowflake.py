@@ -34,6 +34,7 @@ from idpool.pool.errors import (
 from idpool.pool.lease_store import fingerprint
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.snowflake import (
+    ClockAhead,
     ClockBehind,
     Generator,
     Layout,
@@ -43,7 +44,7 @@ from idpool.pool.snowflake import (
     wall_ms,
 )
 from idpool.pool.values import TagRow
-from idpool.pool.worker_store import Grant, LastTooLate, WorkerRefused, WorkerStore
+from idpool.pool.worker_store import ClientCaps, Grant, LastTooLate, WorkerRefused, WorkerStore
 
 if TYPE_CHECKING:
     from idpool.pool.stores import LedgerStore
@@ -112,7 +113,11 @@ class SnowflakeKind:
         self._retry: dict[str, tuple[float, str]] = {}  # tag -> (no grant before, why)
         self._refused: dict[str, str] = {}  # tag -> why the last grant failed
         self.clock_behind: Counter[str] = Counter()  # tag -> episodes of a large step back
+        # (tag, why) -> grants refused here: "full" (every worker ID held), "capped"
+        # (a client over IDPOOL_WORKER_CLIENT_SHARE or _HOLDER_MAX), "quarantine"
+        self.refusals: Counter[tuple[str, str]] = Counter()
         self._logged: dict[int, int] = {}  # id(generator) -> episodes logged
+        self._logged_ahead: dict[int, int | None] = {}  # id(generator) -> ceiling logged at
         self.closed = False
         self.ttl = node.worker_lease_seconds
         self.margin = node.worker_margin_seconds
@@ -184,6 +189,17 @@ class SnowflakeKind:
     def _take(self, gen: Generator) -> int | None:
         try:
             return gen.take()
+        except ClockAhead as e:
+            if self._logged_ahead.get(id(gen)) != gen.ceiling_ms:  # once per renewal
+                self._logged_ahead[id(gen)] = gen.ceiling_ms
+                logger.error(
+                    "event=clock_ahead tag=%s worker=%d ahead_ms=%d detail=%r",
+                    gen.tag,
+                    gen.worker,
+                    e.ahead_ms,
+                    "no snowflake ID past the worker lease's expiry (the clock leaped forward?)",
+                )
+            raise
         except ClockBehind as e:
             # once per episode, whichever path (fast or routed) met it first
             if self._logged.get(id(gen), 0) < gen.behind_events:
@@ -212,10 +228,13 @@ class SnowflakeKind:
             pending.add_done_callback(lambda _: self._granting.pop(tag, None))
         return await asyncio.shield(pending)
 
-    async def lease_worker(self, tag: str, holder: str) -> tuple[Grant, Layout, float]:
+    async def lease_worker(
+        self, tag: str, holder: str, caps: ClientCaps | None = None
+    ) -> tuple[Grant, Layout, float]:
         """A worker ID of ``tag`` for ``holder`` (this node, or a client through
-        POST /worker/{tag}), and the monotonic time the grant was sent (the
-        holder's lease runs from then). Raises WorkerLeaseLost naming why not."""
+        POST /worker/{tag}, bounded by ``caps``), and the monotonic time the grant
+        was sent (the holder's lease runs from then). Raises WorkerLeaseLost
+        naming why not. A client's refusal leaves this node's own grants be."""
         row = await self.node.tags.lookup(tag)
         if row.kind != SNOWFLAKE:
             raise InvalidInput("wrong_kind", f"tag {tag!r} is a {row.kind} tag, not snowflake")
@@ -241,6 +260,8 @@ class SnowflakeKind:
             await self.node.formatted.check_fence(tag)
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
+        if caps is not None:  # before the claim: a capped caller writes no ledger row
+            await self._client_room(tag, store, layout, holder, caps)
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
             # lease, which a renewal or release must show.
@@ -261,8 +282,12 @@ class SnowflakeKind:
                 holder=holder,
                 ttl_ms=ttl_ms,
                 quarantine_ms=quarantine_ms,
+                caps=caps,
             )
         except WorkerRefused as e:
+            self.refusals[(tag, e.why)] += 1
+            if e.why == "capped":
+                raise WorkerLeaseLost(tag, str(e)) from None
             raise self._refuse(tag, str(e), max(RETRY_SECONDS, e.retry_ms / 1000)) from None
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
@@ -278,6 +303,17 @@ class SnowflakeKind:
             fingerprint(grant.secret),  # never the secret: a log line cannot renew or release
         )
         return grant, layout, sent
+
+    async def _client_room(
+        self, tag: str, store: WorkerStore, layout: Layout, holder: str, caps: ClientCaps
+    ) -> None:
+        try:
+            await store.room(tag, workers=layout.workers, holder=holder, caps=caps)
+        except WorkerRefused as e:
+            self.refusals[(tag, e.why)] += 1
+            raise WorkerLeaseLost(tag, str(e)) from None
+        except StoreUnavailable as e:
+            raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
 
     def _refuse(self, tag: str, why: str, wait: float) -> WorkerLeaseLost:
         self._refused[tag] = why
@@ -295,6 +331,9 @@ class SnowflakeKind:
             sent + grant.ttl_ms / 1000 - self.margin,
             clock_ms=self._clock_ms,
             monotonic=self._monotonic,
+            # No ID past the expiry the script recorded: the floor of every later
+            # holder of this worker ID is at or above it, whatever this clock does.
+            ceiling_ms=grant.expires_ms,
         )
         held = Held(grant, gen)
         old = self.held.get(tag)
@@ -337,6 +376,7 @@ class SnowflakeKind:
                 continue
             # The deadline counts from the TTL the renewal extended by (the lease's).
             gen.stop_at = max(gen.stop_at, sent + renewed.ttl_ms / 1000 - self.margin)
+            gen.cover(renewed.expires_ms)  # recorded in the field before this answer
         if self.generators.get(tag) is gen:
             del self.generators[tag]  # the next request asks for a new worker ID
 
@@ -370,15 +410,29 @@ class SnowflakeKind:
         behind = sorted(t for t, g in self.generators.items() if g.behind_ms)
         if behind:
             return f"the clock stepped back behind the last time used for snowflake tag(s) {behind}"
+        # Only while the lease holds: past its deadline (Redis unreachable) the clock
+        # passes the last expiry answered without having leaped.
+        now = self._monotonic()
+        ahead = sorted(t for t, g in self.generators.items() if now < g.stop_at and g.ahead_ms())
+        if ahead:
+            return (
+                "the clock is past the worker lease's expiry by the Redis server's clock "
+                f"(leaped forward?) for snowflake tag(s) {ahead}"
+            )
         return None
 
     def describe(self, tag: str) -> dict[str, Any] | None:
         held = self.held.get(tag)
+        refusals = {why: n for (t, why), n in self.refusals.items() if t == tag}
         if held is None:
             why = self._refused.get(tag)
-            return None if why is None else {"kind": SNOWFLAKE, "worker": None, "refused": why}
+            if why is None and not refusals:
+                return None
+            return {"kind": SNOWFLAKE, "worker": None, "refused": why, "refusals": refusals}
         gen = held.generator
         return {
+            # grants refused here, by why: "full" is a tag out of worker IDs
+            "refusals": refusals,
             "kind": SNOWFLAKE,
             "current": f"worker {gen.worker}",  # the status page's buffer column
             "used": gen.issued,
@@ -390,6 +444,7 @@ class SnowflakeKind:
             "lost": gen.lost,
             "clock_behind_ms": gen.behind_ms,
             "clock_behind_events": self.clock_behind[tag],
+            "clock_ahead_ms": gen.ahead_ms(),
             "layout": gen.layout.describe(),
         }
 

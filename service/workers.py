@@ -5,7 +5,9 @@ in-process (``client/idpool_client/snowflake.py``).
 runs the grant script, as for its own) and answers its lease's ``secret``;
 ``POST /worker/{tag}/renew`` and ``POST /worker/{tag}/release`` with
 ``{"worker": n, "generation": g, "secret": s, "last_ms": t}`` renew it or give it
-back. A renewal refused (409 ``worker_lost``) means the client must stop making
+back. The grant and each renewal answer the lease's ``expires_ms`` (the Redis
+server's clock): the client makes no ID with a later time (a later holder's floor
+is at or above it). A renewal refused (409 ``worker_lost``) means the client must stop making
 IDs with that worker ID; 403 ``wrong_secret`` means the caller is not the holder
 (nothing changed). The secret is only in the grant's answer: Redis keeps its
 SHA-256, logs a 12-hex ``fingerprint`` of it; the generation alone (the tag's
@@ -24,7 +26,13 @@ from starlette.routing import Route
 
 from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
 from idpool.pool.snowflake import WorkerLeaseLost
-from idpool.pool.worker_store import MAX_LAST_MS, Grant, LastTooLate, WorkerRefused
+from idpool.pool.worker_store import (
+    MAX_LAST_MS,
+    ClientCaps,
+    Grant,
+    LastTooLate,
+    WorkerRefused,
+)
 
 from . import auth
 from .errors import HttpRefusal, json_response
@@ -47,9 +55,8 @@ async def _checked(request: Request) -> tuple[Runtime, str]:
     run: Runtime = request.state.run
     if run.node.draining:
         raise Draining("node is shutting down")
-    await run.node.tags.lookup(tag)  # its tokens are read with it
-    if not auth.allowed(run.node.tags, tag, request):
-        raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    await run.node.tags.lookup(tag)  # its tokens are read with it (a fresh row: disabled?)
+    await auth.check_token(run.node.tags, tag, request)
     return run, tag
 
 
@@ -58,7 +65,8 @@ async def grant(request: Request) -> Response:
     holder = request.query_params.get("holder", "client")
     holder = "".join(c for c in holder[:64] if c.isalnum() or c in "-_.:") or "client"
     kind = _kind(run)
-    given, layout, _ = await kind.lease_worker(tag, holder)
+    caps = ClientCaps(run.settings.worker_client_share, run.settings.worker_holder_max)
+    given, layout, _ = await kind.lease_worker(tag, holder, caps)
     return json_response(
         {
             "tag": tag,
@@ -70,6 +78,10 @@ async def grant(request: Request) -> Response:
             # The lease's TTL as Redis recorded it (the tag's): the holder's deadline
             # counts from it, and from each renewal's ttl_ms after.
             "ttl_ms": given.ttl_ms,
+            # The lease's expiry as the script recorded it: the holder makes no ID
+            # past it (every later holder's floor is at or above it), whatever its
+            # clock reads; each renewal answers the new one.
+            "expires_ms": given.expires_ms,
             "margin_ms": int(kind.margin * 1000),
             "layout": layout.describe(),
         }
@@ -111,10 +123,12 @@ async def _change(request: Request, op: str) -> Response:
     # ttl_ms only renews a lease granted before TTLs were recorded in its field;
     # any other renews by its own recorded TTL, whichever node this is.
     ttl_ms, quarantine_ms = kind.lease_ms(await run.node.tags.lookup(tag))
+    expires: dict[str, int] = {}
     try:
         if op == "renew":
             renewed = await store.renew(tag, held, last_ms, ttl_ms, quarantine_ms)
             ttl_ms = renewed.ttl_ms
+            expires["expires_ms"] = renewed.expires_ms  # the holder's new ceiling
         else:
             await store.release(tag, held, last_ms, quarantine_ms)
     except LastTooLate as e:
@@ -133,7 +147,8 @@ async def _change(request: Request, op: str) -> Response:
     except StoreUnavailable as e:
         raise WorkerLeaseLost(tag, f"not {op}ed: Redis: {e.detail}") from e
     done = "renewed" if op == "renew" else "released"  # not "releaseed"
-    return json_response({"tag": tag, "worker": held.worker, done: True, "ttl_ms": ttl_ms})
+    answer = {"tag": tag, "worker": held.worker, done: True, "ttl_ms": ttl_ms, **expires}
+    return json_response(answer)
 
 
 async def renew(request: Request) -> Response:

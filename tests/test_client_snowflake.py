@@ -284,3 +284,40 @@ def test_the_c_run_is_built_here_and_both_runs_end_at_the_deadline_for_good() ->
         assert next(run, None) is None
         wall[0], lease[0] = soon - 10, later - 1.0  # back again: the run stays over
         assert next(run, None) is None
+
+
+def test_a_client_whose_clock_leaps_past_its_lease_makes_no_id_a_later_holder_makes_again(
+    nodes: list[NodeProcess], settings: Settings, tag: str
+) -> None:
+    """Issue 28 with real nodes: a client whose wall clock leaps forward by more
+    than the lease's TTL (2 s) and a second made IDs at the leaped time, its
+    renewal was refused (bad_last) recording nothing, it took another worker ID
+    and leaped on that one too; the worker IDs came back with floors at real
+    time and a client with a good clock repeated the leaped IDs as real time got
+    there. The leaped client now stops at the lease's expiry as Redis recorded it."""
+    add_snowflake(settings, tag)
+    urls = [n.base_url for n in nodes]
+    leap = [0]
+    leaped: list[int] = []
+    stopped: list[str] = []
+    a = SnowflakeClient(urls, clock_ns=lambda: time.time_ns() + leap[0])
+    before = a.next_id(tag)  # worker 0, granted with a good clock
+    leap[0] = 6 * 10**9  # 6 s ahead
+    leaped_at = time.monotonic()
+    while time.monotonic() < leaped_at + 1.1:  # past two renewals
+        try:
+            leaped.append(a.next_id(tag))
+        except SnowflakeStopped as e:
+            stopped.append(str(e))
+        time.sleep(0.001)
+    a.close()
+    time.sleep(2.2)  # A's worker IDs expired (lease 2 s): B is granted worker 0
+    later: list[int] = []
+    with SnowflakeClient(urls) as b:
+        while time.monotonic() < leaped_at + 1.1 + 6 + 0.2:  # real time past A's times
+            later.append(b.next_id(tag))
+            time.sleep(0.001)
+    again = {before, *leaped}.intersection(later)
+    assert not again, f"{len(again)} IDs made again by a later holder of the leaped worker IDs"
+    assert not leaped, f"{len(leaped)} IDs made at the leaped time"
+    assert stopped and "past the worker lease's expiry" in stopped[-1]

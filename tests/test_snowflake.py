@@ -8,6 +8,7 @@ from idpool.pool.errors import InvalidInput
 from idpool.pool.snowflake import (
     LAYOUTS,
     MAX_WAIT_BACK_MS,
+    ClockAhead,
     ClockBehind,
     Generator,
     Layout,
@@ -188,3 +189,29 @@ def test_many_workers_never_make_the_same_id() -> None:
                     made += 1
     assert made == len(seen) and made > 16 * 40
     assert max(seen) < 2**53
+
+
+def test_no_id_past_the_leases_recorded_expiry_whatever_the_clock_and_redis_do() -> None:
+    """Issue 28: the generator made IDs at whatever time its clock leaped to; a
+    holder that then cannot reach Redis records nothing, and its worker ID comes
+    back above the expiry Redis recorded. It stops there instead, until a
+    renewal (``cover``) records a later expiry; a late answer never lowers it."""
+    clocks = Clocks()
+    layout = Layout(41, 10, 12, 10, NOW - 1000)  # 10 ms units
+    gen = Generator(
+        "t", layout, 3, 0, clocks.mono + 8, clock_ms=clocks.ms, monotonic=clocks.monotonic,
+        ceiling_ms=NOW + 1005,
+    )  # fmt: skip
+    assert gen.take() is not None
+    clocks.wall = NOW + 1009  # in the expiry's unit: still covered
+    assert gen.take() is not None and gen.ahead_ms() == 4
+    clocks.wall = NOW + 60_000  # leaped a minute; no renewal gets through
+    with pytest.raises(ClockAhead) as e:
+        gen.take()
+    assert e.value.ahead_ms == 60_000 - 1005 and gen.last_ms < NOW + 1010
+    gen.cover(NOW + 500)  # an earlier renewal's answer, late: not lowered
+    with pytest.raises(ClockAhead):
+        gen.take()
+    gen.cover(NOW + 61_000)  # a renewal recorded it
+    value = gen.take()
+    assert value is not None and value >> 22 == (60_000 + 1000) // 10

@@ -252,8 +252,13 @@ def test_a_holder_cannot_keep_a_worker_id_from_everyone_for_ever(
     with last_ms up to 10^14 - 1, the year 5138: released, the worker ID is never
     granted again. Two grants and two renewals took a 1-worker-bit tag down for
     good (503 worker_unavailable, every worker ID held)."""
+    # Clients may take both worker IDs here (IDPOOL_WORKER_CLIENT_SHARE, whose default
+    # keeps one for nodes, would refuse the second grant before the renewal is tried).
     s = settings.with_changes(
-        admin_token=TOKEN, worker_lease_seconds=1.0, worker_margin_seconds=0.2
+        admin_token=TOKEN,
+        worker_lease_seconds=1.0,
+        worker_margin_seconds=0.2,
+        worker_client_share=1.0,
     )
     with TestClient(create_app(s)) as node:
         fields = {"tag": tag, "kind": "snowflake", "worker_bits": 1}

@@ -216,7 +216,7 @@ def test_only_the_holder_can_renew_or_release_a_worker_lease(
     field = redis.Redis.from_url(settings.redis_url).hget(
         Keys(settings.redis_prefix).workers(tag), f"w:{got['worker']}"
     )
-    assert field is not None and b" victim " in field and secret.encode() not in field
+    assert field is not None and b" client:victim " in field and secret.encode() not in field
     assert node.post(f"/worker/{tag}/renew", json={**guessed, "secret": secret}).status_code == 200
     # The secret is the holder's alone: not in a log, the status page or the metrics.
     for page in ("/status", "/metrics", "/openapi.json"):
@@ -473,3 +473,130 @@ async def test_a_late_tag_add_keeps_the_quarantine_once_a_generation_was_claimed
     with pytest.raises(WorkerRefused) as q:
         await grant_now(redis_pool, tag, 2)  # B may still hold worker 0
     assert q.value.why == "quarantine"
+
+
+def test_a_clock_leaped_past_the_lease_makes_no_id_a_later_holder_makes_again(
+    settings: Settings, tag: str
+) -> None:
+    """Issue 28: a node whose wall clock leaps forward by more than the lease's
+    TTL and a second made IDs at the leaped time; its renewal carried that time,
+    was refused (bad_last) and recorded nothing, so its worker IDs came back with
+    floors at real time and a later holder made the same IDs when real time got
+    there (45,602 duplicates). The node now stops (503) at the lease's expiry as
+    the script recorded it; the later holder starts above that."""
+    s = settings.with_changes(
+        admin_token=TOKEN, worker_lease_seconds=1.0, worker_margin_seconds=0.2
+    )
+    leap = [0]
+    leaped: list[int] = []
+    refusals: list[str] = []
+    with TestClient(create_app(s)) as a:
+        add(a, tag, worker_bits=1, unit_ms=100)  # two worker IDs, 100 ms units
+        kind = a.app.node.kinds["snowflake"]  # type: ignore[attr-defined]
+        kind._clock_ms = lambda: wall_ms() + leap[0]  # this node's wall clock
+        before = int(a.get(f"/id/{tag}").text)  # granted with a good clock
+        leap[0] = 3_000  # NTP, an operator, a VM resumed: 3 s ahead (lease 1 s)
+        leaped_at = wall_ms()
+        while wall_ms() < leaped_at + 1_200:  # past several renewals
+            answer = a.get(f"/id/{tag}")
+            if answer.status_code == 200:
+                leaped.append(int(answer.text))
+            else:
+                refusals.append(answer.json()["message"])
+            time.sleep(0.01)
+        ready = a.get("/readyz")
+    seen = {before, *leaped}
+    later: list[int] = []
+    with TestClient(create_app(s)) as b:  # a node with a good clock, once A's leases expired
+        while wall_ms() < leaped_at + 1_200 + 3_000 + 300:  # real time past A's leaped times
+            answer = b.get(f"/id/{tag}")
+            if answer.status_code == 200:
+                later.append(int(answer.text))
+            time.sleep(0.01)
+    again = seen.intersection(later)
+    assert not again, f"{len(again)} IDs made again by a later holder of the leaped worker IDs"
+    assert later and not leaped, f"{len(leaped)} IDs made at the leaped time"
+    assert refusals and "past the worker lease's expiry" in refusals[-1]
+    assert ready.status_code == 503 and "leaped forward" in ready.json()["message"]
+
+
+def test_decode_of_a_guarded_tag_needs_its_token_as_every_route_does(
+    node: TestClient, tag: str
+) -> None:
+    """Issue 28: GET /decode/{tag}/{id} decoded a guarded snowflake tag's IDs and
+    named a guarded tag's kind (not_decodable) without a token, where /id, /ids
+    and /worker answer 401."""
+    add(node, tag)
+    value = node.get(f"/id/{tag}").text
+    token = node.post(f"/admin/tags/{tag}/tokens", headers=AUTH).json()["token"]
+    refused = node.get(f"/decode/{tag}/{value}")
+    assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+    assert "snowflake" not in refused.text and "worker" not in refused.json()
+    assert refused.headers["www-authenticate"] == "Bearer"
+    mine = {"Authorization": f"Bearer {token}"}
+    assert node.get(f"/decode/{tag}/{value}", headers=mine).json()["kind"] == "snowflake"
+    assert node.get(f"/decode/{tag}/{value}?token={token}").status_code == 200
+    segment = f"{tag}s"
+    assert node.post("/admin/tags", json={"tag": segment}, headers=AUTH).status_code == 201
+    node.post(f"/admin/tags/{segment}/tokens", headers=AUTH)
+    hidden = node.get(f"/decode/{segment}/1")
+    assert hidden.status_code == 401 and "segment" not in hidden.text  # its kind unsaid
+
+
+def test_an_oversized_batch_on_the_fast_path_uses_none_of_the_units_sequence(
+    node: TestClient, tag: str
+) -> None:
+    """Issue 28: /ids with a count over the tag's batch cap (but under the node's)
+    went to take_many on the fast path first, which used up the rest of the
+    unit's sequence before the route's 400 bad_count."""
+    add(node, tag, sequence_bits=2, unit_ms=1000)  # 4 IDs per 1 s unit: at most 4 a batch
+    frozen = wall_ms() + 2_000  # unit 2 (unit 0, the epoch, is never used)
+    node.app.node.kinds["snowflake"]._clock_ms = lambda: frozen  # type: ignore[attr-defined]
+    node.get(f"/id/{tag}")  # granted (sequence 0 of the unit): the fast path from here
+    gen = node.app.node.snowflakes[tag]  # type: ignore[attr-defined]
+    refused = node.get(f"/ids/{tag}?count=5")
+    assert refused.status_code == 400 and refused.json()["error"] == "bad_count"
+    assert (gen.issued, gen.sequence) == (1, 0)  # nothing taken for it
+    rest = node.get(f"/ids/{tag}?count=3")  # the unit's other three are still there
+    assert rest.status_code == 200 and [i & 3 for i in rest.json()["ids"]] == [1, 2, 3]
+
+
+def max_id(node: TestClient, tag: str) -> int:
+    rows = node.get("/admin/tags", headers=AUTH).json()["tags"]
+    return int([t for t in rows if t["tag"] == tag][0]["max_id"])
+
+
+def test_clients_cannot_take_every_worker_id_of_a_tag_and_nodes_keep_serving(
+    settings: Settings, tag: str
+) -> None:
+    """Issue 28: one caller took 1,023 of a tag's 1,024 worker IDs in ~7 s through
+    POST /worker (no token on an open tag), a ledger row per grant, and nodes
+    then answered 503 to every /id. Clients now hold at most
+    IDPOOL_WORKER_CLIENT_SHARE of them (here half of 8), one holder name at most
+    IDPOOL_WORKER_HOLDER_MAX; a refused grant claims no generation, and the
+    refusals show in /status and /metrics."""
+    s = settings.with_changes(admin_token=TOKEN, worker_holder_max=2)
+    with TestClient(create_app(s)) as node:
+        add(node, tag, worker_bits=3)  # 8 worker IDs
+        mine = [node.post(f"/worker/{tag}?holder=greedy") for _ in range(3)]
+        assert [r.status_code for r in mine] == [200, 200, 503]
+        assert "IDPOOL_WORKER_HOLDER_MAX" in mine[2].json()["message"]
+        others = [node.post(f"/worker/{tag}?holder=greedy{i}") for i in range(4)]
+        assert [r.status_code for r in others] == [200, 200, 503, 503]
+        refused = others[-1].json()
+        assert refused["error"] == "worker_unavailable"
+        assert "IDPOOL_WORKER_CLIENT_SHARE" in refused["message"]
+        claimed = max_id(node, tag)
+        assert node.post(f"/worker/{tag}?holder=more").status_code == 503
+        assert max_id(node, tag) == claimed  # no generation claimed: no ledger write
+        assert node.get(f"/id/{tag}").status_code == 200  # the node's own worker ID
+        status = node.get("/status.json").json()
+        shown = [t for t in status["tags"] if t["tag"] == tag][0]["buffer"]
+        assert shown["refusals"] == {"capped": 4}
+        metrics = node.get("/metrics").text
+        assert (
+            f'idpool_snowflake_worker_refusals_total{{tag="{tag}",why="capped"}} 4.0' in metrics
+        )
+        body = {k: mine[0].json()[k] for k in ("worker", "generation", "secret")}
+        node.post(f"/worker/{tag}/release", json={**body, "last_ms": mine[0].json()["server_ms"]})
+        assert node.post(f"/worker/{tag}?holder=greedy").status_code == 200  # room again

@@ -14,7 +14,7 @@ import redis
 from idpool.pool.keys import Keys
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from idpool.pool.worker_store import Grant, LastTooLate, WorkerRefused, WorkerStore
+from idpool.pool.worker_store import ClientCaps, Grant, LastTooLate, WorkerRefused, WorkerStore
 from ops.toolkit import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -356,3 +356,31 @@ async def test_a_renewal_never_moves_a_leases_expiry_earlier(
     with pytest.raises(WorkerRefused) as e:
         await grant(store, tag, 2, workers=1)
     assert e.value.why == "full"
+
+
+async def test_concurrent_client_grants_never_pass_the_tags_client_cap(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    """Issue 28: clients may hold at most a share of a tag's worker IDs (the rest
+    stay for nodes). Counted in the grant's script: 16 grants at once on 8
+    worker IDs with half for clients give 4, and a node's grant still gets one."""
+    store = store_of(redis_pool)
+    await store.lift(tag, await store.init(tag))
+    caps = ClientCaps(0.5, 0)
+
+    async def client(n: int) -> Grant | WorkerRefused:
+        try:
+            return await store.grant(
+                tag, generation=n, workers=8, holder=f"c{n}", ttl_ms=TTL,
+                quarantine_ms=TTL, caps=caps,
+            )  # fmt: skip
+        except WorkerRefused as e:
+            return e
+
+    got = await asyncio.gather(*(client(n) for n in range(1, 17)))
+    granted = [g for g in got if isinstance(g, Grant)]
+    assert len(granted) == 4 and {e.why for e in got if isinstance(e, WorkerRefused)} == {
+        "capped"
+    }
+    node = await grant(store, tag, 99, workers=8)  # a node's grant: no cap
+    assert node.worker not in {g.worker for g in granted}

@@ -111,6 +111,7 @@ class Generator:
         stop_at: float,
         clock_ms: Callable[[], int] = _wall_ms,
         monotonic: Callable[[], float] = lease_clock,
+        ceiling_ms: int | None = None,
     ) -> None:
         self.layout = layout
         self.worker = worker
@@ -126,6 +127,24 @@ class Generator:
         self._worker_part = worker << layout.sequence_bits
         self.last = max(0, (floor_ms - self._epoch) // self._unit)  # unit 0 unused: no ID 0
         self.sequence = self._max_seq
+        # No unit past the lease's expiry as the node answered it (the Redis
+        # server's clock; a later holder of the worker ID starts above it), nor
+        # past the time bits: a clock leaped forward beyond the lease stops here.
+        self._max_units = (1 << layout.time_bits) - 1
+        self.ceiling_ms: int | None = None
+        self._top = self._max_units
+        if ceiling_ms is not None:
+            self.cover(ceiling_ms)
+
+    def cover(self, ceiling_ms: int | None) -> None:
+        """Allow units up to ``ceiling_ms`` (never lowered). None: a node older
+        than ceilings answered the renewal; the expiry is unknown, so the
+        generator is unbounded again (as before: upgrade nodes first)."""
+        if ceiling_ms is None:
+            self.ceiling_ms, self._top = None, self._max_units
+        elif self.ceiling_ms is None or ceiling_ms > self.ceiling_ms:
+            self.ceiling_ms = ceiling_ms
+            self._top = min(self._max_units, (ceiling_ms - self._epoch) // self._unit)
 
     @property
     def last_ms(self) -> int:
@@ -141,8 +160,14 @@ class Generator:
         if self._monotonic() >= self.stop_at:
             raise SnowflakeStopped("the worker ID's lease was not renewed in time")
         if now > self.last:
-            if now >> self.layout.time_bits:
-                raise SnowflakeStopped("the layout's time bits are used up")
+            if now > self._top:
+                if now > self._max_units:
+                    raise SnowflakeStopped("the layout's time bits are used up")
+                raise SnowflakeStopped(
+                    f"this machine's clock is {self._epoch + now * self._unit - self._top_ms()} "
+                    "ms past the worker lease's expiry by the Redis server's clock: no ID "
+                    "until the clock is set right (check NTP)"
+                )
             self.last, self.sequence = now, 0
         else:
             if (self.last - now) * self._unit > MAX_WAIT_BACK_MS:
@@ -154,6 +179,9 @@ class Generator:
                 return None
             self.sequence += 1
         return (self.last << self._shift) | self._worker_part | self.sequence
+
+    def _top_ms(self) -> int:
+        return self.ceiling_ms if self.ceiling_ms is not None else 0
 
     def wait_seconds(self) -> float:
         next_ms = self._epoch + (self.last + 1) * self._unit
@@ -254,6 +282,22 @@ class _Held:
         renewals failed (the generator knows neither)."""
         why = f"{e}; the last renewal failed: {self.renew_failed}" if self.renew_failed else e
         return SnowflakeStopped(f"tag {self.tag!r}, worker ID {self.worker}: {why}")
+
+
+def _expiry(answer: object) -> int | None:
+    """The lease's expiry (server unix ms) a grant or renewal answered: the
+    ceiling of the IDs' time. From a node older than ``expires_ms``, a grant's is
+    its ``server_ms + ttl_ms`` (the script grants exactly that); a renewal's is
+    not known (None)."""
+    if not isinstance(answer, dict):
+        return None
+    value = answer.get("expires_ms")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    server, ttl = answer.get("server_ms"), answer.get("ttl_ms")
+    if isinstance(server, int) and isinstance(ttl, int) and "renewed" not in answer:
+        return server + ttl
+    return None
 
 
 def _default_holder() -> str:
@@ -429,6 +473,7 @@ class SnowflakeClient:
                 max(int(grant["floor_ms"]), self._floor_ms.get(tag, 0)),
                 stop_at,
                 clock_ms=lambda: clock() // 1_000_000,
+                ceiling_ms=_expiry(grant),
             )
             held = _Held(tag, grant, gen)
             self._held[tag] = held
@@ -469,6 +514,7 @@ class SnowflakeClient:
             if isinstance(answered, int) and not isinstance(answered, bool) and answered > 0:
                 held.ttl = answered / 1000
             held.gen.stop_at = sent + held.ttl - held.margin
+            held.gen.cover(_expiry(got))  # the expiry the store recorded: no ID past it
 
     def close(self) -> None:
         """Give every worker ID back with the last time it used; safe twice."""
