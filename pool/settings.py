@@ -16,6 +16,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from .errors import ConfigError
 
 ENV_PREFIX = "IDPOOL_"
+HTTP_SERVERS = ("granian", "uvicorn")  # IDPOOL_HTTP: what `idpool serve` runs
 
 
 # Other variables a setting is read from when its own is unset: a better name
@@ -172,6 +173,22 @@ class Settings:
     # slower one is refused with 408 (a client trickling bodies over many
     # connections would otherwise hold memory for as long as it likes)
     body_seconds: float = 10.0
+    # IDPOOL_HTTP: the HTTP server `idpool serve` runs, granian or uvicorn (README,
+    # "HTTP server"); --http overrides it
+    http: str = "granian"
+    # The HTTP bounds (a flood of slow or huge headers must not take a node's memory
+    # or keep requests out). IDPOOL_MAX_HEADER_BYTES: a request's head (request line
+    # and headers) over this is refused; IDPOOL_MAX_HEADERS: more header lines than
+    # this are refused (granian: its parser's fixed 100, README); IDPOOL_HEADER_SECONDS:
+    # a head not arrived whole in this time closes the connection;
+    # IDPOOL_MAX_CONNECTIONS: open connections per worker (a new one beyond it waits in
+    # the listen queue on granian, is answered 503 on uvicorn), kept below the open-file
+    # limit; IDPOOL_KEEP_ALIVE_SECONDS: an idle kept-alive connection is closed after it
+    max_header_bytes: int = 16_384
+    max_headers: int = 100
+    header_seconds: float = 5.0
+    max_connections: int = 4_096
+    keep_alive_seconds: float = 5.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -221,6 +238,12 @@ class Settings:
             ),
             (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
             (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
+            (self.http in HTTP_SERVERS, f"IDPOOL_HTTP must be one of {', '.join(HTTP_SERVERS)}"),
+            (self.max_header_bytes >= 1_024, "IDPOOL_MAX_HEADER_BYTES must be at least 1024"),
+            (1 <= self.max_headers <= 100, "IDPOOL_MAX_HEADERS must be from 1 to 100"),
+            (self.header_seconds > 0, "IDPOOL_HEADER_SECONDS must be above 0"),
+            (self.max_connections >= 1, "IDPOOL_MAX_CONNECTIONS must be at least 1"),
+            (self.keep_alive_seconds > 0, "IDPOOL_KEEP_ALIVE_SECONDS must be above 0"),
         ]
         for ok, message in checks:
             if not ok:
