@@ -177,17 +177,19 @@ class Settings:
     # "HTTP server"); --http overrides it
     http: str = "granian"
     # The HTTP bounds (a flood of slow or huge headers must not take a node's memory
-    # or keep requests out). IDPOOL_MAX_HEADER_BYTES: a request's head (request line
-    # and headers) over this is refused; IDPOOL_MAX_HEADERS: more header lines than
-    # this are refused (granian: its parser's fixed 100, README); IDPOOL_HEADER_SECONDS:
-    # a head not arrived whole in this time closes the connection;
-    # IDPOOL_MAX_CONNECTIONS: open connections per worker (a new one beyond it waits in
-    # the listen queue on granian, is answered 503 on uvicorn), kept below the open-file
-    # limit; IDPOOL_KEEP_ALIVE_SECONDS: an idle kept-alive connection is closed after it
-    max_header_bytes: int = 16_384
+    # or keep requests out; README, "HTTP server", says what each server bounds).
+    # IDPOOL_MAX_HEADER_BYTES: a request head (request line and headers) over this is
+    # refused 431 (granian's least is 8192); IDPOOL_MAX_HEADERS: more header lines than
+    # this are refused 431 (granian's parser refuses over 100 itself);
+    # IDPOOL_HEADER_SECONDS: a connection whose request head has not arrived whole in
+    # this time is closed; IDPOOL_MAX_CONNECTIONS: connections served at once per worker
+    # (granian leaves more waiting in the listen queue; uvicorn answers them 503),
+    # kept below the open-file limit; IDPOOL_KEEP_ALIVE_SECONDS: an idle kept-alive
+    # connection is closed after this (granian: the smaller of it and the header time)
+    max_header_bytes: int = 8_192
     max_headers: int = 100
     header_seconds: float = 5.0
-    max_connections: int = 4_096
+    max_connections: int = 1_024
     keep_alive_seconds: float = 5.0
 
     @classmethod
@@ -239,7 +241,7 @@ class Settings:
             (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
             (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
             (self.http in HTTP_SERVERS, f"IDPOOL_HTTP must be one of {', '.join(HTTP_SERVERS)}"),
-            (self.max_header_bytes >= 1_024, "IDPOOL_MAX_HEADER_BYTES must be at least 1024"),
+            (self.max_header_bytes >= 8_192, "IDPOOL_MAX_HEADER_BYTES must be at least 8192"),
             (1 <= self.max_headers <= 100, "IDPOOL_MAX_HEADERS must be from 1 to 100"),
             (self.header_seconds > 0, "IDPOOL_HEADER_SECONDS must be above 0"),
             (self.max_connections >= 1, "IDPOOL_MAX_CONNECTIONS must be at least 1"),

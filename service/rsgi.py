@@ -17,6 +17,7 @@ import logging
 import sys
 from typing import Any
 
+import orjson
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.asgi import LifespanProtocol
 from granian.rsgi import Scope
@@ -35,6 +36,8 @@ class RsgiNode:
     def __init__(self, app: NodeApp) -> None:
         self.app = app
         self.lifespan = LifespanProtocol(app)  # type: ignore[no-untyped-call]
+        # granian's parser refuses over 100 header lines itself: a lower cap is checked here
+        self.max_headers = app.settings.max_headers if app.settings.max_headers < 100 else 0
 
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Before granian serves: a worker that cannot open its stores exits (as
@@ -50,6 +53,10 @@ class RsgiNode:
 
     async def __rsgi__(self, scope: Scope, protocol: HTTPProtocol) -> None:
         app = self.app
+        if self.max_headers and len(scope.headers.keys()) > self.max_headers:
+            headers = [("content-type", "application/json"), ("connection", "close")]
+            protocol.response_bytes(431, headers, _too_many(self.max_headers))
+            return
         node = app.node
         if node is not None and scope.method == "GET" and scope.proto == "http":
             started = _clock()
@@ -125,6 +132,11 @@ async def _as_asgi(
     await app(asgi_scope, receive, send)
     if not answered:  # the app sent no whole answer (a client that hung up meanwhile)
         protocol.response_empty(status if headers else 500, headers)
+
+
+def _too_many(limit: int) -> bytes:
+    message = f"more than {limit} header lines (IDPOOL_MAX_HEADERS); send fewer"
+    return orjson.dumps({"error": "too_many_headers", "message": message})
 
 
 def create_rsgi_app() -> RsgiNode:

@@ -25,6 +25,7 @@ def granian_options(settings: Settings, workers: int) -> dict[str, object]:
     from granian.constants import HTTPModes, Interfaces, RuntimeModes
     from granian.http import HTTP1Settings
 
+    seconds = settings.keep_alive_seconds
     return {
         "interface": Interfaces.RSGI,
         "workers": workers,
@@ -38,7 +39,8 @@ def granian_options(settings: Settings, workers: int) -> dict[str, object]:
         # Connections served at once per worker; beyond it they wait, unaccepted.
         "backpressure": settings.max_connections,
         "http1_settings": HTTP1Settings(
-            header_read_timeout=max(1, round(settings.header_seconds * 1000)),
+            # one timer in granian: for a request's head, and for the idle wait before it
+            header_read_timeout=max(1, round(1000 * min(settings.header_seconds, seconds))),
             keep_alive=True,
             max_buffer_size=settings.max_header_bytes,
         ),

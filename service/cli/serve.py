@@ -62,6 +62,7 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     _check_port(args.host, args.port)
     asyncio.run(_check_stores(settings))
     server = args.http or settings.http
+    settings = settings.with_changes(max_connections=connection_cap(settings.max_connections))
     # Every worker reads it: a drain on one is a drain of the node (service/drain.py).
     with drain_flag_file():
         if server == "granian":
@@ -89,6 +90,21 @@ def run_uvicorn(settings: Settings, args: argparse.Namespace) -> None:
         limit_concurrency=settings.max_connections,
         timeout_keep_alive=max(1, round(settings.keep_alive_seconds)),
     )
+
+
+def connection_cap(wanted: int) -> int:
+    """IDPOOL_MAX_CONNECTIONS, below this process's open-file limit (each worker has
+    its own): a worker that ran out of descriptors failed every new request."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    # room for the stores' connections, the log, the listening socket
+    return max(1, min(wanted, soft - _FILES_KEPT))
+
+
+_FILES_KEPT = 128  # descriptors a worker keeps for other than client connections
 
 
 def _check_port(host: str, port: int) -> None:
