@@ -16,6 +16,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from .errors import ConfigError
 
 ENV_PREFIX = "IDPOOL_"
+HTTP_SERVERS = ("granian", "uvicorn")  # IDPOOL_HTTP: what `idpool serve` runs
 
 
 # Other variables a setting is read from when its own is unset: a better name
@@ -183,6 +184,24 @@ class Settings:
     # slower one is refused with 408 (a client trickling bodies over many
     # connections would otherwise hold memory for as long as it likes)
     body_seconds: float = 10.0
+    # IDPOOL_HTTP: the HTTP server `idpool serve` runs, granian or uvicorn (README,
+    # "HTTP server"); --http overrides it
+    http: str = "granian"
+    # The HTTP bounds (a flood of slow or huge headers must not take a node's memory
+    # or keep requests out; README, "HTTP server", says what each server bounds).
+    # IDPOOL_MAX_HEADER_BYTES: a request head (request line and headers) over this is
+    # refused 431 (granian's least is 8192); IDPOOL_MAX_HEADERS: more header lines than
+    # this are refused 431 (granian's parser refuses over 100 itself);
+    # IDPOOL_HEADER_SECONDS: a connection whose request head has not arrived whole in
+    # this time is closed; IDPOOL_MAX_CONNECTIONS: connections served at once per worker
+    # (granian leaves more waiting in the listen queue; uvicorn answers them 503),
+    # kept below the open-file limit; IDPOOL_KEEP_ALIVE_SECONDS: an idle kept-alive
+    # connection is closed after this (granian: the smaller of it and the header time)
+    max_header_bytes: int = 8_192
+    max_headers: int = 100
+    header_seconds: float = 5.0
+    max_connections: int = 1_024
+    keep_alive_seconds: float = 5.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -237,6 +256,12 @@ class Settings:
             (self.worker_holder_max >= 0, "IDPOOL_WORKER_HOLDER_MAX must be 0 or more"),
             (self.max_body_bytes >= 1, "IDPOOL_MAX_BODY_BYTES must be at least 1"),
             (self.body_seconds > 0, "IDPOOL_BODY_SECONDS must be above 0"),
+            (self.http in HTTP_SERVERS, f"IDPOOL_HTTP must be one of {', '.join(HTTP_SERVERS)}"),
+            (self.max_header_bytes >= 8_192, "IDPOOL_MAX_HEADER_BYTES must be at least 8192"),
+            (1 <= self.max_headers <= 100, "IDPOOL_MAX_HEADERS must be from 1 to 100"),
+            (self.header_seconds > 0, "IDPOOL_HEADER_SECONDS must be above 0"),
+            (self.max_connections >= 1, "IDPOOL_MAX_CONNECTIONS must be at least 1"),
+            (self.keep_alive_seconds > 0, "IDPOOL_KEEP_ALIVE_SECONDS must be above 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -195,7 +195,7 @@ async def revoke_token(request: Request) -> Response:
 
 async def drain(request: Request) -> Response:
     run = _admitted(request)
-    report = await run.node.shutdown()
+    report = await run.drain()  # every worker of the node drains (service/drain.py)
     return json_response(
         {
             "draining": True,

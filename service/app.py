@@ -486,6 +486,8 @@ async def readyz(request: Request) -> Response:
     if run is None:
         return error("not_ready", "node is starting or shutting down")
     why = run.node.not_ready()
+    if why is None and run.drain_requested():  # another worker drained: this one soon too
+        why = "node is draining or shutting down"
     if why is not None:
         return error("not_ready", f"{why}: see /status for the stores")
     # Still ready: the node serves its buffers and the pool, and every node

@@ -27,8 +27,9 @@ from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.waste import WasteRecorder
 
 from . import metrics, openapi, status
+from .drain import DrainFlag
 from .errors import FailureLog
-from .node import Node, node_ttl
+from .node import Node, ShutdownReport, node_ttl
 from .source import RangeSource
 from .stats import NodeStats
 from .tags import TagDirectory
@@ -56,6 +57,8 @@ class Runtime:
     rendered: dict[str, tuple[float, bytes]] = field(default_factory=dict)
     background: list[asyncio.Future[None]] = field(default_factory=list)
     closed: bool = False
+    # The node's drain, shared by its workers (None outside `idpool serve`)
+    drain_flag: DrainFlag | None = field(default_factory=DrainFlag.from_env)
     _leases: LeaseStore | None = None
 
     def lease_store(self) -> LeaseStore | None:
@@ -67,6 +70,15 @@ class Runtime:
                 pool.client, pool.keys, self.settings.client_lease_seconds, pool.send, pool.legacy
             )
         return self._leases
+
+    async def drain(self) -> ShutdownReport:
+        """Drain this worker, and have every other worker of the node drain too."""
+        if self.drain_flag is not None:
+            self.drain_flag.raise_()
+        return await self.node.shutdown()
+
+    def drain_requested(self) -> bool:
+        return self.drain_flag is not None and self.drain_flag.raised()
 
     async def snapshot(self) -> status.Snapshot:
         return status.assemble(self.node, await self.store_reads.get())
@@ -88,6 +100,10 @@ class Runtime:
             asyncio.ensure_future(self.node.run_housekeeping()),
             asyncio.ensure_future(self.node.health.run()),
         ]
+        if self.drain_flag is not None:
+            is_draining = lambda: self.node.draining  # noqa: E731
+            watch = self.drain_flag.watch(is_draining, self.node.shutdown)
+            self.background.append(asyncio.ensure_future(watch))
         if self.settings.preload:
             self.preloader.start()
         if self.settings.embedded:

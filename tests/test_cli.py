@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pymysql
 import pytest
 
 from idpool.pool.ledger import Ledger
-from idpool.pool.settings import Settings
+from idpool.pool.settings import HTTP_SERVERS, Settings
 from idpool.pool.snowflake import Layout, lease_ms_of
 from idpool.pool.values import TagRow
 from ops.redis_cluster import ClusterNodeServer
@@ -101,8 +102,9 @@ def test_bad_setting_names_the_variable(settings: Settings) -> None:
     assert r.returncode == 2 and "IDPOOL_POOL_DEPTH" in r.stderr
 
 
+@pytest.mark.parametrize("server", HTTP_SERVERS)
 def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
-    settings: Settings, tag: str, tmp_path: Path
+    settings: Settings, tag: str, tmp_path: Path, server: str
 ) -> None:
     import json
     import signal
@@ -122,7 +124,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "idpool.service.cli", "serve", "--port", str(port)]
-            + ["--workers", "2"],
+            + ["--workers", "2", "--http", server],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -207,8 +209,10 @@ def test_a_port_in_use_is_said_plainly(settings: Settings) -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("server", HTTP_SERVERS)
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
 def test_sigterm_stops_a_node_without_an_error_line(
-    settings: Settings, tag: str, tmp_path: Path
+    settings: Settings, tag: str, tmp_path: Path, server: str, stop: str
 ) -> None:
     import signal
     import time
@@ -227,7 +231,8 @@ def test_sigterm_stops_a_node_without_an_error_line(
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "idpool.service.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "idpool.service.cli", "serve", "--port", str(port)]
+            + ["--http", server],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -235,10 +240,11 @@ def test_sigterm_stops_a_node_without_an_error_line(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/id/{tag}", timeout=10).read()
         time.sleep(0.5)
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, stop))
         proc.wait(30)
     text = log.read_text()
-    assert "event=node_stopped" in text
+    # its remainder given back, nothing abandoned
+    assert re.search(r"event=node_stopped returned=[1-9]\d* abandoned=0", text), text
     assert " ERROR " not in text and "Traceback" not in text, text
 
 

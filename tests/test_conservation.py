@@ -17,7 +17,7 @@ import pytest
 
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
-from idpool.pool.settings import Settings
+from idpool.pool.settings import HTTP_SERVERS, Settings
 from ops.toolkit import NodeProcess, env_with
 
 from .crash_waste import assert_only_the_killed_run_wasted
@@ -101,7 +101,11 @@ def ledger_and_pool(settings: Settings, tag: str) -> tuple[int, int, list[tuple[
 
 
 def run_cluster(
-    settings: Settings, tag: str, tmp_path: Path, disrupt: Callable[[list[NodeProcess]], None]
+    settings: Settings,
+    tag: str,
+    tmp_path: Path,
+    disrupt: Callable[[list[NodeProcess]], None],
+    server: str = "granian",
 ) -> tuple[list[int], int, int, list[tuple[int, int]], list[NodeProcess], Drawer]:
     async def add() -> None:
         ledger = await Ledger.connect(settings)
@@ -115,6 +119,7 @@ def run_cluster(
         IDPOOL_REDIS_PREFIX=settings.redis_prefix,
         IDPOOL_POOL_DEPTH="3",
         IDPOOL_PRELOAD_INTERVAL="0.2",
+        IDPOOL_HTTP=server,
     )
     nodes = [NodeProcess(env, tmp_path / f"node{i}").start() for i in range(3)]
     drawer = Drawer(nodes, tag)
@@ -143,12 +148,17 @@ def check_no_duplicates(ids: list[int], pooled: list[tuple[int, int]]) -> set[in
     return issued | in_pool
 
 
-def test_graceful_restart_loses_nothing(settings: Settings, tag: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", HTTP_SERVERS)
+def test_graceful_restart_loses_nothing(
+    settings: Settings, tag: str, tmp_path: Path, server: str
+) -> None:
     def restart_one(nodes: list[NodeProcess]) -> None:
         assert nodes[1].stop()
         nodes[1].start()
 
-    ids, start, max_id, pooled, _, drawer = run_cluster(settings, tag, tmp_path, restart_one)
+    ids, start, max_id, pooled, _, drawer = run_cluster(
+        settings, tag, tmp_path, restart_one, server
+    )
     assert len(ids) >= TOTAL
     accounted = check_no_duplicates(ids, pooled)
     missing = set(range(start, max_id)) - accounted
@@ -156,8 +166,9 @@ def test_graceful_restart_loses_nothing(settings: Settings, tag: str, tmp_path: 
     assert accounted == set(range(start, max_id))
 
 
+@pytest.mark.parametrize("server", HTTP_SERVERS)
 def test_kill_9_wastes_only_what_the_killed_node_held(
-    settings: Settings, tag: str, tmp_path: Path
+    settings: Settings, tag: str, tmp_path: Path, server: str
 ) -> None:
     killed: list[NodeProcess] = []
 
@@ -166,7 +177,9 @@ def test_kill_9_wastes_only_what_the_killed_node_held(
         killed.append(nodes[2])
         nodes[2].start()  # same port, new process: restarts after a crash
 
-    ids, start, max_id, pooled, nodes, drawer = run_cluster(settings, tag, tmp_path, kill_one)
+    ids, start, max_id, pooled, nodes, drawer = run_cluster(
+        settings, tag, tmp_path, kill_one, server
+    )
     assert len(ids) >= TOTAL
     accounted = check_no_duplicates(ids, pooled)
     missing = set(range(start, max_id)) - accounted

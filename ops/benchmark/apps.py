@@ -7,6 +7,8 @@ stores from the same ``IDPOOL_*`` variables (see pool/settings.py):
 - ``bare_asgi``: the same counter as a plain ASGI callable, no framework: what
   uvicorn alone can do (idpool's fast path skips Starlette, so it can pass the
   ceiling; this row shows how far it could go).
+- ``bare_rsgi``: the same counter as an RSGI app on granian: what granian alone
+  can do through the interface idpool's hot routes use.
 - ``redis_incr``: one Redis ``INCR`` per ID.
 - ``mysql_ticket``: one Flickr-style ticket per ID (``REPLACE INTO`` then
   ``SELECT LAST_INSERT_ID()`` on the same connection).
@@ -86,6 +88,19 @@ def bare_asgi() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         await send({"type": "http.response.body", "body": body})
 
     return app
+
+
+def bare_rsgi() -> object:
+    """The same counter as an RSGI app on granian: what granian's RSGI alone can do
+    (idpool on granian answers its hot routes through RSGI: service/rsgi.py)."""
+    counter = itertools.count(1)
+    headers = [("content-type", "text/plain; charset=utf-8")]
+
+    class App:
+        async def __rsgi__(self, scope: Any, protocol: Any) -> None:
+            protocol.response_bytes(200, headers, str(next(counter)).encode())
+
+    return App()
 
 
 def redis_incr() -> Starlette:

@@ -40,6 +40,7 @@ from .load import Load, Result, run_wrk, wrk_path
 from .servers import (
     ROOT,
     HttpServer,
+    granian_command,
     http_get,
     idpool_command,
     uvicorn_command,
@@ -98,7 +99,11 @@ APPS = "ops.benchmark.apps:"
 SERVERS: dict[str, tuple[Callable[[int, int], list[str]], str]] = {
     "ceiling": (lambda port, w: uvicorn_command(APPS + "ceiling", port, w), "/id/bench"),
     "bare_asgi": (lambda port, w: uvicorn_command(APPS + "bare_asgi", port, w), "/id/bench"),
+    # The HTTP tier (issue 31): the bare ceilings of each server's own interface,
+    # and idpool on each server (the default, granian, is "idpool").
+    "bare_rsgi": (lambda port, w: granian_command(APPS + "bare_rsgi", port, w), "/id/bench"),
     "idpool": (lambda port, w: idpool_command(port, w), "/readyz"),
+    "idpool_uvicorn": (lambda port, w: idpool_command(port, w, http="uvicorn"), "/readyz"),
     "idpool_log": (lambda port, w: idpool_command(port, w, access_log=True), "/readyz"),
     "redis_incr": (lambda port, w: uvicorn_command(APPS + "redis_incr", port, w), "/id/x"),
     "mysql_ticket": (lambda port, w: uvicorn_command(APPS + "mysql_ticket", port, w), "/id/x"),
@@ -111,7 +116,9 @@ SERVERS: dict[str, tuple[Callable[[int, int], list[str]], str]] = {
 MAIN = [
     Contender("ceiling", "ceiling", "/id/bench"),
     Contender("bare ASGI (info)", "bare_asgi", "/id/bench"),
+    Contender("bare RSGI granian (info)", "bare_rsgi", "/id/bench"),
     Contender("idpool /id", "idpool", "/id/bench"),
+    Contender("idpool /id on uvicorn", "idpool_uvicorn", "/id/bench"),
     Contender("idpool /ids x1000", "idpool", f"/ids/bench?count={BATCH}", BATCH),
     Contender("idpool /id snowflake", "idpool", f"/id/{SNOWFLAKE_TAG}"),
     # a formatted tag (issue 24): the same node, the same fast path, plus rendering
@@ -457,6 +464,16 @@ def check_targets(
         ids = batch["ids_per_s"]
         target(f"{w}w: batch of {BATCH} >= 10M IDs/s", f"{ids / 1e6:.1f}M", ids >= 10e6)
         target(f"{w}w: /id server CPU per request (info)", f"{one['ratio_cpu']:.2f}x ceiling", True)
+        uv, bare = rows["idpool /id on uvicorn"], rows["bare RSGI granian (info)"]
+        x, least = one["req_per_s"] / uv["req_per_s"], 1.5 if w == 1 else 1.2
+        target(f"{w}w: /id granian >= {least}x /id uvicorn req/s", f"{x:.2f}x", x >= least)
+        cpu = one["cpu_us_per_req"] / max(1e-9, uv["cpu_us_per_req"])
+        ok = cpu <= 0.6 or w != 1  # the 0.6x target is the 1-worker one
+        target(f"{w}w: /id granian CPU per request vs uvicorn", f"{cpu:.2f}x", ok)
+        x = one["req_per_s"] / bare["req_per_s"]
+        target(f"{w}w: /id granian >= 0.9x bare RSGI granian", f"{x:.3f}x", x >= 0.9)
+        x = one["p99_ms"] / max(1e-9, uv["p99_ms"])
+        target(f"{w}w: /id granian p99 <= /id uvicorn p99", f"{x:.2f}x", x <= 1.0)
         formatted = rows["idpool /id formatted"]["req_per_s"] / one["req_per_s"]
         target(
             f"{w}w: formatted /id >= 0.8x plain /id req/s", f"{formatted:.2f}x", formatted >= 0.8

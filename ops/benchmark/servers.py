@@ -91,10 +91,13 @@ class HttpServer:
         return {pid: _cpu_ticks(pid) for pid in self.workers()}
 
     def workers(self) -> list[int]:
-        """uvicorn's worker processes, or the server itself when it runs one worker
-        in-process."""
+        """uvicorn's worker processes (spawned), granian's (forked: every child of
+        its supervisor), or the server itself when it runs one worker in-process."""
         assert self.proc is not None
-        workers = [p for p in _children(self.proc.pid) if "spawn_main" in _cmdline(p)]
+        children = _children(self.proc.pid)
+        workers = [p for p in children if "spawn_main" in _cmdline(p)]
+        if not workers and _is_granian(self.proc.pid):
+            workers = children
         return workers or [self.proc.pid]
 
     def rss_kib(self) -> dict[int, int]:
@@ -112,13 +115,28 @@ def uvicorn_command(factory: str, port: int, workers: int) -> list[str]:
     ]  # fmt: skip
 
 
-def idpool_command(port: int, workers: int, access_log: bool = False) -> list[str]:
-    """The production command, as a user runs it. Access lines are logged at
-    INFO, so a node with its access log on runs at that level."""
+def granian_command(factory: str, port: int, workers: int) -> list[str]:
+    """An ops.benchmark.apps RSGI factory under granian, threads set as `idpool serve`
+    sets them (service/cli/granian.py: one Rust thread per worker, single-threaded
+    runtime)."""
+    return [
+        sys.executable, "-m", "granian", "--interface", "rsgi", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+        "--runtime-threads", "1", "--runtime-mode", "st", "--http", "1", "--no-ws",
+        "--log-level", "warning", factory,
+    ]  # fmt: skip
+
+
+def idpool_command(
+    port: int, workers: int, access_log: bool = False, http: str = "granian"
+) -> list[str]:
+    """The production command, as a user runs it, on the HTTP server ``http``.
+    Access lines are logged at INFO, so a node with its access log on runs at
+    that level."""
     level = "info" if access_log else "warning"
     command = [sys.executable, "-m", "idpool.service.cli", "--log-level", level, "serve"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-    return command + (["--access-log"] if access_log else [])
+    return command + ["--http", http] + (["--access-log"] if access_log else [])
 
 
 def _children(pid: int) -> list[int]:
@@ -127,6 +145,11 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(p) for p in text.split()]
+
+
+def _is_granian(pid: int) -> bool:
+    command = _cmdline(pid)
+    return "granian" in command or "--http granian" in command
 
 
 def _cmdline(pid: int) -> str:

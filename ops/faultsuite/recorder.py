@@ -28,8 +28,9 @@ from .order import OrderLog
 MAX_ATTEMPTS = 8  # per request, across nodes, before the request counts as failed
 RETRY_PAUSE = 0.05  # seconds between attempts
 REQUEST_TIMEOUT = 15.0  # longer than any store timeout a node waits out
-# uvicorn closes a keep-alive connection idle for 5 s; a request sent on it as it
-# closes fails with RemoteDisconnected. Like a pooling client, open a new one instead.
+# A node closes a keep-alive connection idle for 5 s (IDPOOL_KEEP_ALIVE_SECONDS, on
+# either server); a request sent on it as it closes fails with RemoteDisconnected.
+# Like a pooling client, open a new one instead.
 IDLE_REUSE = 4.0
 
 

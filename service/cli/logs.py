@@ -31,11 +31,16 @@ def redact(text: str) -> str:
 
 class RedactTokens(logging.Filter):
     """Blank ``token`` query parameters in every line (uvicorn's access log
-    writes the full path): a tag's token must never reach a log."""
+    writes the full path, granian's the query apart): a tag's token must never
+    reach a log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
             record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):  # granian's access line: one mapping
+            query = record.args.get("query_string")
+            if isinstance(query, str):  # shown with its "?" when there is one
+                record.args = {**record.args, "query_string": query and redact(f"?{query}")}
         if isinstance(record.msg, str):
             record.msg = redact(record.msg)
         return True
@@ -54,6 +59,7 @@ def logging_config(level: str, access_log: bool = False) -> dict[str, Any]:
     }
     if access_log:
         loggers["uvicorn.access"] = {"level": "INFO"}
+        loggers["granian.access"] = {"level": "INFO"}
     return {
         "version": 1,
         "disable_existing_loggers": False,

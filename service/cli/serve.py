@@ -13,10 +13,12 @@ import socket
 
 from idpool.pool.errors import ConfigError
 from idpool.pool.preloader import Preloader
-from idpool.pool.settings import Settings
+from idpool.pool.settings import HTTP_SERVERS, Settings
 from idpool.pool.stores import open_stores
 
+from ..drain import drain_flag_file
 from .common import integer_up_to, port_number
+from .granian import run_granian
 from .logs import logging_config
 
 
@@ -31,17 +33,21 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument(
-        "--workers", type=integer_up_to(1024), default=1, help="uvicorn workers; each is a node"
+        "--workers", type=integer_up_to(1024), default=1, help="worker processes; each is a node"
     )
     serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.add_argument(
+        "--http",
+        choices=HTTP_SERVERS,
+        default=None,
+        help="the HTTP server (default: IDPOOL_HTTP, else granian; README, 'HTTP server')",
+    )
     sub.add_parser(
         "preload", parents=[embedded], help="run the preloader alone, until SIGTERM or Ctrl-C"
     )
 
 
 def serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
     if settings.embedded:
         if args.workers != 1:
             raise ConfigError(
@@ -55,6 +61,20 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
     # Fail here, once, with a clear message, rather than in every worker.
     _check_port(args.host, args.port)
     asyncio.run(_check_stores(settings))
+    server = args.http or settings.http
+    settings = settings.with_changes(max_connections=connection_cap(settings.max_connections))
+    # Every worker reads it: a drain on one is a drain of the node (service/drain.py).
+    with drain_flag_file():
+        if server == "granian":
+            run_granian(settings, args)
+        else:
+            run_uvicorn(settings, args)
+    return 0
+
+
+def run_uvicorn(settings: Settings, args: argparse.Namespace) -> None:
+    import uvicorn
+
     uvicorn.run(
         "idpool.service.app:create_app",
         factory=True,
@@ -65,8 +85,26 @@ def serve(settings: Settings, args: argparse.Namespace) -> int:
         log_config=logging_config(args.log_level, args.access_log),
         lifespan="on",
         timeout_graceful_shutdown=30,
+        # The bounds uvicorn has (README, "HTTP server", says what it cannot bound):
+        # connections beyond the cap are answered 503, idle ones closed.
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=max(1, round(settings.keep_alive_seconds)),
     )
-    return 0
+
+
+def connection_cap(wanted: int) -> int:
+    """IDPOOL_MAX_CONNECTIONS, below this process's open-file limit (each worker has
+    its own): a worker that ran out of descriptors failed every new request."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    # room for the stores' connections, the log, the listening socket
+    return max(1, min(wanted, soft - _FILES_KEPT))
+
+
+_FILES_KEPT = 128  # descriptors a worker keeps for other than client connections
 
 
 def _check_port(host: str, port: int) -> None:

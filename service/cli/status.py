@@ -87,8 +87,7 @@ async def status(settings: Settings, args: argparse.Namespace) -> int:
             f"  {t['tag']:<20} {show(t['max_id']):>14} {show(t['max']):>16} {ranges:>9} "
             f"{show(t['minutes_of_supply']):>8} {show(t['ids_per_s']):>9} "
             f"{t['returned']:>9} {runway_text(t['runway_s'], bounded, ''):>9}"
-            f"  {wasted or '-'}"
-            + (f"  [{state}]" if state else "")
+            f"  {wasted or '-'}" + (f"  [{state}]" if state else "")
         )
     if len(names) > len(shown["tags"]):
         print(f"  ... and {len(names) - len(shown['tags'])} more tags (idpool tag list)")

@@ -1,0 +1,95 @@
+"""``POST /admin/drain`` on a node of several workers drains every worker
+(service/drain.py), on both HTTP servers: real ``idpool serve --workers 2``."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from idpool.pool.settings import Settings
+from ops.processes import NodeProcess, env_with
+
+from .test_cli import idpool
+
+TOKEN = "drain-test-token"
+
+
+def _get(url: str, **headers: str) -> tuple[int, bytes]:
+    # a new connection each time: the kernel hands it to either worker
+    request = urllib.request.Request(url, headers={**headers, "Connection": "close"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _pids(base: str, seconds: float = 20.0) -> set[int]:
+    """The worker PIDs that answered /status.json over new connections, until
+    both did or ``seconds`` passed (the node is ready once its first worker is)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status, body = _get(f"{base}/status.json")
+        if status == 200:
+            seen.add(json.loads(body)["node"]["pid"])
+        if len(seen) == 2:
+            break
+    return seen
+
+
+@pytest.mark.parametrize("http", ["uvicorn", "granian"])
+def test_a_drain_reaches_every_worker_of_the_node(
+    settings: Settings, tag: str, tmp_path: Path, http: str
+) -> None:
+    assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_ADMIN_TOKEN=TOKEN,
+        IDPOOL_PRELOAD="0",
+    )
+    node = NodeProcess(env, tmp_path / "node", args=("--workers", "2", "--http", http)).start()
+    try:
+        base = node.base_url
+        assert len(_pids(base)) == 2, "the kernel gave every connection to one worker"
+        for _ in range(20):  # both workers hold a buffer of the tag
+            assert _get(f"{base}/id/{tag}")[0] == 200
+        request = urllib.request.Request(
+            f"{base}/admin/drain", method="POST", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert json.loads(r.read())["draining"] is True
+        # /readyz says it at once on every worker; /id once each has looked (0.1 s)
+        readyz = [_get(f"{base}/readyz")[0] for _ in range(30)]
+        time.sleep(1.0)
+        ids = [_get(f"{base}/id/{tag}")[0] for _ in range(30)]
+        assert readyz == [503] * 30, readyz  # it alternated 503/200 with one worker drained
+        assert ids == [503] * 30, ids
+        assert len(_pids(base)) == 2  # both still there, draining
+    finally:
+        assert node.stop()
+    text = node.logs[-1].read_text()
+    returned = [line.split()[4] for line in text.splitlines() if "event=range_returned" in line]
+    assert len(set(returned)) == 2, text  # each worker (its PID) gave its remainder back
+
+
+def test_a_drain_flag_is_this_runs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the flag a drained run made is not there for the next run: a new one each run
+    from idpool.service.drain import ENV, DrainFlag, drain_flag_file
+
+    monkeypatch.setenv(ENV, "")  # put back as it was after the test
+    with drain_flag_file() as first:
+        flag = DrainFlag.from_env()
+        assert flag is not None and flag.path == first and not flag.raised()
+        flag.raise_()
+        assert flag.raised()
+    assert not Path(first).exists()
+    with drain_flag_file() as second:
+        assert second != first and not DrainFlag(second).raised()
