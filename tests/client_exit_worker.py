@@ -1,9 +1,11 @@
 """A client process that is still taking IDs when it exits (issue 28).
 
-    python -m tests.client_exit_worker async|sync URL TAG OUT_FILE SECONDS
+    python -m tests.client_exit_worker async|async-warm|sync URL TAG OUT_FILE SECONDS
 
 ``async``: an AsyncIdPoolClient whose event loop runs in a daemon thread, fed by
-``run_coroutine_threadsafe`` (a sync app's pattern); ``sync``: an IdPoolClient
+``run_coroutine_threadsafe`` (a sync app's pattern); ``async-warm``: the same,
+first warmed up by ``asyncio.run`` in the main thread (a loop closed since), then
+served by ``next_id`` alone (the fast path, which records no loop); ``sync``: an IdPoolClient
 drawn from by daemon threads. The main thread returns after SECONDS, so the
 client's atexit hook gives the unused tails back while the takers still take.
 An atexit handler registered before the client (so it runs after the client's)
@@ -55,14 +57,16 @@ def main(argv: list[str]) -> None:
 
     client.transport.give_back = recording  # type: ignore[method-assign]
     if isinstance(client, AsyncIdPoolClient):
-        takers.append(_loop_taker(client, tag, handed, errors))
+        if mode == "async-warm":
+            handed.extend(asyncio.run(client.next_ids(tag, 3)))
+        takers.append(_loop_taker(client, tag, handed, errors, slow=mode == "async"))
     else:
         takers += [_sync_taker(client, tag, handed, errors) for _ in range(2)]
     threading.Event().wait(seconds)
 
 
 def _loop_taker(
-    client: AsyncIdPoolClient, tag: str, handed: list[Any], errors: list[str]
+    client: AsyncIdPoolClient, tag: str, handed: list[Any], errors: list[str], slow: bool
 ) -> threading.Thread:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -73,11 +77,11 @@ def _loop_taker(
         try:
             while True:
                 k += 1
-                if k % 3 == 0:  # next_ids: the slow path, where a cut could land mid-take
+                if slow and k % 3 == 0:  # next_ids: the slow path, a cut could land mid-take
                     handed.extend(await client.next_ids(tag, 7))
                 else:
                     handed.append(await client.next_id(tag))
-                if k % 50 == 0:
+                if k % (50 if slow else 5) == 0:  # warm: stays under the prefetch mark
                     await asyncio.sleep(0)  # other tasks (and callbacks) get the loop
         except IdPoolError:
             pass  # closed, or no lease once the interpreter is shutting down

@@ -5,15 +5,18 @@ check-and-increment with no ``await`` in between: two tasks never get the same
 ID. The two HTTP calls run in the default executor (stdlib ``http.client``),
 so no HTTP library is needed. Use one client per event loop.
 
-That includes the cut of the tails at exit. The atexit hook runs in the main
-thread, and a loop run by another thread (fed by ``run_coroutine_threadsafe``)
-still takes meanwhile: a cut between a take's read of ``cur`` and its increment
-returned an ID just handed out, and a take after the cut's first write handed
-out 0. So the hook asks the loop to cut (``call_soon_threadsafe``) and waits a
-moment; a loop that does not answer keeps its IDs (wasted, never returned while
-it may hand them out). It cuts in its own thread only when no thread can run
-the loop: closed, or idle with the thread that ran it ended (or the hook's own).
-The take's hot path stays as it was, with no lock.
+Except the cut of the tails at exit. The atexit hook runs in the main thread,
+and a loop run by another thread (fed by ``run_coroutine_threadsafe``; or
+several loops) still takes meanwhile: a cut between a take's read of ``cur`` and
+its increment returned an ID just handed out, and a take after the cut's first
+write handed out 0. So the hook first stops new takes (``limit`` 0, closed:
+a take that reads either goes to the slow path and raises IdPoolClosed), then
+waits until no other thread is inside the client's code (``sys._current_frames``:
+a take under way finishes its increment), and only then reads ``cur``. A thread
+still inside after a moment keeps the IDs (wasted, never returned while it may
+hand them out). Asking the loop to cut was not enough: the fast path does not
+say which loop takes (a client warmed up in ``asyncio.run``, then served from
+a loop thread, was cut beside that thread). The take's hot path has no lock.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
+import sys
 import threading
 import time
+import types
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -34,7 +39,7 @@ from .formats import within
 from .sync import _LIVE, RETRY_BACKOFF, CloseReport, _check_batch, close_at_child_exit
 from .transport import Lease, Tokens, Transport
 
-EXIT_WAIT = 1.0  # seconds the atexit hook waits for the loop to cut the tails
+EXIT_WAIT = 1.0  # seconds the atexit hook waits for takes under way in other threads
 
 
 @dataclass
@@ -88,9 +93,6 @@ class AsyncIdPoolClient:
         self.max_batch = max_batch
         self._tags: dict[str, _Tag] = {}
         self._closed = False
-        # The loop the client takes on, and the thread that last ran it: who may cut at exit
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
         self.report = CloseReport()
         self._report_lock = threading.Lock()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
@@ -104,7 +106,6 @@ class AsyncIdPoolClient:
         """A forked child forgets the parent's leases (see IdPoolClient's): it
         leases its own, in its own event loop."""
         self._tags = {}
-        self._loop = self._loop_thread = None
         self.report = CloseReport()
         if self._return_at_exit:
             close_at_child_exit(self._at_exit)
@@ -144,7 +145,6 @@ class AsyncIdPoolClient:
             if not isinstance(tag, str) or not tag:
                 raise ValueError("tag must be a non-empty string")
             t = self._tags[tag] = _Tag(tag, self.initial_count)
-        self._on_loop()
         parts: list[range] = []
         while n > 0:
             if self._closed:
@@ -184,13 +184,6 @@ class AsyncIdPoolClient:
             assert task is not None
             await asyncio.shield(task)  # a cancelled caller must not cancel the fetch
         return parts
-
-    def _on_loop(self) -> None:
-        """Note the loop (and thread) this take runs on: the exit hook cuts there.
-        The slow path only; every hot-path take follows one of these on its loop."""
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop or self._loop_thread is not threading.current_thread():
-            self._loop, self._loop_thread = loop, threading.current_thread()
 
     def _switch(self, t: _Tag) -> None:
         if t.lease is not None:
@@ -270,10 +263,21 @@ class AsyncIdPoolClient:
         """Stop serving; the unused tails (no await: atomic on the loop). None if closed."""
         if self._closed:
             return None
+        self._stop_taking()
+        return self._tails()
+
+    def _stop_taking(self) -> None:
+        """No take starts after this: the fast path reads ``limit`` 0, the slow path
+        ``_closed``. (One under way in another thread may still finish.)"""
         self._closed = True
         atexit.unregister(self._at_exit)
+        for t in list(self._tags.values()):
+            t.limit = 0
+
+    def _tails(self) -> list[tuple[Lease, int]]:
+        """The unused tails, once no take is under way (``_stop_taking`` first)."""
         tails: list[tuple[Lease, int]] = []
-        for t in self._tags.values():
+        for t in list(self._tags.values()):
             if t.lease is not None and t.cur < t.stop:
                 tails.append((t.lease, t.cur))
             tails += [(x, x.start) for x in t.pending]
@@ -357,36 +361,41 @@ def _close_ref(ref: weakref.ref[AsyncIdPoolClient]) -> None:
 
 
 def _cut_at_exit(client: AsyncIdPoolClient) -> list[tuple[Lease, int]] | None:
-    """The client's tails, cut on its loop's thread whenever a thread may still run
-    the loop: a cut from here, beside a take, returned IDs the take handed out."""
-    loop, thread = client._loop, client._loop_thread
-    here = threading.current_thread()
-    if (
-        loop is None
-        or loop.is_closed()
-        or (not loop.is_running() and (thread is None or thread is here or not thread.is_alive()))
-    ):
-        return client._cut()  # no thread runs the loop: no take can run beside the cut
-    lock = threading.Lock()
-    done = threading.Event()
-    box: list[list[tuple[Lease, int]] | None] = []
-
-    def cut_on_loop() -> None:
-        with lock:  # never after the hook gave up: a cut nobody returns is a wasted one
-            if not done.is_set():
-                box.append(client._cut())
-                done.set()
-
-    try:
-        loop.call_soon_threadsafe(cut_on_loop)
-    except RuntimeError:  # closed since: no take can run any more
-        return client._cut()
-    done.wait(EXIT_WAIT)
-    with lock:
-        if not done.is_set():  # the loop is busy or stopped: its IDs stay with it
-            done.set()
+    """The client's tails, cut from whatever thread runs the hook, beside takes in
+    other threads: new ones stopped first, those under way waited for (the module
+    docstring). None when closed, or when a thread stayed inside the client."""
+    if client._closed:
+        return None
+    client._stop_taking()
+    deadline = time.monotonic() + EXIT_WAIT
+    # Quiet, then every limit still 0: a take under way may have re-armed one (a
+    # prefetch) before it left; any take starting after this reads 0 or _closed.
+    while _inside_elsewhere() or any(t.limit for t in list(client._tags.values())):
+        if time.monotonic() > deadline:  # paused, or blocked: its IDs stay with it
             client.report.lost.append(
-                f"every unused ID: the event loop did not cut them within {EXIT_WAIT}s at exit"
+                f"every unused ID: another thread was still taking after {EXIT_WAIT}s at exit"
             )
             return None
-    return box[0]
+        for t in list(client._tags.values()):
+            t.limit = 0
+        time.sleep(0.001)
+    return client._tails()
+
+
+# Every function of the client's class: a thread with one of them on its stack may
+# be between a take's read of ``cur`` and its increment.
+_CLIENT_CODE = frozenset(
+    f.__code__ for f in vars(AsyncIdPoolClient).values() if isinstance(f, types.FunctionType)
+)
+
+
+def _inside_elsewhere() -> bool:
+    """Whether a thread but this one is running the client's code now."""
+    here = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        f: types.FrameType | None = frame
+        while ident != here and f is not None:
+            if f.f_code in _CLIENT_CODE:
+                return True
+            f = f.f_back
+    return False
