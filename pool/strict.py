@@ -99,15 +99,13 @@ local function now_ms()
 end
 -- KEYS[1] = the strict hash. Take `want` IDs from a state of incarnation `inc`:
 -- {first taken or false, next, limit} (next and limit false: no state of `inc`).
--- On a cluster: the replicas this server's own cluster config lists for it, but
--- those it has flagged failed (a take here is confirmed by WAIT for all of them).
+-- On a cluster: the replicas this server's own cluster config lists for it (a
+-- take here is confirmed by WAIT for all of them). Those it flagged `fail` too:
+-- its view is frozen while it is paused, and a replica it flagged may since have
+-- come back and been promoted (a review: a paused replica, then a paused primary,
+-- answered 17-24 after the promoted replica answered 1001).
 local function replicas_known()
-  local n = 0
-  for _, line in ipairs(redis.call('CLUSTER', 'REPLICAS', redis.call('CLUSTER', 'MYID'))) do
-    local flags = string.match(line, '^%S+ %S+ (%S+)') or ''
-    if not string.find(',' .. flags .. ',', ',fail,', 1, true) then n = n + 1 end
-  end
-  return n
+  return #redis.call('CLUSTER', 'REPLICAS', redis.call('CLUSTER', 'MYID'))
 end
 local function take(inc, want)
   local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc')
@@ -281,8 +279,8 @@ class RedisStrict:
         before the cluster bus tells it that its replica was promoted: a node
         whose slot map is stale would answer IDs from the old state, below IDs
         the promoted replica already answered. So a take there counts only once
-        every replica the primary itself knows of (its own cluster config, not
-        flagged failed) acknowledged it: ``WAIT`` on the script's connection. A
+        every replica the primary itself knows of (its own cluster config, failed
+        ones too) acknowledged it: ``WAIT`` on the script's connection. A
         promoted replica no longer replicates from the old primary, so its takes
         are never confirmed. No Sentinel majority plays this role on a cluster;
         the replicas are the cluster's own witnesses of who is primary."""

@@ -586,6 +586,45 @@ async def test_a_strict_take_a_replica_did_not_acknowledge_is_never_answered(
         await pool.close()
 
 
+async def test_a_replica_its_primary_flagged_failed_still_must_acknowledge(
+    cs: Settings, cluster: LocalCluster, ledger: Ledger
+) -> None:
+    """A replica the primary has flagged `fail` is counted too: the primary's view
+    is frozen while it is paused, and that replica may since have come back and
+    been promoted. Left out (the first fix), a paused replica then a paused primary
+    answered 17-24 after the promoted replica had answered 1001 (an adversarial run,
+    2 of 5). Here: takes on a primary whose one replica it flagged failed are not
+    answered (before: answered with no WAIT at all)."""
+    pool = RedisPool.from_settings(cs.with_changes(store_timeout=2.0))
+    tag = new_name("sf")
+    await ledger.add_tag(tag, step=100, start=1, kind="strict")
+    seq = StrictSequence(RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda t: 100)
+    primary = cluster.primary_of(pool.keys.strict(tag))
+    replica = cluster.replicas_of(primary)[0]
+    replica_id = replica.node_id()
+
+    def flagged_fail() -> bool:
+        with primary.client() as c:
+            lines = c.execute_command("CLUSTER", "REPLICAS", c.execute_command("CLUSTER", "MYID"))
+        return any(
+            line.split()[0] == replica_id and "fail" in line.split()[2].split(",")
+            for line in lines
+        )
+
+    try:
+        assert await seq.take(tag, 1) == 1
+        replica.pause()
+        await asyncio.to_thread(cluster.wait_for, flagged_fail, 30.0)
+        with pytest.raises(StoreUnavailable):
+            await seq.take(tag, 3)
+        assert seq.waste.of(tag) == {"strict_not_confirmed": 3}
+    finally:
+        replica.resume()
+        await seq.close()
+        await pool.close()
+        await asyncio.to_thread(cluster.wait_ok, 60.0)
+
+
 async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the_promoted(
     cs: Settings, cluster: LocalCluster, ledger: Ledger
 ) -> None:
