@@ -78,6 +78,38 @@ if ARGV[1] == 'lift' then
   redis.call('HDEL', KEYS[1], 'q', 'f')
   return {'ok'}
 end
+-- A client's grant (ARGV[7] > 0): at most ARGV[7] live client leases on the tag (the
+-- rest stay for nodes) and ARGV[9] for this holder. Counted in the script that
+-- grants: two grants racing count one after the other, never both under the cap.
+local function capped()
+  local cap, mine = tonumber(ARGV[7]) or 0, tonumber(ARGV[9] or '0') or 0
+  if cap <= 0 then return nil end
+  local clients, held = 0, 0
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'w:' then
+      local g, exp, last, who = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%S+)')
+      -- Held, or released with a last time not yet past (the worker ID is kept from
+      -- everyone until then, and a release keeps its holder's name): a grant-and-
+      -- release loop with a late last time blocked every worker ID of a tag.
+      local blocked = (g ~= '0' and tonumber(exp) > now) or (g == '0' and tonumber(last) >= now)
+      if blocked and string.sub(who, 1, 7) == 'client:' then
+        clients = clients + 1
+        if who == ARGV[6] then held = held + 1 end
+      end
+    end
+  end
+  if mine > 0 and held >= mine then return {'capped', 'holder', tostring(mine)} end
+  if clients >= cap then return {'capped', 'clients', tostring(cap)} end
+  return nil
+end
+-- The read-only check before a client's grant claims its generation. Nothing is
+-- written: run before the incarnation block, a quarantine of 0 (its argument)
+-- was written as the hash's after a restart, and the grant after it found none.
+if ARGV[1] == 'room' then
+  if seen ~= inc then return {'ok'} end  -- no holder known here; the grant decides
+  return capped() or {'ok'}
+end
 if seen ~= inc then
   -- A new Redis incarnation (restart, failover, restore from a snapshot), or a
   -- hash never made. Holders granted elsewhere may still be issuing, and none is
@@ -109,28 +141,6 @@ if seen ~= inc then
   end
 end
 if ARGV[1] == 'init' then return {'ok'} end
--- A client's grant (ARGV[7] > 0): at most ARGV[7] live client leases on the tag (the
--- rest stay for nodes) and ARGV[9] for this holder. Counted in the script that
--- grants: two grants racing count one after the other, never both under the cap.
-local function capped()
-  local cap, mine = tonumber(ARGV[7]) or 0, tonumber(ARGV[9] or '0') or 0
-  if cap <= 0 then return nil end
-  local clients, held = 0, 0
-  local all = redis.call('HGETALL', KEYS[1])
-  for i = 1, #all, 2 do
-    if string.sub(all[i], 1, 2) == 'w:' then
-      local g, exp, _, who = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%S+)')
-      if g ~= '0' and tonumber(exp) > now and string.sub(who, 1, 7) == 'client:' then
-        clients = clients + 1
-        if who == ARGV[6] then held = held + 1 end
-      end
-    end
-  end
-  if mine > 0 and held >= mine then return {'capped', 'holder', tostring(mine)} end
-  if clients >= cap then return {'capped', 'clients', tostring(cap)} end
-  return nil
-end
-if ARGV[1] == 'room' then return capped() or {'ok'} end
 if ARGV[1] == 'grant' then
   local ttl = tonumber(ARGV[2])
   local q = tonumber(redis.call('HGET', KEYS[1], 'q') or '0')
@@ -213,7 +223,9 @@ if ARGV[1] == 'renew' then
   redis.call('HSET', KEYS[1], key, gen .. ' ' .. expires .. tail)
   return {'ok', tostring(expires), tostring(now), tostring(ttl)}
 end
-redis.call('HSET', KEYS[1], key, '0 ' .. now .. ' ' .. last .. ' -')
+-- The holder's name stays: until its last time is past the worker ID is kept from
+-- everyone, and counts against that holder's caps (capped).
+redis.call('HSET', KEYS[1], key, '0 ' .. now .. ' ' .. last .. ' ' .. holder)
 return {'ok', tostring(now), tostring(now), tostring(ttl)}
 """
 

@@ -384,3 +384,56 @@ async def test_concurrent_client_grants_never_pass_the_tags_client_cap(
     }
     node = await grant(store, tag, 99, workers=8)  # a node's grant: no cap
     assert node.worker not in {g.worker for g in granted}
+
+
+async def test_the_cap_check_after_a_lost_hash_leaves_the_quarantine_in_place(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    """The read-only cap check (``room``, before a client's grant claims its
+    generation) ran the new-incarnation block with a quarantine of 0: after a Redis
+    that lost the hash, the grant that followed found no quarantine and gave a
+    worker ID a live node held (an adversarial run: 135 duplicate IDs)."""
+    store = store_of(redis_pool)
+    await grant(store, tag, 1, first=True, workers=1)  # a node holds worker 0
+    keys = Keys(settings.redis_prefix)
+    # a Redis restarted empty: the hash and the tag's largest TTL both gone
+    redis.Redis.from_url(settings.redis_url).delete(keys.workers(tag), keys.worker_lease(tag))
+    caps = ClientCaps(1.0, 0)
+    await store.room(tag, workers=1, holder="c", caps=caps)  # nothing held here: room
+    with pytest.raises(WorkerRefused) as q:
+        await store.grant(
+            tag, generation=2, workers=1, holder="c", ttl_ms=TTL, quarantine_ms=TTL, caps=caps
+        )
+    assert q.value.why == "quarantine"
+
+
+async def test_a_release_with_a_late_last_time_still_counts_against_the_caps(
+    redis_pool: RedisPool, tag: str
+) -> None:
+    """A released worker ID whose last time is not past is kept from everyone until
+    then: it counts against its holder's and the clients' caps. Not counted, a
+    grant-and-release loop with a late last time blocked every worker ID of a tag
+    (an adversarial run: a js53 tag's 256 in 14 s; SnowflakeClients and new nodes
+    then got 503)."""
+    store = store_of(redis_pool)
+    await store.lift(tag, await store.init(tag))
+    caps = ClientCaps(0.5, 1)
+
+    async def client(gen: int, holder: str) -> Grant:
+        return await store.grant(
+            tag, generation=gen, workers=8, holder=holder, ttl_ms=TTL, quarantine_ms=TTL,
+            caps=caps,
+        )  # fmt: skip
+
+    first = await client(1, "x")
+    await store.release(tag, first, first.server_ms + TTL + 900, TTL)  # under the bound
+    with pytest.raises(WorkerRefused) as e:
+        await client(2, "x")
+    assert e.value.why == "capped"  # before: granted, the released one not counted
+    for n, holder in enumerate("abc", start=3):  # the tag's 4 client places: 3 more
+        await client(n, holder)
+    with pytest.raises(WorkerRefused) as e:
+        await client(9, "d")
+    assert e.value.why == "capped"
+    node = await grant(store, tag, 99, workers=8)  # nodes still get theirs
+    assert node.worker not in {first.worker}
