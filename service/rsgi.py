@@ -53,7 +53,9 @@ class RsgiNode:
 
     async def __rsgi__(self, scope: Scope, protocol: HTTPProtocol) -> None:
         app = self.app
-        if self.max_headers and len(scope.headers.keys()) > self.max_headers:
+        # values(): every header line (keys() names each name once: 90 copies of one
+        # header passed a cap of 10)
+        if self.max_headers and len(scope.headers.values()) > self.max_headers:
             headers = [("content-type", "application/json"), ("connection", "close")]
             protocol.response_bytes(431, headers, _too_many(self.max_headers))
             return
@@ -91,9 +93,11 @@ async def _as_asgi(
         "scheme": scope.scheme,
         "path": scope.path,
         "raw_path": scope.path.encode(),
-        "query_string": scope.query_string.encode("latin-1"),
+        # granian hands the query over as text decoded from UTF-8 (percent escapes
+        # kept): encoded back the same way, never latin-1 (a '€' raised, a 500)
+        "query_string": scope.query_string.encode(),
         "root_path": "",
-        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in scope.headers.items()],
+        "headers": [(k.encode(), v.encode()) for k, v in scope.headers.items()],
         "client": (host, int(port or 0)),
         "server": (server_host, int(server_port or 0)),
         "state": state.copy(),

@@ -19,6 +19,7 @@ from .test_cli import idpool
 RSS_BOUND_MIB = 150  # the node: granian's supervisor and its worker together
 CAP = 200  # IDPOOL_MAX_CONNECTIONS here: a flood of a few hundred passes it
 HEADER_SECONDS = 2.0
+MAX_HEADERS = 20  # IDPOOL_MAX_HEADERS here: below the parser's own 100
 
 
 @pytest.fixture
@@ -31,6 +32,7 @@ def node(settings: Settings, tag: str, tmp_path: Path) -> Iterator[NodeProcess]:
         IDPOOL_PRELOAD="0",
         IDPOOL_MAX_CONNECTIONS=str(CAP),
         IDPOOL_HEADER_SECONDS=str(HEADER_SECONDS),
+        IDPOOL_MAX_HEADERS=str(MAX_HEADERS),
     )
     env.pop("IDPOOL_HTTP", None)  # the default server
     started = NodeProcess(env, tmp_path / "node").start()
@@ -158,3 +160,35 @@ def test_too_many_header_lines_are_refused(node: NodeProcess, tag: str) -> None:
         s.sendall(f"GET /id/{tag} HTTP/1.1\r\nHost: idpool\r\n".encode() + many + b"\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 431 ")
     assert _legit_id(node.port, tag, 10) == b"HTTP/1.1 200 OK"
+
+
+def _answer(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """One request on a new connection: its status line and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], body
+
+
+def test_one_header_name_repeated_counts_every_line(node: NodeProcess, tag: str) -> None:
+    """Counted by distinct names, 90 copies of one header passed a cap of 10."""
+    many = b"X-A: 1\r\n" * (MAX_HEADERS + 5)
+    status, _ = _answer(
+        node.port, b"GET /status.json HTTP/1.1\r\nHost: i\r\n" + many + b"\r\n"
+    )
+    assert status.startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_query_that_is_not_latin_1_is_a_4xx_not_a_500(node: NodeProcess, tag: str) -> None:
+    """granian hands the query over decoded from UTF-8; the adapter encoded it as
+    latin-1, and a '\u20ac' raised (500, a traceback in the log per request)."""
+    query = "count=2&x=\u20ac".encode()
+    for path in (f"/ids/{tag}?".encode() + query, f"/decode/{tag}/1?".encode() + query):
+        status, body = _answer(
+            node.port, b"GET " + path + b" HTTP/1.1\r\nHost: i\r\nConnection: close\r\n\r\n"
+        )
+        code = int(status.split()[1])
+        assert code < 500, (path, status, body)
