@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from .errors import StoreUnavailable
 from .ledger import Ledger
 from .ranges import IdRange
 from .redis_pool import RedisPool
@@ -178,18 +179,25 @@ async def open_pool(settings: Settings, *, check: bool = True) -> PoolStore:
     """The pool that goes with the ledger: Redis, or the embedded ledger's own file.
 
     With ``check``, raises StoreUnavailable (naming the variable) unless it answers.
+    Without, a pool that does not answer is returned as it is (a tag can be added
+    with Redis down), but one that answers as the wrong kind of server still raises
+    ConfigError (a plain URL at a Cluster node: `tag add` printed "added" and wrote
+    nothing to Redis, `tag remove` asked to be run again, forever).
     """
     pool: PoolStore
     if settings.embedded:
         pool = await SqlitePool.open(settings)
     else:
         pool = RedisPool.from_settings(settings)
-    if check:
-        try:
-            await pool.check()
-        except BaseException:
+    try:
+        await pool.check()
+    except StoreUnavailable:
+        if check:
             await pool.close()
             raise
+    except BaseException:
+        await pool.close()
+        raise
     return pool
 
 

@@ -218,8 +218,13 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     ledger = await open_ledger(settings)
-    # No check: with Redis down a tag can still be added (without its high-water mark).
-    pool = await open_pool(settings, check=False)
+    try:
+        # No check: with Redis down a tag can still be added (without its high-water
+        # mark); a pool that answers as the wrong server still raises ConfigError.
+        pool = await open_pool(settings, check=False)
+    except BaseException:
+        await ledger.close()
+        raise
     try:
         row = await spec.create(ledger, pool)
     except TagExists:
@@ -238,10 +243,14 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     kind = "" if row.kind == SEGMENT else f", kind {row.kind}"
     if row.kind == SNOWFLAKE:
         print(f"added {row.tag}: kind snowflake, {_layout_text(row)}")
-        return 0
-    shown = tag_list_entry(row)
-    formatted = f", format {shown}" if shown else ""
-    print(f"added {row.tag}: first ID {row.max_id}, step {row.step}{bound}{kind}{formatted}{note}")
+    else:
+        shown = tag_list_entry(row)
+        formatted = f", format {shown}" if shown else ""
+        first = f"first ID {row.max_id}, step {row.step}"
+        print(f"added {row.tag}: {first}{bound}{kind}{formatted}{note}")
+    # Where: a node on another ledger answers 404 for it (a missing database named by a
+    # misspelt or default URL is created by `tag add` as by `serve`)
+    print(f"  in the {settings.ledger_shown()}")
     return 0
 
 
@@ -450,11 +459,13 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
             file=sys.stderr,
         )
         return EXIT_USAGE
-    removed: TagRow | None = None
-    with contextlib.suppress(UnknownTag):  # removed before: its list may still need emptying
-        removed = await ledger.remove_tag(args.tag)
+    # The pool first: one that answers as the wrong server (ConfigError) stops the
+    # removal before the ledger changes, not after
     pool = await open_pool(settings, check=False)
+    removed: TagRow | None = None
     try:
+        with contextlib.suppress(UnknownTag):  # removed before: its list may still need emptying
+            removed = await ledger.remove_tag(args.tag)
         drained = await pool.take_all(args.tag)
     except StoreUnavailable as e:
         if removed is None:
