@@ -59,9 +59,34 @@ class DrainFlag:
 def drain_flag_file() -> Iterator[str]:
     """Name this run's flag for its workers (a new one each run: a drain of the
     last run does not drain the next); removed with its directory at the end."""
-    directory = tempfile.mkdtemp(prefix="idpool-drain-")
+    _remove_orphans()
+    directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
     path = os.environ[ENV] = os.path.join(directory, "drain")
     try:
         yield path
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+_PREFIX = "idpool-drain-"
+
+
+def _remove_orphans() -> None:
+    """Remove the flag directories of runs that ended without removing theirs (kill -9):
+    their names carry the run's PID, and no live process has it (or it is another's,
+    which only keeps the directory a while longer)."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        if name.startswith(_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from idpool.pool.settings import Settings
+from idpool.service.drain import ENV, drain_flag_file
 from ops.processes import NodeProcess, env_with
 
 from .test_cli import idpool
@@ -93,3 +98,23 @@ def test_a_drain_flag_is_this_runs_only(monkeypatch: pytest.MonkeyPatch) -> None
     assert not Path(first).exists()
     with drain_flag_file() as second:
         assert second != first and not DrainFlag(second).raised()
+
+
+def test_a_run_removes_the_flag_directories_of_runs_killed_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kill -9 leaves a run's flag directory behind (an adversarial run found 41):
+    the next run removes those whose PID is gone, and keeps a live run's."""
+    monkeypatch.setenv(ENV, "")  # the flag's name is set for this process: undone after
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root = Path(tempfile.gettempdir())
+    dead = Path(tempfile.mkdtemp(prefix=f"idpool-drain-{gone.pid}-"))
+    live = Path(tempfile.mkdtemp(prefix=f"idpool-drain-{os.getpid()}-"))
+    try:
+        with drain_flag_file() as flag:
+            assert Path(flag).parent.parent == root
+            assert not dead.exists() and live.exists()
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(dead, ignore_errors=True)
