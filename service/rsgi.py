@@ -104,9 +104,16 @@ async def _as_asgi(
     }
     chunks = aiter(protocol)
     body_done = False
+    # Watched from the start: Starlette asks "disconnected?" with a receive() under a
+    # cancelled scope, which must answer without waiting. Awaited only then, a
+    # client that hung up while its ID was fetched was never seen (the ID served to
+    # no one and not counted as waste).
+    hung_up = asyncio.ensure_future(protocol.client_disconnect())
 
     async def receive() -> Message:
         nonlocal body_done
+        if hung_up.done():  # as uvicorn: a client gone is said first, before its body
+            return {"type": "http.disconnect"}
         if not body_done:
             try:
                 chunk = await anext(chunks)
@@ -114,7 +121,8 @@ async def _as_asgi(
                 body_done = True
                 return {"type": "http.request", "body": b"", "more_body": False}
             return {"type": "http.request", "body": bytes(chunk), "more_body": True}
-        await protocol.client_disconnect()
+        if not hung_up.done():
+            await asyncio.shield(hung_up)
         return {"type": "http.disconnect"}
 
     status = 500
@@ -133,7 +141,10 @@ async def _as_asgi(
                 answered = True
                 protocol.response_bytes(status, headers, b"".join(parts))
 
-    await app(asgi_scope, receive, send)
+    try:
+        await app(asgi_scope, receive, send)
+    finally:
+        hung_up.cancel()
     if not answered:  # the app sent no whole answer (a client that hung up meanwhile)
         protocol.response_empty(status if headers else 500, headers)
 
