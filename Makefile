@@ -5,7 +5,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: serve test check install install-test browser promtool galera constraints clean
+.PHONY: serve test test-fast check install install-test browser promtool galera constraints clean
 
 # `make install` (and `make serve`): what serving needs, idpool and its client, no
 # test tools. -c constraints.txt: the runtime dependencies at the versions the image
@@ -58,6 +58,12 @@ test: install-test browser promtool galera
 	$(VENV)/bin/ruff check idpool pool service tests ops client
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# The fast tier: only `pytest -m "not process"` (no ruff, no mypy): every test that
+# starts no process or server of its own and injects no server fault (tests/conftest.py
+# marks the others `process`), still against the real MariaDB and Redis; ~2 minutes.
+test-fast: install-test
+	$(PY) -m pytest -q -m "not process"
 
 # constraints.txt (used by the Dockerfile and `make install`): the .venv's tested
 # versions of idpool's runtime dependencies, found by installing idpool alone in a

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import contextlib
+import dis
+import importlib
+import inspect
 import os
+import subprocess
 import time
+import types
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -61,6 +66,116 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "\ntests left behind: " + "; ".join(leaks), red=True, bold=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# The fast tier (`make test-fast`, `pytest -m "not process"`): a test is marked
+# `process` when it, a fixture it uses, or a function of tests/ or ops/ they call
+# names one of these: a process or server starter of ops/toolkit.py, a subprocess,
+# a fork, a signal that stops or kills, or a TcpProxy cutting a store off. `slow`
+# tests are `process` too. A test left unmarked that starts a process anyway fails
+# (the guard below), in `make test` as well, so the tier cannot rot silently.
+PROCESS_NAMES = frozenset({
+    "NodeProcess", "PreloaderProcess", "RedisServer", "MariaServer", "RedisSentinelGroup",
+    "MariaPair", "GaleraCluster", "LocalCluster", "TcpProxy", "ServerProcess",
+    "SentinelServer", "GaleraMember", "ClusterNodeServer", "subprocess", "Popen",
+    "create_subprocess_exec", "create_subprocess_shell", "fork", "multiprocessing",
+    "SIGSTOP", "SIGKILL",
+})
+
+
+def _imported(source: str, name: str, package: str) -> object:
+    """What ``from <source> import <name>`` gives, for a module of tests/ or ops/."""
+    if not source.startswith((".", "tests", "ops")):
+        return None
+    with contextlib.suppress(ImportError):
+        return getattr(importlib.import_module(source, package), name, None)
+    return None
+
+
+def _names(code: types.CodeType, package: str) -> tuple[set[str], list[object]]:
+    """The global and attribute names a code object and its nested ones use, and
+    what their imports from tests/ and ops/ bring in (``from .test_cli import idpool``
+    inside a test binds a local name that no global lookup would find)."""
+    names, imported = set(code.co_names), []
+    consts: list[object] = []
+    source = ""
+    for ins in dis.get_instructions(code):
+        if ins.opname == "IMPORT_NAME":  # after LOAD_CONST level, LOAD_CONST fromlist
+            level = consts[-2] if len(consts) >= 2 and isinstance(consts[-2], int) else 0
+            source = "." * level + str(ins.argval)
+        elif ins.opname == "IMPORT_FROM":
+            imported.append(_imported(source, str(ins.argval), package))
+        elif ins.opname == "LOAD_CONST":
+            consts.append(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            more, also = _names(const, package)
+            names |= more
+            imported += also
+    return names, imported
+
+
+def _starts_processes(func: object, seen: set[int]) -> bool:
+    """Whether ``func`` (a function or class of tests/ or ops/), or what it calls
+    among tests/ and ops/, names a process starter."""
+    func = inspect.unwrap(func)  # type: ignore[arg-type]
+    module = getattr(func, "__module__", "") or ""
+    if id(func) in seen or not module.startswith(("tests", "ops")):
+        return False
+    seen.add(id(func))
+    if isinstance(func, type):
+        return any(_starts_processes(v, seen) for v in vars(func).values())
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return False
+    names, imported = _names(code, module.rpartition(".")[0])
+    if names & PROCESS_NAMES:
+        return True
+    space = getattr(func, "__globals__", {})
+    called = [space[n] for n in names if n in space] + imported
+    return any(_starts_processes(f, seen) for f in called)
+
+
+def _needs_process(item: pytest.Item) -> bool:
+    if item.get_closest_marker("slow") or item.get_closest_marker("process"):
+        return True
+    seen: set[int] = set()
+    if _starts_processes(getattr(item, "obj", None), seen):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else []
+    return any(_starts_processes(d.func, seen) for ds in defs for d in ds)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _needs_process(item):
+            item.add_marker(pytest.mark.process)
+
+
+class UnmarkedProcess(Exception):
+    """A test not marked `process` started a process: the fast tier would run it."""
+
+
+def _refuse(nodeid: str, what: str) -> Callable[..., object]:
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise UnmarkedProcess(
+            f"{nodeid} starts a process ({what}) but is not marked `process`: add "
+            "@pytest.mark.process, or the starter's name to PROCESS_NAMES in tests/conftest.py"
+        )
+    return refuse
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown of an unmarked test may start no process."""
+    if item.get_closest_marker("process"):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "__init__", _refuse(item.nodeid, "subprocess"))
+        patch.setattr(os, "fork", _refuse(item.nodeid, "os.fork"))
+        yield
 
 
 def _run_processes() -> dict[int, str]:

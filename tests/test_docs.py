@@ -21,6 +21,7 @@ from idpool.service.errors import ERRORS
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [
     "README.md",
+    "ARCHITECTURE.md",
     "docs/api.md",
     "docs/settings.md",
     "docs/kinds.md",
