@@ -423,6 +423,22 @@ class Ledger:
 
         return await self._run(op, transaction=True)
 
+    async def first_made(self, tag: str) -> float | None:
+        """When the tag was made (unix seconds), or None when that does not bound
+        what the name issued: no row, or a name removed before (its tombstone:
+        the earlier tag's IDs are dated before this row)."""
+
+        async def op(cur: Any) -> float | None:
+            await cur.execute(
+                f"SELECT UNIX_TIMESTAMP(t.created_at), r.tag FROM {TABLE} t "
+                f"LEFT JOIN {REMOVED} r ON r.tag = t.tag WHERE t.tag = %s",
+                (tag,),
+            )
+            row = await cur.fetchone()
+            return None if row is None or row[1] is not None else float(row[0])
+
+        return await self._run(op)
+
     async def removed_format(self, tag: str) -> tuple[str, str] | None:
         """The format (options, secret) the tombstone of ``tag`` keeps, or None when
         the name was never removed. ``add_tag`` checks it again under its lock."""

@@ -182,6 +182,19 @@ class SqliteLedger:
 
         return await self.file.write(op)
 
+    async def first_made(self, tag: str) -> float | None:
+        """When the tag was made, or None (see Ledger.first_made)."""
+
+        def op(conn: sqlite3.Connection) -> float | None:
+            row = conn.execute(
+                "SELECT t.created_at, r.tag FROM idpool_tags t "
+                "LEFT JOIN idpool_removed_tags r ON r.tag = t.tag WHERE t.tag = ?",
+                (tag,),
+            ).fetchone()
+            return None if row is None or row[1] is not None else float(row[0])
+
+        return await self.file.read(op)
+
     async def removed_format(self, tag: str) -> tuple[str, str] | None:
         """The format the tombstone of ``tag`` keeps (see Ledger.removed_format)."""
 

@@ -76,7 +76,9 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
     day ahead of this clock. ``max_id`` is the next number a claim would take, so
     every number claimed is below it; a number claimed but still in the pool or a
     buffer passes (the ledger cannot tell). Not ``start_id``: ``tag start`` moves
-    it above numbers already handed out."""
+    it above numbers already handed out. A date that ends over a day before the
+    tag was made is refused too (unless the name was removed and added again:
+    the earlier tag's IDs are older than this row)."""
     if row.kind != SEGMENT:
         return
     value, number = found["value"], found["sequence"]
@@ -90,6 +92,16 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
             f"{value[:80]!r} was never issued by tag {row.tag!r} (not issued yet): its date "
             f"is {datetime.fromtimestamp(earliest, UTC):%Y-%m-%d %H:%M:%S} UTC at the "
             "earliest, over a day ahead of the clock",
+        )
+    made = None if earliest is None else await ledger.first_made(row.tag)
+    latest = None if made is None or fmt is None else fmt.latest(value)
+    # Behind as well: a client's clock up to a day behind this one dated it so
+    if latest is not None and made is not None and latest < made - DATE_AHEAD_SECONDS:
+        raise InvalidInput(
+            "bad_value",
+            f"{value[:80]!r} was never issued by tag {row.tag!r}: its date ends "
+            f"{datetime.fromtimestamp(latest, UTC):%Y-%m-%d %H:%M:%S} UTC, over a day before "
+            f"the tag was made ({datetime.fromtimestamp(made, UTC):%Y-%m-%d %H:%M:%S} UTC)",
         )
     period = found.get("period")
     source = row

@@ -211,3 +211,25 @@ def test_a_formatted_tag_edited_to_snowflake_or_a_snowflake_row_given_options_is
                 assert says in got.json()["message"], got.text
             granted = c.post(f"/worker/{name}?holder=h")
             assert granted.status_code == 503, granted.text
+
+
+def test_decode_refuses_a_date_from_before_the_tag_was_made_unless_the_name_lived_before(
+    node_settings: Settings, tag: str
+) -> None:
+    """Issue 29: `tag decode` accepted dates before the tag existed (a year-dated
+    ID of 2001 for a tag made today). Refused when the date ends over a day before
+    the row was made; a name removed and added again keeps them (its earlier
+    tag's IDs are older than the row)."""
+    with TestClient(create_app(node_settings)) as c:
+        add(c, tag=tag, step=10, format="D-{date:%Y%m%d}-{id}")
+        served = c.get(f"/ids/{tag}?count=3").json()["ids"]
+        old = "D-20010101-2"
+        got = c.get(f"/admin/tags/{tag}/decode", params={"value": old}, headers=AUTH)
+        assert got.status_code == 400 and got.json()["error"] == "bad_value", got.text
+        assert "before the tag was made" in got.json()["message"]
+        ok = c.get(f"/admin/tags/{tag}/decode", params={"value": served[1]}, headers=AUTH)
+        assert ok.status_code == 200 and ok.json()["sequence"] == 2, ok.text
+        assert c.delete(f"/admin/tags/{tag}", headers=AUTH).status_code == 200
+        add(c, tag=tag, step=10, format="D-{date:%Y%m%d}-{id}")
+        again = c.get(f"/admin/tags/{tag}/decode", params={"value": old}, headers=AUTH)
+        assert again.status_code == 200, again.text  # the name lived before: not refuted

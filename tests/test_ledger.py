@@ -431,6 +431,21 @@ async def test_a_removed_name_keeps_its_kind(ledger: LedgerStore, tag: str) -> N
     assert (await ledger.add_tag(tag, step=10, start=1)).max_id == 11
 
 
+async def test_first_made_is_the_rows_creation_unless_the_name_lived_before(
+    ledger: LedgerStore, tag: str
+) -> None:
+    import time
+
+    before = time.time()
+    await ledger.add_tag(tag, step=10, start=1)
+    made = await ledger.first_made(tag)
+    assert made is not None and before - 2 <= made <= time.time() + 2
+    await ledger.remove_tag(tag)
+    assert await ledger.first_made(tag) is None  # no row
+    await ledger.add_tag(tag, step=10, start=1)
+    assert await ledger.first_made(tag) is None  # its tombstone: older IDs exist
+
+
 async def test_removing_one_tag_leaves_the_others(ledger: LedgerStore, tag: str) -> None:
     other = tag + "o"
     await ledger.add_tag(tag, step=10, start=1)

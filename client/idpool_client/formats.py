@@ -488,6 +488,29 @@ class TagFormat:
             return None
         return self._split(str(value))[1]
 
+    def latest(self, value: int | str) -> float | None:
+        """The last moment (UTC seconds) the date in ``value`` can name, when the
+        template shows a year (else None): the end of the finest unit it shows
+        with every coarser one (a year; its month; its day; hour; minute; second).
+        An ID whose date ends before its tag was made was never handed out."""
+        start = self.earliest(value)
+        if start is None:
+            return None
+        assert self._parts is not None
+        shown = self._parts.directives
+        at = datetime.fromtimestamp(start, UTC)
+        if "j" in shown or {"m", "d"} <= shown:
+            span = timedelta(days=1)
+            for unit, length in (("H", 3600), ("M", 60), ("S", 1)):
+                if unit not in shown:
+                    break
+                span = timedelta(seconds=length)
+            return (at + span).timestamp() - 1e-3
+        if "m" in shown:  # the month
+            following = at.replace(year=at.year + at.month // 12, month=at.month % 12 + 1)
+            return following.timestamp() - 1e-3
+        return at.replace(year=at.year + 1).timestamp() - 1e-3
+
     def decode_period(self, value: int | str) -> tuple[int, str | None]:
         """(sequence number, key of its period, None without a reset) of an ID this
         format made: the period names the ledger row (``TAG@KEY``) it came from."""
