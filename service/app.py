@@ -22,7 +22,7 @@ import orjson
 from idpool_client.formats import TagFormat
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan, Message, Receive, Scope, Send
@@ -137,6 +137,10 @@ _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count 
 CLIENT_GONE = 499  # the request count's code for an answer not delivered (nginx's)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=CLIENT_GONE)
+
+
 class NodeApp(Starlette):
     """Starlette, with the requests that matter most answered before routing.
 
@@ -165,6 +169,9 @@ class NodeApp(Starlette):
                 HTTPException: answer_http_error,
                 IdPoolError: answer_error,
                 HttpRefusal: answer_error,
+                # A client gone before its body was read: nothing to answer, nothing
+                # to log (a traceback per connection, which anyone could send).
+                ClientDisconnect: _client_gone,
             },
         )
         self.settings = settings

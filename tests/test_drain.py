@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -32,6 +33,8 @@ def _get(url: str, **headers: str) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except (ConnectionError, urllib.error.URLError):  # a worker killed under it
+        return 0, b""
 
 
 def _pids(base: str, seconds: float = 20.0) -> set[int]:
@@ -118,3 +121,34 @@ def test_a_run_removes_the_flag_directories_of_runs_killed_before(
     finally:
         shutil.rmtree(live, ignore_errors=True)
         shutil.rmtree(dead, ignore_errors=True)
+
+
+@pytest.mark.parametrize("http", ["uvicorn", "granian"])
+def test_a_worker_killed_is_started_again_and_the_node_serves_on(
+    settings: Settings, tag: str, tmp_path: Path, http: str
+) -> None:
+    """An adversarial run: kill -9 of one granian worker stopped the whole node
+    (granian's default); uvicorn's supervisor starts a dead worker again."""
+    assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
+    env = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+    )
+    node = NodeProcess(env, tmp_path / "node", args=("--workers", "2", "--http", http)).start()
+    try:
+        base = node.base_url
+        workers = _pids(base)
+        assert len(workers) == 2, "the kernel gave every connection to one worker"
+        os.kill(min(workers), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(_pids(base, 2.0) - workers) < 1:
+            time.sleep(0.2)
+        now = _pids(base)
+        assert len(now) == 2 and len(now - workers) == 1, (workers, now)  # one new worker
+        assert node.proc is not None and node.proc.poll() is None  # the node still runs
+        got = [int(_get(f"{base}/id/{tag}")[1]) for _ in range(20)]
+        assert len(set(got)) == 20
+    finally:
+        assert node.stop()

@@ -45,6 +45,10 @@ def granian_options(settings: Settings, workers: int) -> dict[str, object]:
             max_buffer_size=settings.max_header_bytes,
         ),
         "workers_kill_timeout": GRACE_SECONDS,
+        # A worker that dies (OOM kill, a crash) is started again, as uvicorn's
+        # supervisor does: granian's default stopped the whole node instead. What
+        # the dead worker held is a crash's waste; the new one starts empty.
+        "respawn_failed_workers": True,
     }
 
 
