@@ -350,7 +350,15 @@ def make_client(settings: Settings) -> Client:
     sentinel = settings.sentinel_params()
     if sentinel is not None:  # redis+sentinel://: follow the master (pool/sentinel.py)
         return sentinel_client(sentinel, **options)
-    return aioredis.Redis.from_url(settings.redis_url, **options)
+    try:
+        client = aioredis.Redis.from_url(settings.redis_url, **options)
+        # an option redis-py does not know (?x=1) raises only when a connection is
+        # made (a traceback at the first command): make one now, unconnected
+        pool = client.connection_pool
+        pool.connection_class(**pool.connection_kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"IDPOOL_REDIS_URL: {e}; options go in IDPOOL_* settings") from None
+    return client
 
 
 class RedisPool:

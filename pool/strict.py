@@ -438,7 +438,9 @@ class StrictSequence:
             raise StrictNotConfirmed(
                 f"the Redis Cluster primary that answered for tag {tag!r} could not show "
                 "its replicas have the take (WAIT); its IDs are given up, retry in a moment "
-                "(a failover may be under way, or a replica of that shard is down)",
+                "(a failover may be under way, or a replica of that shard is down: strict "
+                "tags of that shard serve again once it is back, or once it is removed with "
+                "CLUSTER FORGET on every node; ops/README.md, 'Redis Cluster')",
             )
         if not await self.store.from_master(answer.incarnation):
             # Two masters during a failover: IDs from the one the Sentinels left

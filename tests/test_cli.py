@@ -103,6 +103,17 @@ def test_a_plain_url_at_a_redis_cluster_node_is_refused_at_start(
         assert "Traceback" not in run.stderr
 
 
+def test_an_unknown_option_in_the_redis_url_is_a_configuration_error(
+    settings: Settings,
+) -> None:
+    """An adversarial run: `redis://host:port/0?x=1` ended in a TypeError traceback
+    at the first command (redis-py makes connections lazily)."""
+    url = settings.redis_url.split("?")[0] + "?x=1"
+    r = idpool(settings, "tag", "list", IDPOOL_REDIS_URL=url)
+    assert r.returncode == 2 and "IDPOOL_REDIS_URL" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_bad_setting_names_the_variable(settings: Settings) -> None:
     r = idpool(settings, "tag", "list", IDPOOL_POOL_DEPTH="lots")
     assert r.returncode == 2 and "IDPOOL_POOL_DEPTH" in r.stderr
