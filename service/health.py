@@ -24,6 +24,7 @@ from idpool.pool.errors import (
     StoreBusy,
     StoreSkipped,
     StoreUnavailable,
+    StrictNotConfirmed,
     TooFewReplicas,
 )
 from idpool.pool.stores import LedgerStore, PoolStore, store_name
@@ -54,8 +55,11 @@ class StoreHealth:
             # or acknowledged one (a replica online but not answering).
             self.last_mark_refused = (time.time(), e.detail)
             return
-        if isinstance(e, StoreBusy | StoreSkipped):
-            return  # busy (the store answers) or not tried: nothing new about its health
+        if isinstance(e, StoreBusy | StoreSkipped | StrictNotConfirmed):
+            # busy (the store answers), not tried, or a strict take a cluster shard's
+            # replicas did not all confirm (Redis answered; counted as down, every
+            # strict request logged store_down then store_up): nothing new about it
+            return
         if self.up.get(e.store, True):
             logger.warning("event=store_down store=%s detail=%r", e.store, e.detail)
         self.up[e.store] = False
