@@ -210,7 +210,15 @@ local bound = now + ttl + 1000
 if tonumber(ARGV[6]) > bound then
   return {'bad_last', tostring(bound)}
 end
-last = math.max(tonumber(last), tonumber(ARGV[6]))
+local reported = tonumber(ARGV[6])
+if tonumber(exp) <= now then
+  -- Expired: its holder made no ID past the expiry (its ceiling), the last unit
+  -- ending at most a unit (1 s) on. Taken as said, a late renewal's last time kept
+  -- the worker ID from everyone, counted against no cap (one call a TTL per ID
+  -- starved a tag: an adversarial run).
+  reported = math.min(reported, tonumber(exp) + 1000)
+end
+last = math.max(tonumber(last), reported)
 local tail = ' ' .. last .. ' ' .. holder .. ' ' .. hash .. (lttl ~= '' and (' ' .. lttl) or '')
 if tonumber(exp) <= now then
   redis.call('HSET', KEYS[1], key, gen .. ' ' .. exp .. tail)

@@ -642,3 +642,28 @@ def test_a_server_that_is_not_an_idpool_node_is_named_as_such() -> None:
     message = str(raised.value)
     assert f"{url} is not an idpool node" in message and "HTTP 404" in message, message
     assert "Not Found" in message and "None" not in message
+
+
+def test_a_second_running_event_loop_is_refused() -> None:
+    """Two loops in two threads take from one client with no lock between them (an
+    adversarial run: 5-26 IDs handed out twice). The slow path refuses the second
+    while the first runs; a loop that ended (a warm-up's asyncio.run) hands over."""
+    client = AsyncIdPoolClient(["http://unused"], return_at_exit=False)
+    client.transport = FakeTransport(1000)  # type: ignore[assignment]
+    assert asyncio.run(client.next_ids("t", 3)) == range(1, 4)  # warm-up: its loop ends
+    first = asyncio.new_event_loop()
+    thread = threading.Thread(target=first.run_forever, daemon=True)
+    thread.start()
+    try:
+        got = asyncio.run_coroutine_threadsafe(client.next_ids("t", 2), first).result(10)
+        assert list(got) == [4, 5]
+
+        async def second() -> None:
+            with pytest.raises(RuntimeError, match="another running event loop"):
+                await client.next_ids("t", 2)
+
+        asyncio.run(second())
+    finally:
+        first.call_soon_threadsafe(first.stop)
+        thread.join(10)
+        first.close()

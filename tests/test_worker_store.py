@@ -437,3 +437,25 @@ async def test_a_release_with_a_late_last_time_still_counts_against_the_caps(
     assert e.value.why == "capped"
     node = await grant(store, tag, 99, workers=8)  # nodes still get theirs
     assert node.worker not in {first.worker}
+
+
+async def test_a_late_renewal_of_an_expired_lease_raises_its_last_time_only_to_the_ceiling(
+    redis_pool: RedisPool, tag: str, settings: Settings
+) -> None:
+    """An expired lease's holder made no ID past its expiry (its ceiling) and its last
+    unit ended a unit (1 s) on at most: a late renewal (refused, 'lost') raised the
+    last time to whatever it said, up to now + TTL + 1 s, and one such call a TTL
+    kept every expired worker ID from everyone, counted against no cap (an
+    adversarial run starved a tag: nodes and clients got 503)."""
+    store = store_of(redis_pool)
+    held = await grant(store, tag, 1, first=True, workers=1)
+    await asyncio.sleep(TTL / 1000 + 0.05)  # expired
+    with pytest.raises(WorkerRefused) as e:
+        await store.renew(tag, held, held.expires_ms + TTL + 900, TTL, TTL)
+    assert e.value.why == "lost"
+    raw = redis.Redis.from_url(settings.redis_url).hget(
+        Keys(settings.redis_prefix).workers(tag), f"w:{held.worker}"
+    )
+    assert raw is not None
+    _, exp, last = raw.decode().split()[:3]
+    assert int(last) <= int(exp) + 1000, raw

@@ -6,9 +6,9 @@ ID. The two HTTP calls run in the default executor (stdlib ``http.client``),
 so no HTTP library is needed. Use one client per event loop.
 
 Except the cut of the tails at exit. The atexit hook runs in the main thread,
-and a loop run by another thread (fed by ``run_coroutine_threadsafe``; or
-several loops) still takes meanwhile: a cut between a take's read of ``cur`` and
-its increment returned an ID just handed out, and a take after the cut's first
+and a loop run by another thread (fed by ``run_coroutine_threadsafe``) still
+takes meanwhile: a cut between a take's read of ``cur`` and its increment
+returned an ID just handed out, and a take after the cut's first
 write handed out 0. So the hook first stops new takes (``limit`` 0, closed:
 a take that reads either goes to the slow path and raises IdPoolClosed), then
 waits until no other thread is inside the client's code (``sys._current_frames``:
@@ -93,6 +93,7 @@ class AsyncIdPoolClient:
         self.max_batch = max_batch
         self._tags: dict[str, _Tag] = {}
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it takes on
         self.report = CloseReport()
         self._report_lock = threading.Lock()
         self._at_exit = functools.partial(_close_ref, weakref.ref(self))
@@ -106,6 +107,7 @@ class AsyncIdPoolClient:
         """A forked child forgets the parent's leases (see IdPoolClient's): it
         leases its own, in its own event loop."""
         self._tags = {}
+        self._loop = None
         self.report = CloseReport()
         if self._return_at_exit:
             close_at_child_exit(self._at_exit)
@@ -140,6 +142,7 @@ class AsyncIdPoolClient:
         return [i for part in parts for i in part]
 
     async def _take(self, tag: str, n: int, leases: list[Lease] | None = None) -> list[range]:
+        self._one_loop()
         t = self._tags.get(tag)
         if t is None:
             if not isinstance(tag, str) or not tag:
@@ -184,6 +187,20 @@ class AsyncIdPoolClient:
             assert task is not None
             await asyncio.shield(task)  # a cancelled caller must not cancel the fetch
         return parts
+
+    def _one_loop(self) -> None:
+        """Refuse a second event loop running at once (the slow path: every take
+        passes here at each lease). Two loops in two threads take with no lock
+        between them: an adversarial run saw 5-26 IDs handed out twice. A loop
+        that ended (asyncio.run for a warm-up) may hand over to another."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            if self._loop is not None and self._loop.is_running():
+                raise RuntimeError(
+                    "this AsyncIdPoolClient is in use by another running event loop: "
+                    "use one client per event loop (or IdPoolClient across threads)"
+                )
+            self._loop = loop
 
     def _switch(self, t: _Tag) -> None:
         if t.lease is not None:
