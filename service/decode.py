@@ -93,16 +93,6 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
             f"is {datetime.fromtimestamp(earliest, UTC):%Y-%m-%d %H:%M:%S} UTC at the "
             "earliest, over a day ahead of the clock",
         )
-    made = None if earliest is None else await ledger.first_made(row.tag)
-    latest = None if made is None or fmt is None else fmt.latest(value)
-    # Behind as well: a client's clock up to a day behind this one dated it so
-    if latest is not None and made is not None and latest < made - DATE_AHEAD_SECONDS:
-        raise InvalidInput(
-            "bad_value",
-            f"{value[:80]!r} was never issued by tag {row.tag!r}: its date ends "
-            f"{datetime.fromtimestamp(latest, UTC):%Y-%m-%d %H:%M:%S} UTC, over a day before "
-            f"the tag was made ({datetime.fromtimestamp(made, UTC):%Y-%m-%d %H:%M:%S} UTC)",
-        )
     period = found.get("period")
     source = row
     if period is not None:
@@ -120,6 +110,16 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
             "bad_value",
             f"{value[:80]!r} was never issued by tag {row.tag!r} (not issued yet): sequence "
             f"number {number}, while {where} issued numbers below {source.max_id} only",
+        )
+    made = None if earliest is None else await ledger.first_made(row.tag)
+    latest = None if made is None or fmt is None else fmt.latest(value)
+    # Behind as well: a client's clock up to a day behind this one dated it so
+    if latest is not None and made is not None and latest < made - DATE_AHEAD_SECONDS:
+        raise InvalidInput(
+            "bad_value",
+            f"{value[:80]!r} was never issued by tag {row.tag!r}: its date ends "
+            f"{datetime.fromtimestamp(latest, UTC):%Y-%m-%d %H:%M:%S} UTC, over a day before "
+            f"the tag was made ({datetime.fromtimestamp(made, UTC):%Y-%m-%d %H:%M:%S} UTC)",
         )
 
 
