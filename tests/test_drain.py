@@ -51,19 +51,24 @@ def _pids(base: str, seconds: float = 20.0) -> set[int]:
     return seen
 
 
+def _two_workers(settings: Settings, tmp_path: Path, http: str, **env: str) -> NodeProcess:
+    """A real `idpool serve --workers 2` on ``http``, on the test's stores."""
+    started = env_with(
+        IDPOOL_MYSQL_URL=settings.mysql_url,
+        IDPOOL_REDIS_URL=settings.redis_url,
+        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
+        IDPOOL_PRELOAD="0",
+        **env,
+    )
+    return NodeProcess(started, tmp_path / "node", args=("--workers", "2", "--http", http)).start()
+
+
 @pytest.mark.parametrize("http", ["uvicorn", "granian"])
 def test_a_drain_reaches_every_worker_of_the_node(
     settings: Settings, tag: str, tmp_path: Path, http: str
 ) -> None:
     assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
-    env = env_with(
-        IDPOOL_MYSQL_URL=settings.mysql_url,
-        IDPOOL_REDIS_URL=settings.redis_url,
-        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
-        IDPOOL_ADMIN_TOKEN=TOKEN,
-        IDPOOL_PRELOAD="0",
-    )
-    node = NodeProcess(env, tmp_path / "node", args=("--workers", "2", "--http", http)).start()
+    node = _two_workers(settings, tmp_path, http, IDPOOL_ADMIN_TOKEN=TOKEN)
     try:
         base = node.base_url
         assert len(_pids(base)) == 2, "the kernel gave every connection to one worker"
@@ -130,13 +135,7 @@ def test_a_worker_killed_is_started_again_and_the_node_serves_on(
     """An adversarial run: kill -9 of one granian worker stopped the whole node
     (granian's default); uvicorn's supervisor starts a dead worker again."""
     assert idpool(settings, "tag", "add", tag, "--step", "100").returncode == 0
-    env = env_with(
-        IDPOOL_MYSQL_URL=settings.mysql_url,
-        IDPOOL_REDIS_URL=settings.redis_url,
-        IDPOOL_REDIS_PREFIX=settings.redis_prefix,
-        IDPOOL_PRELOAD="0",
-    )
-    node = NodeProcess(env, tmp_path / "node", args=("--workers", "2", "--http", http)).start()
+    node = _two_workers(settings, tmp_path, http)
     try:
         base = node.base_url
         workers = _pids(base)
