@@ -125,6 +125,7 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
 ) -> None:
     import json
     import signal
+    import time
     import urllib.request
 
     from ops.toolkit import wait_for_port
@@ -146,6 +147,11 @@ def test_each_worker_is_a_node_that_logs_and_returns_its_remainder(
         )  # fmt: skip
     try:
         wait_for_port(port, 30)
+        # The port opens with the first worker: wait for both to have started (a
+        # SIGTERM before the second's lifespan ran left one node_started line)
+        deadline = time.monotonic() + 30
+        while log.read_text().count("event=node_started") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         ids: list[int] = []
         for _ in range(40):
             url = f"http://127.0.0.1:{port}/ids/{tag}?count=10"
