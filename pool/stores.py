@@ -9,10 +9,12 @@ two ledgers for one tag would hand out the same IDs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import StoreUnavailable
+from .lease_store import LeaseStore
 from .ledger import Ledger
 from .ranges import IdRange
 from .redis_pool import RedisPool
@@ -21,6 +23,10 @@ from .sqlite_ledger import SqliteLedger
 from .sqlite_pool import SqlitePool
 from .tokens import TokenRow
 from .values import Moved, PoolSummary, PopResult, PushResult, TagRow
+from .worker_store import WorkerStore
+
+if TYPE_CHECKING:  # pool/strict.py reads claims.py, which reads these protocols
+    from .strict import RedisStrict, SqliteStrict
 
 
 class LedgerStore(Protocol):
@@ -213,6 +219,45 @@ async def open_stores(settings: Settings) -> tuple[LedgerStore, PoolStore]:
         await ledger.close()
         raise
     return ledger, pool
+
+
+@dataclass(frozen=True)
+class StoreParts:
+    """The optional roles of a ledger and pool pair, by what the backends can do:
+    a part is None where they cannot hold it (the embedded SQLite mode has no
+    Redis: no client leases, no worker IDs, no Redis strict sequences). The
+    service asks for a part instead of testing a store's class."""
+
+    # snowflake worker IDs, leased in Redis (pool/worker_store.py)
+    workers: WorkerStore | None = None
+    # client leases, recorded in Redis for their TTL in seconds (pool/lease_store.py)
+    leases: Callable[[int], LeaseStore] | None = None
+    # strict sequences in Redis, refilled from ledger claims (pool/strict.py)
+    redis_strict: Callable[[], RedisStrict] | None = None
+    # embedded: strict sequences in the SQLite ledger's own file (pool/strict.py)
+    file_strict: Callable[[], SqliteStrict] | None = None
+
+
+def parts_of(ledger: object, pool: object) -> StoreParts:
+    """What the opened pair can hold (StoreParts): the one place that knows which
+    backend offers which role. Test doubles of any other class hold none."""
+    from .strict import RedisStrict, SqliteStrict  # here: strict.py reads claims.py
+
+    parts = StoreParts()
+    if isinstance(pool, RedisPool):
+        redis = pool
+        parts = StoreParts(
+            workers=WorkerStore(redis.client, redis.keys, redis.send),
+            leases=lambda seconds: LeaseStore(
+                redis.client, redis.keys, seconds, redis.send, redis.legacy
+            ),
+            redis_strict=lambda: RedisStrict(redis),
+        )
+    if isinstance(ledger, SqliteLedger):
+        file = ledger.file
+        embedded = StoreParts(file_strict=lambda: SqliteStrict(file))
+        parts = StoreParts(parts.workers, parts.leases, parts.redis_strict, embedded.file_strict)
+    return parts
 
 
 def store_name(store: object, default: str) -> str:

@@ -25,12 +25,11 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
-from .decode import decode_issued, snowflake_fields
+from .decode import decode_issued, kind_fields
 from .errors import HttpRefusal, error, json_response
 from .formats import describe, split_periods
 from .runtime import Runtime
-from .snowflake import check_range_change, check_removable
-from .tag_fields import check_int, check_tag, new_tag
+from .tag_fields import check_int, check_range_change, check_removable, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
 logger = logging.getLogger("idpool.admin")
@@ -50,7 +49,7 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
         "ids_left": row.left,
         "disabled": row.disabled,
         "description": row.description,
-        **snowflake_fields(row),
+        **kind_fields(row),
         "format": describe(row),  # null for a plain tag; never the obfuscation key
     }
 

@@ -30,7 +30,6 @@ from starlette.types import Lifespan, Message, Receive, Scope, Send
 from idpool.pool.errors import IdPoolError, InvalidInput
 from idpool.pool.ranges import TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
-from idpool.pool.snowflake import Layout
 from idpool.pool.stores import open_stores
 
 from . import admin, auth, decode, leases, metrics, status_page, workers
@@ -44,11 +43,10 @@ from .errors import (
     message_of,
     row_of,
 )
+from .kinds import spec_of
 from .node import Node
 from .runtime import Runtime, StoreOpener, open_runtime
-from .snowflake import SNOWFLAKE, batch_limit, check_count
 from .stats import route_of
-from .strict_tags import STRICT
 
 
 def _head_refused() -> HttpRefusal:
@@ -257,7 +255,7 @@ class NodeApp(Starlette):
             buf = node.buffers.get(tag)  # only valid tags (no "/") have a buffer
             digits = query[6:]  # after b"count="; any other query form goes to the route
             if buf is None:
-                return _snowflakes(node, tag, query, self.max_count)
+                return _from_kinds(node, tag, query, self.max_count)
             if (
                 (guarded and tag in guarded)
                 or not query.startswith(b"count=")
@@ -277,20 +275,20 @@ class NodeApp(Starlette):
         if formats and tag in formats:
             return self._formatted(node, tag, formats[tag], None)
         buf = node.buffers.get(tag)  # "/id/a/b" finds none
+        value: int | list[int] | None
         if buf is not None:
             value = buf.take()
-        elif (gen := node.snowflakes.get(tag)) is not None:
-            try:
-                value = gen.take()  # synchronous too: no two requests get the same ID
-            except IdPoolError:
-                return None  # the route answers it (503 naming the cause), and logs it
-        else:
-            return None
+        else:  # another kind that serves from memory (snowflake), synchronously too
+            for kind in node.from_memory:
+                if (value := kind.take_now(tag, 0)) is not None:
+                    break
+            else:
+                return None  # the route answers it (e.g. 503 naming the cause), and logs it
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
     def _strict(self, node: Node, path: str, query: bytes) -> tuple[str, str, int] | None:
-        """(route, tag, count) for a GET of a strict tag that the routes would hand
-        straight to its kind (the same forms the memory path takes: a known,
+        """(route, tag, count) for a GET of a tag of a ``direct`` kind (strict) that
+        the routes would hand straight to its kind (the same forms the memory path takes: a known,
         enabled tag without tokens, on a node not draining); else None."""
         if path.startswith("/ids/"):
             tag, route, digits = path[5:], "ids", query[6:]
@@ -307,7 +305,9 @@ class NodeApp(Starlette):
             return None
         row = node.tags.rows.get(tag)  # "/id/a/b" finds none
         guarded = node.tags.tokens
-        if row is None or row.kind != STRICT or row.disabled or (guarded and tag in guarded):
+        if row is None or not spec_of(row.kind).direct or row.disabled:
+            return None
+        if (guarded and tag in guarded) or row.kind not in node.kinds:
             return None
         return None if node.draining else (route, tag, count)
 
@@ -326,7 +326,7 @@ class NodeApp(Starlette):
         routing: the IDs come from the shared sequence (group-committed), so the
         answer waits for it; an error is answered from the same table, and the
         IDs of a client that hung up meanwhile are waste, as on the fast path."""
-        kind = node.kinds[STRICT]
+        kind = node.kinds[node.tags.rows[tag].kind]  # as _strict found it, in this step
         try:
             ids: Sequence[int | str]
             if route == "id":
@@ -379,26 +379,23 @@ class NodeApp(Starlette):
         return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
 
 
-def _snowflakes(node: Node, tag: str, query: bytes, max_count: int) -> Answer | None:
-    """``/ids`` of a snowflake tag from memory, when it can be made without waiting."""
-    gen = node.snowflakes.get(tag)
+def _from_kinds(node: Node, tag: str, query: bytes, max_count: int) -> Answer | None:
+    """``/ids`` of a tag of another kind that serves from memory (snowflake), when
+    it can be made without waiting."""
     digits = query[6:]
     if (
-        gen is None
+        not node.from_memory
         or (node.tags.tokens and tag in node.tags.tokens)
         or not query.startswith(b"count=")
         or not (digits.isdigit() and len(digits) <= 6)
         or not 1 <= (count := int(digits)) <= max_count
-        # over the tag's batch cap: the route's 400, before take_many used up the
-        # rest of the unit's sequence on a batch it then skips
-        or count > batch_limit(gen.layout)
     ):
         return None
-    try:
-        ids = gen.take_many(count)  # all or none: a partial batch is skipped, never served
-    except IdPoolError:
-        return None
-    return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
+    for kind in node.from_memory:
+        ids = kind.take_now(tag, count)
+        if ids is not None:
+            return "ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON
+    return None
 
 
 def _undelivered(node: Node, path: str, route: str, body: bytes) -> None:
@@ -454,7 +451,7 @@ async def many_ids(request: Request) -> Response:
         count = _parse_count(request, run.settings.max_count)
     except InvalidInput:
         # names the tag's own cap where it is below the node's
-        await _snowflake_count(run.node, tag, request, run.settings.max_count)
+        await _kind_count(run.node, tag, request, run.settings.max_count)
         raise
     await auth.check_token(run.node.tags, tag, request)
     ids = await run.node.next_ids(tag, count)
@@ -466,12 +463,11 @@ async def many_ids(request: Request) -> Response:
     return Response(body, media_type="application/json")
 
 
-async def _snowflake_count(node: Node, tag: str, request: Request, max_count: int) -> None:
-    """For a count over IDPOOL_MAX_COUNT: a snowflake tag whose batch cap is lower
-    refuses it naming that cap (check_count), the one every smaller count meets too.
-    A cap above IDPOOL_MAX_COUNT is not named (the node's own message is the limit:
-    "at most 2048000" answered a count the node refuses from 10,001 on). Not for a
-    guarded tag (before its token is checked: its kind stays unsaid)."""
+async def _kind_count(node: Node, tag: str, request: Request, max_count: int) -> None:
+    """For a count over IDPOOL_MAX_COUNT: a kind whose own cap is lower (snowflake's
+    batch) refuses it naming that cap (KindSpec.check_count), the one every smaller
+    count meets too. Not for a guarded tag (before its token is checked: its kind
+    stays unsaid)."""
     raw = request.query_params.get("count", "")
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or tag in node.tags.tokens:
         return
@@ -479,9 +475,7 @@ async def _snowflake_count(node: Node, tag: str, request: Request, max_count: in
         row = await node.tags.lookup(tag)
     except IdPoolError:
         return  # the count's own message
-    layout = Layout.from_text(row.layout) if row.kind == SNOWFLAKE else None
-    if layout is not None and batch_limit(layout) < max_count:
-        check_count(tag, layout, int(raw))
+    spec_of(row.kind).check_count(row, int(raw), max_count)
 
 
 async def healthz(request: Request) -> Response:

@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from idpool.pool.errors import Draining, InvalidInput, TagExhausted
 from idpool.pool.ranges import MAX_ID, IdRange
@@ -283,3 +284,20 @@ class SegmentBuffer:
 def _consume_exception(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()  # read by waiters; avoids "exception never retrieved"
+
+
+class Buffers(Protocol):
+    """A node's segment buffers, as the kinds and formats reach them (the Node
+    holds them and their housekeeping): one per segment tag (or period row)."""
+
+    buffers: dict[str, SegmentBuffer]
+
+    async def buffer(self, tag: str) -> SegmentBuffer:
+        """The tag's buffer, made on first use (raises UnknownTag, Draining)."""
+        ...
+
+    async def take(self, tag: str) -> int:
+        """One ID from the tag's buffer, waiting for a range if need be."""
+        ...
+
+    async def take_many(self, tag: str, count: int) -> list[int]: ...

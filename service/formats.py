@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from idpool_client.formats import (
@@ -36,15 +37,15 @@ from idpool_client.formats import (
     period_row,
 )
 
-from idpool.pool.claims import create_tag
+from idpool.pool.claims import LedgerClaims, create_tag
 from idpool.pool.errors import FormatNotFenced, InvalidInput, KindNotServed, TagExists
 from idpool.pool.ranges import MAX_ID
 from idpool.pool.values import TagRow, name_fingerprint
 
-from .kinds import SEGMENT
+from .buffer import Buffers
 
-if TYPE_CHECKING:
-    from .node import Node
+if TYPE_CHECKING:  # tags.py reads formats_of and parent_of from here
+    from .tags import TagDirectory
 
 Id = int | str
 MAX_RESET_TAG = 64 - 9  # a period's row name (TAG@YYYYMMDD) must fit the ledger's 64
@@ -146,10 +147,22 @@ def formats_of(rows: list[TagRow] | tuple[TagRow, ...]) -> dict[str, TagFormat |
 
 
 class FormattedTags:
-    """How a node serves formatted tags: numbers from segment buffers, rendered."""
+    """A converter over a segment tag's numbers: how a node serves formatted tags
+    (numbers from segment buffers, rendered), and every name's format fence."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(
+        self,
+        tags: TagDirectory,
+        buffers: Buffers,
+        claims: LedgerClaims,
+        wall_clock: Callable[[], float],
+        takes_format: Callable[[str], bool],
+    ) -> None:
+        self.tags = tags
+        self.buffers = buffers
+        self.claims = claims
+        self.wall_clock = wall_clock  # the dates of formatted IDs
+        self.takes_format = takes_format  # kind name -> may its rows carry a format
         self._creating: dict[str, asyncio.Task[None]] = {}
         # (tag, fingerprint) whose format this process checked in Redis: keyed on the
         # format too, so a row whose format differs from the one checked is checked
@@ -159,10 +172,10 @@ class FormattedTags:
     def format_for(self, tag: str) -> TagFormat | None:
         """The tag's format, None for a plain tag; raises KindNotServed for a
         format this node cannot read."""
-        formats = self.node.tags.formats
+        formats = self.tags.formats
         if tag not in formats:
             return None
-        if tag in self.node.tags.changed:
+        if tag in self.tags.changed:
             raise FormatNotFenced(tag, "its row's format changed since this node read it")
         fmt = formats[tag]
         if fmt is None:
@@ -172,10 +185,9 @@ class FormattedTags:
     def take_now(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any] | None:
         """From memory, in one synchronous step (NodeApp's fast path): one ID for
         ``count == 0``, else ``count`` IDs; None when the buffer must be waited for."""
-        node = self.node
-        now = node.wall_clock()
+        now = self.wall_clock()
         name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
-        buf = node.buffers.get(name)
+        buf = self.buffers.buffers.get(name)
         if buf is None:
             return None
         if count == 0:
@@ -187,17 +199,16 @@ class FormattedTags:
 
     async def take(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any]:
         """What ``take_now`` answers, waiting for a range (or a period's row) if need be."""
-        node = self.node
         await self.check_fence(tag)
         while True:
             value = self.take_now(tag, fmt, count)
             if value is not None:
                 return value
-            now = node.wall_clock()
+            now = self.wall_clock()
             name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
             if name != tag:
                 await self._period_row(tag, name)
-            buf = await node.buffer(name)
+            buf = await self.buffers.buffer(name)
             if buf.in_memory >= max(1, count):
                 continue  # filled meanwhile
             # Wait for what is missing, then take again: with the date read anew, so
@@ -209,7 +220,7 @@ class FormattedTags:
         await self.check_fence(tag)
         if fmt.reset is None:
             return tag, float("-inf"), float("inf")
-        key, start, until = fmt.period(self.node.wall_clock())
+        key, start, until = fmt.period(self.wall_clock())
         name = period_row(tag, key)
         await self._period_row(tag, name)
         return name, start, until
@@ -222,9 +233,9 @@ class FormattedTags:
         removed, could repeat strings the name handed out. A missing record is
         written (a Redis that lost it gets it back). Raises StoreUnavailable (no
         claim without Redis either)."""
-        tags = self.node.tags
+        tags = self.tags
         row = tags.rows.get(tag) or await tags.lookup(tag)
-        if row.options and row.kind != SEGMENT:
+        if row.options and not self.takes_format(row.kind):
             # Strict and snowflake tags have no format (their creation refuses one):
             # a row carrying options was a formatted tag whose kind was edited by hand
             raise FormatNotFenced(tag, f"a {row.kind} tag has no format, and its row carries one")
@@ -233,7 +244,7 @@ class FormattedTags:
         fingerprint = name_fingerprint(row)
         if (tag, fingerprint) in self._fenced:
             return
-        marks = self.node.source.claims.marks
+        marks = self.claims.marks
         if marks is not None:
             found = await marks.fence_format(tag, fingerprint, serving=True)
             if found not in ("same", "set"):
@@ -251,7 +262,7 @@ class FormattedTags:
 
     async def _period_row(self, tag: str, name: str) -> None:
         """Make sure the period's ledger row exists (one creation at a time per name)."""
-        if name in self.node.tags.rows:
+        if name in self.tags.rows:
             return
         task = self._creating.get(name)
         if task is None:
@@ -261,9 +272,8 @@ class FormattedTags:
         await asyncio.shield(task)
 
     async def _create(self, tag: str, name: str) -> None:
-        node = self.node
-        parent = await node.tags.lookup(tag)  # raises UnknownTag, TagDisabled
-        claims = node.source.claims
+        parent = await self.tags.lookup(tag)  # raises UnknownTag, TagDisabled
+        claims = self.claims
         try:
             # Fenced like any tag: create_tag starts it above the high-water mark
             # of that name, so a row deleted by hand never repeats its numbers.
@@ -279,7 +289,7 @@ class FormattedTags:
             )
         except TagExists:  # another node made it first
             row = await claims.ledger.get_tag(name)
-        node.tags.added(row)
+        self.tags.added(row)
 
 
 def tag_list_entry(row: TagRow) -> str:

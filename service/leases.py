@@ -43,8 +43,8 @@ from idpool.pool.waste import Reason
 
 from . import auth
 from .errors import HttpRefusal, json_response
+from .kinds import spec_of
 from .runtime import Runtime
-from .strict_tags import STRICT
 
 logger = logging.getLogger("idpool.leases")
 
@@ -63,12 +63,9 @@ async def lease_ranges(run: Runtime, tag: str, count: int) -> list[IdRange]:
     follows its use instead).
     """
     row = await run.node.tags.lookup(tag)
-    if row.kind != "segment":
-        raise InvalidInput(
-            "wrong_kind",
-            f"tag {tag!r} is a {row.kind} tag: lease a worker ID with POST /worker/{tag} "
-            "(the Python client: idpool_client.snowflake.SnowflakeClient)",
-        )
+    refused = spec_of(row.kind).refuse_lease(tag)  # e.g. snowflake: lease a worker ID
+    if refused is not None:
+        raise refused
     return await run.node.source.fetch(tag, count)
 
 
@@ -151,13 +148,9 @@ async def lease(request: Request) -> Response:
     row = await run.node.tags.lookup(tag)  # its tokens are read with it
     if not auth.allowed(run.node.tags, tag, request):
         raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
-    if row.kind == STRICT:
-        raise HttpRefusal(
-            "strict_tag",
-            f"tag {tag!r} is strict: its IDs increase in real time across every caller, "
-            "which only the nodes can do, so it cannot be leased to a client that hands "
-            f"out IDs itself; ask a node for each ID (GET /id/{tag}, GET /ids/{tag}?count=N)",
-        )
+    refused = spec_of(row.kind).refuse_lease(tag)  # strict: only nodes keep its order
+    if refused is not None:
+        raise refused
     # A formatted tag: the client renders as the node does, so the answer carries
     # the format (with the obfuscation key: only to a holder of the tag's token).
     # With a reset the numbers come from the period's row, named in each lease.
@@ -175,7 +168,7 @@ async def lease(request: Request) -> Response:
                 f"give it to the client, or ask a node for each ID (GET /id/{tag})",
             )
         sequence, since, until = await run.node.formatted.sequence(tag, fmt)
-    elif row.kind == "segment":  # a plain row: its name must not be a formatted tag's
+    else:  # a plain row: its name must not be a formatted tag's
         await run.node.formatted.check_fence(tag)
     taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a

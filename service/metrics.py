@@ -143,7 +143,7 @@ class _SnapshotCollector:
         )
         for t in self.snap["tags"]:
             held = t["buffer"]
-            if not held or held.get("kind") != "snowflake":
+            if not held or "refusals" not in held:  # a worker ID's (kinds/snowflake_leases.py)
                 continue
             tag = t["tag"]
             for why, count in held.get("refusals", {}).items():

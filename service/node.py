@@ -1,6 +1,7 @@
 """A node: the per-tag buffers of one process and their lifecycle (made on first
 use, released when idle, dropped when disabled, returned at shutdown), the
-kinds of ID it serves (``kinds.py``), and its reports to the cluster.
+kinds of ID it serves (``kinds/``, each made from a ``KindContext``, never the
+Node), and its reports to the cluster.
 
 Its ranges come from a RangeSource (``source.py``). On shutdown the unused
 remainders go back to the head of each tag's list, so the next node serves them
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +27,12 @@ from idpool.pool.errors import (
     UnknownTag,
 )
 from idpool.pool.ranges import IdRange
-from idpool.pool.snowflake import Generator
+from idpool.pool.stores import parts_of
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
 from .formats import FormattedTags, Id, parent_of
-from .kinds import KINDS, SEGMENT, IdKind, KeepsTags
+from .kinds import KINDS, IdKind, KeepsTags, KindContext, Stops, TakesFromMemory, spec_of
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
@@ -78,14 +79,39 @@ class Node:
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
-        # snowflake tags served here: tag -> its generator (service/snowflake.py)
-        self.snowflakes: dict[str, Generator] = {}
-        self.worker_lease_seconds = worker_lease_seconds
-        self.worker_margin_seconds = worker_margin_seconds
-        # one object per kind of ID: how a tag of that kind is served (kinds.py)
-        self.kinds: dict[str, IdKind] = {name: make(self) for name, make in KINDS.items()}
-        self.formatted = FormattedTags(self)  # tags whose rows carry a format (formats.py)
         self.draining = False
+        # tags whose rows carry a format (formats.py), and every name's format fence
+        self.formatted = FormattedTags(
+            self.tags,
+            self,
+            source.claims,
+            lambda: self.wall_clock(),  # read when called: tests set the node's clock
+            lambda kind: spec_of(kind).formats,
+        )
+        # What the kinds may reach: built before them, never the Node itself.
+        self.context = KindContext(
+            tags=self.tags,
+            source=source,
+            parts=parts_of(source.claims.ledger, source.pool),
+            health=self.health,
+            stats=self.stats,
+            waste=self.waste,
+            buffers=self,
+            formats=self.formatted,
+            draining=lambda: self.draining,
+            clock=clock,
+            wall_clock=wall_clock,
+            node_id=node_id,
+            reserve_seconds=reserve_seconds,
+            worker_lease_seconds=worker_lease_seconds,
+            worker_margin_seconds=worker_margin_seconds,
+        )
+        # one object per kind of ID: how a tag of that kind is served (kinds/)
+        self.kinds: dict[str, IdKind] = {name: make(self.context) for name, make in KINDS.items()}
+        # the kind whose tags have buffers here (NodeApp reads them before routing)
+        self.buffered = next(name for name in self.kinds if spec_of(name).buffered)
+        # the other kinds NodeApp's fast path asks, synchronously, before routing
+        self.from_memory = [k for k in self.kinds.values() if isinstance(k, TakesFromMemory)]
         self.report_seconds = report_seconds
         self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
         self._reported: dict[str, int] = {}  # tag -> its buffer's `issued` as last reported
@@ -123,7 +149,15 @@ class Node:
     def served(self) -> set[str]:
         """Every tag served here, of every kind."""
         kept = (k.served() for k in self.kinds.values() if isinstance(k, KeepsTags))
-        return set(self.buffers).union(self.snowflakes, *kept)
+        return set(self.buffers).union(*kept)
+
+    @property
+    def snowflakes(self) -> dict[str, object]:
+        """What the kinds that serve from memory hold, by tag (tests read it)."""
+        held: dict[str, object] = {}
+        for kind in self.from_memory:
+            held.update(getattr(kind, "generators", {}))
+        return held
 
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, created on first use for a tag the ledger has."""
@@ -157,7 +191,7 @@ class Node:
     async def kind_of(self, tag: str) -> IdKind:
         """The object of the tag's kind; raises UnknownTag, TagDisabled, Draining."""
         if tag in self.buffers:
-            return self.kinds[SEGMENT]  # only segment tags have buffers
+            return self.kinds[self.buffered]  # only its tags have buffers
         if self.draining:
             raise Draining("node is shutting down")
         row = await self.tags.lookup(tag)
@@ -178,10 +212,10 @@ class Node:
         except KindChanged:
             return await (await self.kind_of(tag)).next_ids(tag, count)
 
-    def describe(self, tag: str) -> dict[str, Any] | None:
+    def describe(self, tag: str) -> Mapping[str, Any] | None:
         """What this node holds for the tag, as its kind shows it (/status.json)."""
         row = self.tags.rows.get(tag)
-        kind = self.kinds.get(SEGMENT if row is None else row.kind)
+        kind = self.kinds.get(self.buffered if row is None else row.kind)
         return None if kind is None else kind.describe(tag)
 
     async def take(self, tag: str) -> int:
@@ -283,11 +317,11 @@ class Node:
             await self.tags.refresh(None if whole else sorted(names))
         except StoreUnavailable:
             return  # the copy stands; tried again next time
-        for tag in self.tags.disabled() & set(self.snowflakes):
-            self.snowflakes.pop(tag).lost = "an operator disabled the tag"
-        # A removed tag (idpool tag remove): no generator serves it from memory any more.
-        for tag in set(self.snowflakes) - set(self.tags.rows):
-            self.snowflakes.pop(tag).lost = "an operator removed the tag"
+        for kind in self.kinds.values():
+            if isinstance(kind, Stops):
+                kind.stop(self.tags.disabled(), "an operator disabled the tag")
+                # A removed tag (idpool tag remove): not served from memory any more.
+                kind.stop(kind.served() - set(self.tags.rows), "an operator removed the tag")
         for tag in self.tags.disabled() & set(self.buffers):
             await self._stop_disabled(tag, self.buffers[tag])
         for tag in set(self.buffers) - set(self.tags.rows):
@@ -295,7 +329,7 @@ class Node:
         # Only a segment tag has a buffer: a row of another kind under its name was
         # added after a removal this reload did not see (or edited by hand). Its
         # buffer is the old tag's: the fast path would serve it before any kind check.
-        for tag in {t for t, row in self.tags.rows.items() if row.kind != SEGMENT}:
+        for tag in {t for t, row in self.tags.rows.items() if not spec_of(row.kind).buffered}:
             if tag in self.buffers:
                 await self._stop_disabled(tag, self.buffers[tag], Reason.TAG_REMOVED)
         # A removed formatted tag's format goes once no buffer of its name is left

@@ -18,7 +18,7 @@ from idpool.pool.snowflake import LAYOUT_RANGES, LAYOUTS
 
 from . import metrics
 from .errors import BY_CODE
-from .kinds import KINDS, SEGMENT
+from .kinds import DEFAULT_KIND, KINDS
 
 Schema = dict[str, Any]
 
@@ -589,7 +589,7 @@ def _admin_paths() -> Schema:
             "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
             "max": {"type": "integer", "minimum": 1, "maximum": MAX_ID - 1, "nullable": True},
             "description": {"type": "string", "maxLength": 255},
-            "kind": {"type": "string", "enum": list(KINDS), "default": SEGMENT},
+            "kind": {"type": "string", "enum": list(KINDS), "default": DEFAULT_KIND},
             "strict": {
                 "type": "boolean",
                 "default": False,

@@ -21,7 +21,6 @@ import orjson
 from idpool.pool.claims import LedgerClaims
 from idpool.pool.lease_store import LeaseStore
 from idpool.pool.preloader import Preloader
-from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.waste import WasteRecorder
@@ -64,11 +63,10 @@ class Runtime:
     def lease_store(self) -> LeaseStore | None:
         """Where leases are recorded, made on the first lease; None in the
         embedded mode (no Redis to record them in)."""
-        if self._leases is None and isinstance(self.pool, RedisPool):
-            pool = self.pool
-            self._leases = LeaseStore(
-                pool.client, pool.keys, self.settings.client_lease_seconds, pool.send, pool.legacy
-            )
+        if self._leases is None:
+            leases = self.node.context.parts.leases  # None: the stores hold no leases
+            if leases is not None:
+                self._leases = leases(self.settings.client_lease_seconds)
         return self._leases
 
     async def drain(self) -> ShutdownReport:

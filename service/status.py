@@ -10,7 +10,7 @@ import asyncio
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,7 +274,7 @@ def _cluster_tag(
     }
 
 
-def _issued(described: dict[str, Any] | None) -> int:
+def _issued(described: Mapping[str, Any] | None) -> int:
     """IDs a kind without buffers (strict) handed out here, as it describes itself."""
     return 0 if described is None else int(described.get("issued", 0))
 

@@ -14,23 +14,22 @@ from dataclasses import dataclass, field
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import InvalidInput
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_RULE, is_valid_tag
-from idpool.pool.redis_pool import RedisPool
-from idpool.pool.snowflake import LAYOUT_FIELDS, check_layout, wall_ms
-from idpool.pool.stores import HighWaterMarks, LedgerStore
+from idpool.pool.stores import HighWaterMarks, LedgerStore, parts_of
 from idpool.pool.values import TagRow
 
 from .formats import options_for
-from .kinds import KINDS, SEGMENT
-from .snowflake import SNOWFLAKE, prepare_tag
-from .strict_tags import STRICT
+from .kinds import DEFAULT_KIND, KINDS, SPECS, Draft, names, spec_of
 
 Spell = Callable[[str], str]
-# A snowflake tag's layout: a preset (``layout``) and overrides of its fields
-SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})
+FORMAT_FIELDS = frozenset({"format", "reset", "obfuscate"})  # a format (formats.py)
+# Every kind's own fields (a snowflake layout), and the flags naming a kind ("strict")
+KIND_FIELDS = frozenset({f for spec in SPECS.values() for f in spec.fields})
+KIND_FLAGS = frozenset(name for name, spec in SPECS.items() if spec.api_flag)
 NEW_TAG_FIELDS = (
-    frozenset({"tag", "step", "start", "description", "max", "kind", "strict"})
-    | frozenset({"format", "reset", "obfuscate"})  # a segment tag's format (formats.py)
-    | SNOWFLAKE_FIELDS
+    frozenset({"tag", "step", "start", "description", "max", "kind"})
+    | FORMAT_FIELDS
+    | KIND_FIELDS
+    | KIND_FLAGS
 )
 
 
@@ -68,22 +67,18 @@ class NewTag:
     start: int
     end_id: int  # first ID never handed out (max + 1; MAX_ID: no bound)
     description: str = ""
-    kind: str = SEGMENT
+    kind: str = DEFAULT_KIND
     layout: str = ""  # a snowflake tag's Layout.to_text()
     options: str = ""  # JSON: format, reset, obfuscate (service/formats.py)
     secret: str = field(default="", repr=False)  # the obfuscation key, hex
 
     async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
-        """Add the tag (claims.create_tag: above any ID ever issued under its name);
-        a snowflake tag gets its worker hash (snowflake.prepare_tag). A snowflake
-        tag needs Redis (its worker IDs are leased there): none in embedded mode,
-        where it was made and then refused on every request."""
-        if self.kind == SNOWFLAKE and not isinstance(pool, RedisPool):
-            raise InvalidInput(
-                "bad_kind",
-                f"tag {self.tag!r}: snowflake tags need Redis, where their worker IDs are "
-                "leased; not in embedded mode (use a segment tag, or run with Redis)",
-            )
+        """Add the tag (claims.create_tag: above any ID ever issued under its name),
+        once its kind finds the stores can serve it (a snowflake tag needs Redis);
+        then what its kind makes beside the row (a snowflake tag's worker hash)."""
+        spec = spec_of(self.kind)
+        parts = parts_of(ledger, pool)
+        spec.check_stores(self.tag, parts)
         row = await create_tag(
             ledger,
             pool,
@@ -97,7 +92,7 @@ class NewTag:
             options=self.options,
             secret=self.secret,
         )
-        await prepare_tag(ledger, pool, row)
+        await spec.prepare(ledger, parts, row)
         return row
 
 
@@ -127,16 +122,18 @@ def new_tag(
         raise InvalidInput(
             "bad_description", f"{name('description')} must be a string of at most 255"
         )
-    kind = check_kind(fields.get("kind", SEGMENT), name)
-    strict = fields.get("strict", False)
-    if not isinstance(strict, bool):
-        raise InvalidInput("bad_kind", f"{name('strict')} must be true or false")
-    if strict:  # "strict": true is kind strict (IDs in real-time order across nodes)
-        if "kind" in fields and kind != STRICT:
-            raise InvalidInput(
-                "bad_kind", f"{name('strict')} asks for kind strict, {name('kind')} for {kind}"
-            )
-        kind = STRICT
+    kind = check_kind(fields.get("kind", DEFAULT_KIND), name)
+    for flagged in sorted(KIND_FLAGS):  # "strict": true is kind strict
+        asked = fields.get(flagged, False)
+        if not isinstance(asked, bool):
+            raise InvalidInput("bad_kind", f"{name(flagged)} must be true or false")
+        if asked:
+            if "kind" in fields and kind != flagged:
+                raise InvalidInput(
+                    "bad_kind",
+                    f"{name(flagged)} asks for kind {flagged}, {name('kind')} for {kind}",
+                )
+            kind = flagged
     end_id = MAX_ID if top is None else top + 1
     try:
         options, secret = options_for(
@@ -148,36 +145,42 @@ def new_tag(
         )
     except InvalidInput as e:
         raise InvalidInput(e.code, _spelled(str(e), name)) from None
-    if options and kind != SEGMENT:
+    spec = spec_of(kind)
+    if options and not spec.formats:
         # A format renders a segment tag's sequence (service/formats.py); another
         # kind would store it and hand out bare IDs.
         raise InvalidInput(
             "bad_format",
             f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
-            f"{SEGMENT} tags only, not to kind {kind!r}",
+            f"{', '.join(names(lambda s: s.formats))} tags only, not to kind {kind!r}",
         )
-    given = sorted(f for f in SNOWFLAKE_FIELDS if fields.get(f) is not None)
-    if kind != SNOWFLAKE:
-        if given:
-            raise InvalidInput("bad_layout", f"{name(given[0])} is for snowflake tags only")
-        return NewTag(tag, step, start, end_id, description, kind, options=options, secret=secret)
-    moved = [f for f in ("start", "step") if fields.get(f) is not None]
-    if moved:
-        # Its max_id counts worker-ID grants: a start near 2^63 would leave it a few
-        # grants for its whole life (as PATCH refuses: snowflake.check_range_change).
-        raise InvalidInput(
-            "wrong_kind",
-            f"a snowflake tag takes no {name(moved[0])} (its IDs come from the clock, a "
-            "worker ID and a sequence; its row counts worker-ID grants): give a layout",
-        )
-    if top is not None:
-        raise InvalidInput("bad_body", f"a snowflake tag takes no {name('max')}: give a layout")
-    layout = check_layout({f: fields.get(f) for f in given}, wall_ms(), name)
-    # The row counts worker-ID grants (max_id: one generation per grant) and keeps the
-    # tag's worker-lease TTL beside its layout (``.l10000``, pool/snowflake.py
-    # lease_ms_of): one value every node grants with, so a quarantine outlasts them all.
-    text = layout.to_text() + (f".l{lease_ms}" if lease_ms > 0 else "")
-    return NewTag(tag, 1, start, MAX_ID, description, kind, text)
+    given = sorted(f for f in KIND_FIELDS - spec.fields if fields.get(f) is not None)
+    if given:  # another kind's field (a layout given to a segment tag)
+        owner = next(s for s in SPECS.values() if given[0] in s.fields)
+        raise InvalidInput(owner.fields_code, f"{name(given[0])} is for {owner.name} tags only")
+    draft = spec.shape(fields, Draft(tag, step, start, end_id, top), name, lease_ms)
+    return NewTag(
+        tag,
+        draft.step,
+        draft.start,
+        draft.end_id,
+        description,
+        kind,
+        draft.layout,
+        options=options,
+        secret=secret,
+    )
+
+
+def check_removable(row: TagRow) -> None:
+    """Refuse (InvalidInput) to remove a tag its kind keeps (a snowflake tag)."""
+    spec_of(row.kind).check_removable(row)
+
+
+def check_range_change(row: TagRow, change: str) -> None:
+    """Refuse (InvalidInput) a new ``start`` or ``step`` its kind has none of. A
+    kind never changes, so reading the row first is enough."""
+    spec_of(row.kind).check_range_change(row, change)
 
 
 def _spelled(message: str, name: Spell) -> str:

@@ -36,18 +36,17 @@ from idpool.pool.worker_store import (
 
 from . import auth
 from .errors import HttpRefusal, json_response
+from .kinds.snowflake_leases import SnowflakeKind
 from .leases import LEASE_ID
 from .runtime import Runtime
-from .snowflake import SNOWFLAKE, SnowflakeKind
 from .tag_fields import check_tag
 
 logger = logging.getLogger("idpool.snowflake")
 
 
 def _kind(run: Runtime) -> SnowflakeKind:
-    kind = run.node.kinds[SNOWFLAKE]
-    assert isinstance(kind, SnowflakeKind)
-    return kind
+    """The node's kind that leases worker IDs (one: snowflake)."""
+    return next(k for k in run.node.kinds.values() if isinstance(k, SnowflakeKind))
 
 
 async def _checked(request: Request) -> tuple[Runtime, str]:

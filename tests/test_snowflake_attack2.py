@@ -52,7 +52,7 @@ from idpool.pool.snowflake import check_layout, wall_ms
 from idpool.pool.values import TagRow
 from idpool.pool.worker_store import WorkerRefused, WorkerStore
 from idpool.service.app import create_app
-from idpool.service.snowflake import SnowflakeKind
+from idpool.service.kinds.snowflake_leases import SnowflakeKind
 
 UNIT_MS = 100
 SEQUENCE_BITS = 2  # 4 IDs per 100 ms unit: a valid layout (the node's /ids limit is 20)

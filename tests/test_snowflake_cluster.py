@@ -22,7 +22,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import check_layout, wall_ms
-from idpool.service.snowflake import prepare_tag
+from idpool.service.kinds.snowflake import prepare_tag
 from ops.toolkit import NodeProcess, RedisServer, env_with
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from idpool.pool.snowflake import check_layout, wall_ms
 from idpool.pool.values import TagRow
 from idpool.pool.worker_store import WorkerRefused, WorkerStore
 from idpool.service.app import create_app
-from idpool.service.snowflake import prepare_tag
+from idpool.service.kinds.snowflake import prepare_tag
 from ops.toolkit import TcpProxy
 
 TOKEN = "admin-secret"

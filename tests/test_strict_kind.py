@@ -18,7 +18,7 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import NodeApp, create_app
-from idpool.service.strict_tags import StrictKind
+from idpool.service.kinds.strict import StrictKind
 from ops.toolkit import TcpProxy
 
 TOKEN = "t" * 32

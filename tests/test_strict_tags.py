@@ -9,8 +9,8 @@ from idpool.pool.errors import StoreSkipped, StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.strict import RedisStrict, StrictSequence
+from idpool.service.kinds.strict import GroupCommit, NodeStrictEvents, StrictTags
 from idpool.service.stats import NodeStats
-from idpool.service.strict_tags import GroupCommit, NodeStrictEvents, StrictTags
 
 pytestmark = pytest.mark.anyio
 

@@ -9,6 +9,7 @@ import time
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
+from ..kinds import spec_of
 from ..node import node_ttl
 from ..status import cluster, read_stores, runway_text, tag_entries
 from .common import counted, show
@@ -38,9 +39,9 @@ async def pool_show(settings: Settings, args: argparse.Namespace) -> int:
         f"{'IDs/s':>9} {'minutes':>8}  head range"
     )
     for t in entries:
-        if t["kind"] == "snowflake":  # made in memory from a leased worker ID: no pool
+        if not spec_of(t["kind"]).ranges:  # snowflake: made in memory from a leased worker ID
             print(f"{t['tag']:<20} {'-':>9} {'-':>14} {'-':>6} {'-':>6} {'-':>12} {'-':>9} "
-                  f"{'-':>8}  (snowflake: no pool; see `idpool tag list`)")  # fmt: skip
+                  f"{'-':>8}  ({t['kind']}: no pool; see `idpool tag list`)")  # fmt: skip
             continue
         pooled = t["pool"] or {}
         rate = t["rate"].get("cluster_ids_per_s")

@@ -25,18 +25,16 @@ from idpool.pool.errors import (
 )
 from idpool.pool.ranges import MAX_ID, MAX_STEP
 from idpool.pool.settings import Settings
-from idpool.pool.snowflake import LAYOUT_FIELDS
 from idpool.pool.stores import LedgerStore, open_ledger, open_pool
 from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason, WasteRecorder
 
-from ..decode import decode_issued, snowflake_fields
+from ..decode import decode_issued
 from ..formats import split_periods, tag_list_entry
-from ..kinds import KINDS, SEGMENT
-from ..snowflake import SNOWFLAKE, check_range_change, check_removable
+from ..kinds import DEFAULT_KIND, SPECS, spec_of
 from ..status import runway_seconds, runway_text
-from ..tag_fields import check_int, new_tag
+from ..tag_fields import check_int, check_range_change, check_removable, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, counted, flag, integer, show, tag_arg
 
 
@@ -56,37 +54,17 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
         help="highest ID the tag may hand out, e.g. 9007199254740991 to stay exact in "
         "JavaScript (default: no bound below 2^63)",
     )
+    flagged = [name for name, spec in SPECS.items() if spec.cli_flag_help]
     add.add_argument(
         "--kind",
         default=None,
-        help=f"how its IDs are made: {', '.join(KINDS)} (default: {SEGMENT}); "
-        "--strict and --snowflake name a kind too: give one",
+        help=f"how its IDs are made: {', '.join(SPECS)} (default: {DEFAULT_KIND}); "
+        f"{' and '.join(f'--{name}' for name in flagged)} name a kind too: give one",
     )
-    add.add_argument(
-        "--strict",
-        action="store_true",
-        help="kind strict: IDs strictly increasing in real time across every node "
-        "(each request needs Redis; no client leases); chosen now, never changed",
-    )
-    add.add_argument(
-        "--snowflake",
-        action="store_true",
-        help="time-ordered IDs made in memory from leased worker IDs (same as --kind snowflake)",
-    )
-    add.add_argument(
-        "--layout",
-        default=None,
-        help="snowflake layout: default (41 bits of ms, 10 worker, 12 sequence bits) or js53 "
-        "(37 bits of 10 ms, 8 worker, 8 sequence: every ID below 2^53)",
-    )
-    for field, what in (
-        ("time_bits", "bits of time since the epoch"),
-        ("worker_bits", "bits of worker ID (how many holders at once)"),
-        ("sequence_bits", "bits of sequence within a time unit"),
-        ("unit_ms", "time unit in ms (1 to 1000)"),
-        ("epoch_ms", "unix ms of time 0 (default: now); not in the future"),
-    ):
-        add.add_argument(flag(field), dest=field, type=integer, default=None, help=what)
+    for name in flagged:  # a flag per kind that has one (--strict, --snowflake)
+        add.add_argument(f"--{name}", action="store_true", help=SPECS[name].cli_flag_help)
+    for spec in SPECS.values():  # each kind's own fields (a snowflake layout)
+        spec.cli_arguments(add)
     add.add_argument(
         "--format",
         default=None,
@@ -180,8 +158,10 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 def _kind_named(args: argparse.Namespace) -> str | None:
     """The one kind --kind, --strict and --snowflake name; raises InvalidInput when
     they name two (the admin API refuses {"kind": ..., "strict": true} alike)."""
-    named = {"--kind": args.kind, "--strict": "strict" if args.strict else None}
-    named["--snowflake"] = SNOWFLAKE if args.snowflake else None
+    named = {"--kind": args.kind}
+    for name, spec in SPECS.items():
+        if spec.cli_flag_help:
+            named[f"--{name}"] = name if getattr(args, name) else None
     given = {flag_: kind for flag_, kind in named.items() if kind is not None}
     if len(set(given.values())) > 1:
         shown = " and ".join(f"--kind {k}" if f == "--kind" else f for f, k in given.items())
@@ -201,14 +181,14 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
     fields.update(max=args.max, format=args.format, reset=args.reset, obfuscate=args.obfuscate)
-    if kind == "strict":
-        fields["strict"] = True  # as --strict alone always said it
+    if kind is not None and spec_of(kind).api_flag:
+        fields[kind] = True  # as --strict alone always said it
     else:
-        fields["kind"] = kind or SEGMENT
+        fields["kind"] = kind or DEFAULT_KIND
     if args.step is not None:
         fields["step"] = args.step
-    for field in ("layout", *LAYOUT_FIELDS):
-        if getattr(args, field) is not None:
+    for field in sorted({f for spec in SPECS.values() for f in spec.fields}):
+        if getattr(args, field, None) is not None:
             fields[field] = getattr(args, field)
     try:
         spec = new_tag(
@@ -240,9 +220,10 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     if row.max_id > spec.start:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
     bound = "" if row.max is None else f", max {row.max}"
-    kind = "" if row.kind == SEGMENT else f", kind {row.kind}"
-    if row.kind == SNOWFLAKE:
-        print(f"added {row.tag}: kind snowflake, {_layout_text(row)}")
+    kind = "" if spec_of(row.kind).default else f", kind {row.kind}"
+    line = spec_of(row.kind).cli_added(row)  # a kind's own (a snowflake layout)
+    if line is not None:
+        print(line)
     else:
         shown = tag_list_entry(row)
         formatted = f", format {shown}" if shown else ""
@@ -252,16 +233,6 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     # misspelt or default URL is created by `tag add` as by `serve`)
     print(f"  in the {settings.ledger_shown()}")
     return 0
-
-
-def _layout_text(row: TagRow) -> str:
-    shown = snowflake_fields(row)
-    layout = shown["layout"]
-    return (
-        f"{layout['time_bits']} bits of {layout['unit_ms']} ms since {layout['epoch_ms']}, "
-        f"{layout['worker_bits']} worker bits, {layout['sequence_bits']} sequence bits "
-        f"({shown['bits']}-bit IDs)"
-    )
 
 
 async def _list(settings: Settings, ledger: LedgerStore) -> int:
@@ -279,17 +250,14 @@ async def _list(settings: Settings, ledger: LedgerStore) -> int:
         f"{'runway':>10} {'state':>8}  description"
     )
     # Grouped by kind, each group under one line naming it: the rows keep their columns.
-    for kind in sorted({row.kind for row in rows}, key=lambda k: (k != SEGMENT, k)):
+    for kind in sorted({row.kind for row in rows}, key=lambda k: (not spec_of(k).default, k)):
         group = [row for row in rows if row.kind == kind]
         print(f"-- kind {kind}: {counted(len(group), 'tag')}")
         for row in group:
-            if row.kind == SNOWFLAKE:  # the columns of a range; its layout under it
-                print(
-                    f"{row.tag:<24} {'-':>20} {'-':>10} {'-':>12} {'-':>20} {'-':>10} "
-                    f"{'disabled' if row.disabled else 'enabled':>8}  {row.description}"
-                )
-                grants = counted(row.max_id - row.start_id, "worker ID grant")
-                print(f"{'':<24} {_layout_text(row)}; {grants}")
+            lines = spec_of(row.kind).cli_listed(row)  # a kind's own (snowflake: its layout)
+            if lines is not None:
+                for line in lines:
+                    print(line)
                 continue
             found = pooled.get(row.tag)
             rate = float(found.stats["rate"]) if found and "rate" in found.stats else None
@@ -317,9 +285,10 @@ async def _decode(ledger: LedgerStore, args: argparse.Namespace) -> int:
     except InvalidInput as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if found["kind"] == SNOWFLAKE:  # time, worker ID, sequence: one line each
-        for key, value in found.items():
-            print(f"{key:<10} {value}")
+    lines = spec_of(found["kind"]).cli_decoded(found)  # snowflake: time, worker, sequence
+    if lines is not None:
+        for line in lines:
+            print(line)
         return 0
     note = f" ({found['note']})" if "note" in found else ""
     print(f"{found['tag']} {found['value']}: sequence number {found['sequence']}{note}")

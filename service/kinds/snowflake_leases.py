@@ -1,5 +1,6 @@
-"""Snowflake tags on a node: one leased worker ID per tag per process, IDs made
-in memory (``pool/snowflake.py``), no store call per ID.
+"""How a node serves snowflake tags (the ``snowflake`` kind, ``snowflake.py``):
+one leased worker ID per tag per process, IDs made in memory
+(``pool/snowflake.py``), no store call per ID.
 
 The first request for a snowflake tag claims a generation from the ledger and
 asks Redis for a worker ID (``pool/worker_store.py``) for the tag's lease TTL
@@ -11,7 +12,8 @@ moment the last successful renewal was *sent*; a lost lease stops it at once.
 Either way requests get 503 naming the cause, and the task asks for a new
 worker ID (whose time floor is above what the old one used).
 
-``Node.snowflakes`` (tag -> Generator) is what NodeApp's fast path reads.
+``SnowflakeKind.generators`` (tag -> Generator) is what NodeApp's fast path
+takes from (``take_now``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from idpool.pool.errors import (
     IdPoolError,
@@ -32,7 +34,6 @@ from idpool.pool.errors import (
     UnknownTag,
 )
 from idpool.pool.lease_store import fingerprint
-from idpool.pool.redis_pool import RedisPool
 from idpool.pool.snowflake import (
     ClockAhead,
     ClockBehind,
@@ -46,12 +47,9 @@ from idpool.pool.snowflake import (
 from idpool.pool.values import TagRow
 from idpool.pool.worker_store import ClientCaps, Grant, LastTooLate, WorkerRefused, WorkerStore
 
-if TYPE_CHECKING:
-    from idpool.pool.stores import LedgerStore
+from .context import KindContext
 
-    from .node import Node
-
-SNOWFLAKE = "snowflake"
+SNOWFLAKE = "snowflake"  # the kind's name (the ledger's kind column)
 # A batch (/ids) answers no ID made more than this before it is answered, so a
 # batch keeps time order at the scale of a second with IDs other nodes hand out.
 BATCH_MS = 500
@@ -90,21 +88,46 @@ class Held:
     renewer: asyncio.Task[None] | None = None
 
 
+class Unheld(TypedDict):
+    """A snowflake tag this node holds no worker ID of, as /status.json shows it."""
+
+    kind: str
+    worker: None
+    refused: str | None
+    refusals: dict[str, int]
+
+
+class WorkerHeld(TypedDict):
+    """A snowflake tag's worker ID held here, as /status.json shows it."""
+
+    refusals: dict[str, int]  # grants refused here, by why: "full" is a tag out of worker IDs
+    kind: str
+    current: str  # the status page's buffer column
+    used: int
+    worker: int
+    generation: int
+    issued: int
+    last_ms: int
+    lease_left_s: float
+    lost: str | None
+    clock_behind_ms: int
+    clock_behind_events: int
+    clock_ahead_ms: int
+    layout: dict[str, Any]
+
+
 class SnowflakeKind:
     """Time-ordered IDs from a leased worker ID, served from memory."""
 
-    name = SNOWFLAKE
-    from_memory = True
-
     def __init__(
         self,
-        node: Node,
+        ctx: KindContext,
         *,
         clock_ms: Callable[[], int] = wall_ms,
         monotonic: Callable[[], float] = lease_clock,
     ) -> None:
-        self.node = node
-        self.generators = node.snowflakes  # tag -> Generator: the fast path's view
+        self.ctx = ctx
+        self.generators: dict[str, Generator] = {}  # tag -> Generator: the fast path's view
         self.held: dict[str, Held] = {}
         self._clock_ms = clock_ms
         self._monotonic = monotonic
@@ -119,8 +142,8 @@ class SnowflakeKind:
         self._logged: dict[int, int] = {}  # id(generator) -> episodes logged
         self._logged_ahead: dict[int, int | None] = {}  # id(generator) -> ceiling logged at
         self.closed = False
-        self.ttl = node.worker_lease_seconds
-        self.margin = node.worker_margin_seconds
+        self.ttl = ctx.worker_lease_seconds
+        self.margin = ctx.worker_margin_seconds
 
     def lease_ms(self, row: TagRow) -> tuple[int, int]:
         """The TTL of a grant for the tag, and the quarantine any grant or renewal
@@ -144,12 +167,12 @@ class SnowflakeKind:
 
     def store(self, tag: str) -> WorkerStore:
         if self._store is None:
-            pool = self.node.source.pool
-            if not isinstance(pool, RedisPool):
+            workers = self.ctx.parts.workers
+            if workers is None:
                 raise WorkerLeaseLost(
                     tag, "snowflake tags need Redis for worker IDs (not embedded)"
                 )
-            self._store = WorkerStore(pool.client, pool.keys, pool.send)
+            self._store = workers
         return self._store
 
     # -- serving ---------------------------------------------------------
@@ -172,7 +195,7 @@ class SnowflakeKind:
         stale while the batch waited (other requests sharing the sequence) are
         dropped, never served, and made again."""
         # Before any worker grant: a tag in quarantine answers the 400 it will end in.
-        check_count(tag, Layout.from_text((await self.node.tags.lookup(tag)).layout), count)
+        check_count(tag, Layout.from_text((await self.ctx.tags.lookup(tag)).layout), count)
         found: deque[tuple[float, int]] = deque()  # (monotonic time made, ID)
         while len(found) < count:
             gen = await self.generator(tag)
@@ -214,13 +237,38 @@ class SnowflakeKind:
                 )
             raise
 
+    def take_now(self, tag: str, count: int) -> int | list[int] | None:
+        """From memory, for NodeApp's fast path (``count`` 0: one ID): None when no
+        worker ID is held, the batch is over the tag's cap (the route's 400, before
+        take_many used up the rest of the unit's sequence on a batch it then skips),
+        or the generator refuses (the route answers it, naming the cause, and logs)."""
+        gen = self.generators.get(tag)
+        if gen is None or count > batch_limit(gen.layout):
+            return None
+        try:
+            # synchronous: no two requests get the same ID; a batch is all or
+            # none (a partial batch is skipped, never served)
+            return gen.take() if count == 0 else gen.take_many(count)
+        except IdPoolError:
+            return None
+
+    def stop(self, tags: set[str], why: str) -> None:
+        """Stop serving ``tags`` (an operator disabled or removed them): no generator
+        serves them from memory any more; a request asks for a worker ID again."""
+        for tag in tags & set(self.generators):
+            self.generators.pop(tag).lost = why
+
+    def served(self) -> set[str]:
+        """The snowflake tags this node holds a generator of."""
+        return set(self.generators)
+
     async def generator(self, tag: str) -> Generator:
         """The tag's generator, granting a worker ID first when none is held."""
         gen = self.generators.get(tag)
         if gen is not None and gen.lost is None:
             return gen
-        await self.node.tags.lookup(tag)
-        if self.closed or self.node.draining:
+        await self.ctx.tags.lookup(tag)
+        if self.closed or self.ctx.draining():
             raise WorkerLeaseLost(tag, "the node is shutting down")
         pending = self._granting.get(tag)
         if pending is None:
@@ -235,7 +283,7 @@ class SnowflakeKind:
         POST /worker/{tag}, bounded by ``caps``), and the monotonic time the grant
         was sent (the holder's lease runs from then). Raises WorkerLeaseLost
         naming why not. A client's refusal leaves this node's own grants be."""
-        row = await self.node.tags.lookup(tag)
+        row = await self.ctx.tags.lookup(tag)
         if row.kind != SNOWFLAKE:
             raise InvalidInput("wrong_kind", f"tag {tag!r} is a {row.kind} tag, not snowflake")
         layout = Layout.from_text(row.layout)
@@ -257,7 +305,7 @@ class SnowflakeKind:
         # another, is a formatted tag whose kind was edited by hand (its strings could
         # be numbers this tag makes). Checked once per tag and process (check_fence).
         try:
-            await self.node.formatted.check_fence(tag)
+            await self.ctx.formats.check_fence(tag)
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
         if caps is not None:  # before the claim: a capped caller writes no ledger row
@@ -265,7 +313,7 @@ class SnowflakeKind:
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
             # lease, which a renewal or release must show.
-            claim = await self.node.source.claims.claim(tag, 1, kind=SNOWFLAKE)
+            claim = await self.ctx.source.claims.claim(tag, 1, kind=SNOWFLAKE)
         except (UnknownTag, TagDisabled):
             raise
         except IdPoolError as e:
@@ -321,7 +369,7 @@ class SnowflakeKind:
         return WorkerLeaseLost(tag, why)
 
     async def _grant(self, tag: str) -> Generator:
-        grant, layout, sent = await self.lease_worker(tag, self.node.node_id or "node")
+        grant, layout, sent = await self.lease_worker(tag, self.ctx.node_id or "node")
         store = self.store(tag)
         gen = Generator(
             tag,
@@ -350,7 +398,7 @@ class SnowflakeKind:
         while gen.lost is None:
             await asyncio.sleep(ttl / 4)
             sent = self._monotonic()
-            row = self.node.tags.rows.get(tag)
+            row = self.ctx.tags.rows.get(tag)
             _, quarantine_ms = self.lease_ms(row) if row else (0, int(self.ttl * 1000))
             quarantine_ms = max(quarantine_ms, held.grant.ttl_ms)
             try:
@@ -399,7 +447,7 @@ class SnowflakeKind:
                 continue
             gen.lost = "the node is shutting down"
             with contextlib.suppress(StoreUnavailable, WorkerRefused, LastTooLate):
-                row = self.node.tags.rows.get(tag)
+                row = self.ctx.tags.rows.get(tag)
                 own = self.lease_ms(row)[1] if row else int(self.ttl * 1000)
                 quarantine_ms = max(own, held.grant.ttl_ms)
                 await store.release(tag, held.grant, gen.last_ms, quarantine_ms)
@@ -421,7 +469,7 @@ class SnowflakeKind:
             )
         return None
 
-    def describe(self, tag: str) -> dict[str, Any] | None:
+    def describe(self, tag: str) -> Unheld | WorkerHeld | None:
         held = self.held.get(tag)
         refusals = {why: n for (t, why), n in self.refusals.items() if t == tag}
         if held is None:
@@ -447,56 +495,3 @@ class SnowflakeKind:
             "clock_ahead_ms": gen.ahead_ms(),
             "layout": gen.layout.describe(),
         }
-
-
-def check_removable(row: TagRow) -> None:
-    """Refuse to remove a snowflake tag (InvalidInput ``wrong_kind``): its IDs come
-    from the clock since its layout's epoch, not from ranges, so the tombstone's
-    max_id cannot fence them, and the name added again (a new epoch: its creation)
-    would make the old tag's IDs again as its clock catches up."""
-    if row.kind == SNOWFLAKE:
-        raise InvalidInput(
-            "wrong_kind",
-            f"tag {row.tag!r} is a snowflake tag and cannot be removed: added again, its "
-            "IDs would restart from a new epoch and repeat the old ones; disable it instead "
-            f"(`idpool tag disable {row.tag}`)",
-        )
-
-
-def check_range_change(row: TagRow, change: str) -> None:
-    """Refuse a new start or step on a snowflake tag (InvalidInput ``wrong_kind``).
-    Its ``max_id`` counts worker-ID grants, not IDs: a step means nothing there, and
-    a start moved up once let a grant pass as the tag's first and skip the
-    quarantine (issue 25's review: 3,674 duplicate IDs). A kind never changes, so
-    reading the row first is enough."""
-    if row.kind == SNOWFLAKE:
-        raise InvalidInput(
-            "wrong_kind",
-            f"tag {row.tag!r} is a snowflake tag: it has no {change} (its IDs come from the "
-            "clock, a worker ID and a sequence; its layout is fixed at creation)",
-        )
-
-
-async def prepare_tag(ledger: LedgerStore, pool: object, row: TagRow) -> None:
-    """Make the worker hash of a snowflake tag just created, so that its first
-    grants need no quarantine even when several nodes race for them. Only while
-    no generation was claimed (``max_id == start_id`` in the row just made);
-    with Redis or the ledger down the first grant waits out one quarantine
-    instead (safe, only slower, once).
-
-    ``init`` makes the hash *with* a quarantine, like any new hash; the row is
-    then read again, and only if it still shows no generation claimed does
-    ``lift`` clear it (atomically: if the hash is still init's, with no worker
-    granted in it). Race: this process stalls after the row, a node claims a
-    generation and is granted worker 0, Redis restarts empty, and only then
-    does init arrive; lifting there would grant worker 0 again while its holder
-    serves. Any grant that ran before init claimed its generation before it, so
-    the row read after init shows it (the quarantine stays); a grant claimed
-    after that read waits in the quarantine until lift, or finds it lifted."""
-    if row.kind != SNOWFLAKE or row.max_id != row.start_id or not isinstance(pool, RedisPool):
-        return
-    store = WorkerStore(pool.client, pool.keys, pool.send)
-    with contextlib.suppress(IdPoolError):  # StoreUnavailable, UnknownTag: keep it
-        made = await store.init(row.tag, lease_ms_of(row.layout))
-        if made is not None and (await ledger.get_tag(row.tag)).max_id == row.max_id:
-            await store.lift(row.tag, made)

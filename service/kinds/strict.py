@@ -1,4 +1,4 @@
-"""Strict tags on a node: the ``strict`` kind of ID, and group commit.
+"""The ``strict`` kind of ID on a node, and group commit.
 
 A strict tag's IDs increase in real time across every node (docs/design.md,
 "Strict tags"): every request needs the shared sequence in Redis
@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TypedDict
 
 from idpool.pool.claims import Claim, RedisSkip
 from idpool.pool.errors import (
@@ -34,22 +34,14 @@ from idpool.pool.errors import (
     StrictNotConfirmed,
     TooFewReplicas,
 )
-from idpool.pool.redis_pool import RedisPool
-from idpool.pool.sqlite_ledger import SqliteLedger
-from idpool.pool.strict import (
-    RedisStrict,
-    SqliteStrict,
-    StrictEvents,
-    StrictSequence,
-    StrictSupply,
-)
+from idpool.pool.kind_rules import KindRules
+from idpool.pool.strict import StrictEvents, StrictSequence, StrictSupply
 
-from .stats import NodeStats
+from ..errors import HttpRefusal
+from ..stats import NodeStats
+from .context import KindContext
+from .interface import IdKind, KindSpec
 
-if TYPE_CHECKING:
-    from .node import Node
-
-STRICT = "strict"
 logger = logging.getLogger("idpool.strict")
 
 Take = Callable[[str, int], Awaitable[int]]  # (tag, n) -> first of n consecutive IDs
@@ -165,31 +157,36 @@ class StrictTags:
             raise named from e
 
 
+class StrictHeld(TypedDict):
+    """A strict tag's queue, as /status.json shows it (``mode``: its older key)."""
+
+    kind: str
+    mode: str
+    issued: int
+    calls: int
+
+
 class StrictKind:
     """The ``strict`` kind: every request goes to the shared sequence (Redis, or
     the embedded ledger's file), group-committed per tag."""
 
-    name = STRICT
-    from_memory = False
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.supply = strict_supply(node)
-        claims = node.source.claims
+    def __init__(self, ctx: KindContext) -> None:
+        self.ctx = ctx
+        self.supply = strict_supply(ctx)
+        claims = ctx.source.claims
         self.tags = StrictTags(
             self.supply.take,
             self.supply.name,
-            on_error=node.health.failed,
+            on_error=ctx.health.failed,
             also_down=self._also_down,
             skip=claims.redis_skip if self.supply.name == "redis" else None,
         )
-
 
     async def _also_down(self, failed: str) -> str:
         """The other stores the node's health probe finds down, for the 503: one
         message names every store to fix, as the segment path's does (a fresh
         probe first, at most twice a second, bounded by half a second)."""
-        health = self.node.health
+        health = self.ctx.health
         await health.probe_soon()
         down = [
             f"; {store} down too: {detail}"
@@ -220,18 +217,19 @@ class StrictKind:
         Once per tag and process, as the segment path's buffer: a strict tag
         served here goes on with the bare numbers it always handed out, whatever
         its row then reads (a formatted tag's buffer was never its queue)."""
-        await self.node.formatted.check_fence(tag)
+        await self.ctx.formats.check_fence(tag)
 
     def not_ready(self) -> str | None:
         """Strict tags need Redis per request: a node without it answers their
         requests 503 by itself, and its readiness is the stores' (service/health.py)."""
         return None
 
-    def describe(self, tag: str) -> dict[str, Any] | None:
+    def describe(self, tag: str) -> StrictHeld | None:
         queue = self.tags.queues.get(tag)
         if queue is None:
             return None
-        return {"mode": STRICT, "issued": queue.issued, "calls": queue.calls}
+        name = SPEC.name
+        return {"kind": name, "mode": name, "issued": queue.issued, "calls": queue.calls}
 
     def served(self) -> set[str]:
         """The strict tags this node was asked for."""
@@ -241,22 +239,21 @@ class StrictKind:
         await self.supply.close()
 
 
-def strict_supply(node: Node) -> StrictSupply:
+def strict_supply(ctx: KindContext) -> StrictSupply:
     """Where a node's strict takes go: the Redis sequence, refilled from the
     node's fenced ledger claims; or, embedded, the SQLite ledger itself."""
-    source = node.source
-    pool, ledger = source.pool, source.claims.ledger
-    if isinstance(pool, RedisPool):
+    parts = ctx.parts
+    if parts.redis_strict is not None:
         return StrictSequence(
-            RedisStrict(pool),
-            source.claims,
-            step_of=node.tags.step,
-            hold_seconds=node.reserve_seconds,
-            events=NodeStrictEvents(node.stats),
-            waste=node.waste,
+            parts.redis_strict(),
+            ctx.source.claims,
+            step_of=ctx.tags.step,
+            hold_seconds=ctx.reserve_seconds,
+            events=NodeStrictEvents(ctx.stats),
+            waste=ctx.waste,
         )
-    if isinstance(ledger, SqliteLedger):
-        return SqliteStrict(ledger.file)
+    if parts.file_strict is not None:
+        return parts.file_strict()
     return _NoSupply()
 
 
@@ -285,3 +282,30 @@ class NodeStrictEvents(StrictEvents):
         logger.info(
             "event=strict_refilled tag=%s range=%s how=%s", tag, claim.range.to_text(), how
         )
+
+
+class StrictSpec(KindSpec):
+    name = "strict"
+    rank = 1
+    # Its state in Redis is fenced before its row is made (claims.create_tag).
+    rules = KindRules("strict", fences_state=True, needs_redis=True)
+    direct = True  # no memory to answer from: NodeApp awaits its sequence
+    api_flag = True  # {"strict": true}, as it was asked for before kinds
+    cli_flag_help = (
+        "kind strict: IDs strictly increasing in real time across every node "
+        "(each request needs Redis; no client leases); chosen now, never changed"
+    )
+
+    def make(self, ctx: KindContext) -> IdKind:
+        return StrictKind(ctx)
+
+    def refuse_lease(self, tag: str) -> Exception | None:
+        return HttpRefusal(
+            "strict_tag",
+            f"tag {tag!r} is strict: its IDs increase in real time across every caller, "
+            "which only the nodes can do, so it cannot be leased to a client that hands "
+            f"out IDs itself; ask a node for each ID (GET /id/{tag}, GET /ids/{tag}?count=N)",
+        )
+
+
+SPEC = StrictSpec()

@@ -1,0 +1,43 @@
+"""What a kind may use of its node: ``KindContext``, built before the kinds.
+
+A kind gets this, never the Node: the tag directory, the claims (through the
+range source), the stores' optional parts, health, stats, waste, the clocks and
+the node's settings for kinds; and, for a kind served from segment buffers, the
+buffers through ``Buffers`` (the Node holds them and their housekeeping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from idpool.pool.stores import StoreParts
+from idpool.pool.waste import WasteRecorder
+
+from ..buffer import Buffers
+from ..formats import FormattedTags
+from ..health import StoreHealth
+from ..source import RangeSource
+from ..stats import NodeStats
+from ..tags import TagDirectory
+
+
+@dataclass(frozen=True)
+class KindContext:
+    """Everything a kind of ID may reach on its node (no Node: no cycle)."""
+
+    tags: TagDirectory
+    source: RangeSource  # its claims (``source.claims``) and its pool
+    parts: StoreParts  # the stores' optional roles (None in embedded mode)
+    health: StoreHealth
+    stats: NodeStats
+    waste: WasteRecorder
+    buffers: Buffers
+    formats: FormattedTags  # formats over segment numbers, and every name's format fence
+    draining: Callable[[], bool]  # the node is shutting down
+    clock: Callable[[], float]  # monotonic seconds
+    wall_clock: Callable[[], float]  # seconds since the epoch
+    node_id: str = ""
+    reserve_seconds: float = 0.0
+    worker_lease_seconds: float = 10.0
+    worker_margin_seconds: float = 2.0
