@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from idpool.pool.errors import InvalidInput
 from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore, StoreParts
 from idpool.pool.values import TagRow
@@ -158,8 +159,12 @@ class KindSpec:
         lower cap, if it has one (a message naming the cap every count meets)."""
 
     def refuse_lease(self, tag: str) -> Exception | None:
-        """Why its ranges cannot be leased to a client (None: leasable)."""
-        return None
+        """Why its ranges cannot be leased to a client (None: ``leasable``)."""
+        if self.leasable:
+            return None
+        return InvalidInput(
+            "wrong_kind", f"tag {tag!r} is a {self.name} tag: its IDs cannot be leased"
+        )
 
     # -- reading IDs and rows ------------------------------------------
 
