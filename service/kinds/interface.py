@@ -115,6 +115,8 @@ class KindSpec:
     leasable: bool = False  # clients may lease its ranges (POST /lease)
     direct: bool = False  # NodeApp awaits the kind before routing (no memory to answer from)
     ranges: bool = True  # its row's start, step and max_id count IDs
+    removable: bool = True  # ``tag remove`` may remove it (its tombstone fences its IDs)
+    start_movable: bool = True  # ``tag start``/``tag step`` may change its range
     public_decode: bool = False  # GET /decode/{tag}/{id} answers for it (its IDs hide nothing)
     # ``{"<name>": true}`` asks for it over HTTP (and ``--<name>`` on the command line)
     api_flag: bool = False
@@ -147,10 +149,19 @@ class KindSpec:
     # -- changes --------------------------------------------------------
 
     def check_removable(self, row: TagRow) -> None:
-        """Refuse (InvalidInput) to remove the tag."""
+        """Refuse (InvalidInput ``wrong_kind``) to remove a tag not ``removable``."""
+        if not self.removable:
+            raise InvalidInput(
+                "wrong_kind", f"tag {row.tag!r} is a {self.name} tag and cannot be removed"
+            )
 
     def check_range_change(self, row: TagRow, change: str) -> None:
-        """Refuse (InvalidInput) a new ``start`` or ``step``."""
+        """Refuse (InvalidInput ``wrong_kind``) a new ``start`` or ``step`` of a tag
+        whose start is not ``start_movable``."""
+        if not self.start_movable:
+            raise InvalidInput(
+                "wrong_kind", f"tag {row.tag!r} is a {self.name} tag: it has no {change}"
+            )
 
     # -- serving --------------------------------------------------------
 

@@ -116,9 +116,7 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
     return found
 
 
-async def check_issued(
-    ledger: LedgerStore, row: TagRow, found: dict[str, Any]
-) -> None:
+async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
     """Refuse (400 ``bad_value``) a decoded segment ID whose number its sequence never
     handed out: at or above the ``max_id`` of the row it comes from (the tag's own,
     or with a reset its period's ``TAG@KEY``, which must exist), or dated over a
@@ -168,7 +166,6 @@ async def check_issued(
             f"{datetime.fromtimestamp(latest, UTC):%Y-%m-%d %H:%M:%S} UTC, over a day before "
             f"the tag was made ({datetime.fromtimestamp(made, UTC):%Y-%m-%d %H:%M:%S} UTC)",
         )
-
 
 
 class SegmentSpec(KindSpec):

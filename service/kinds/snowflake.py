@@ -38,6 +38,8 @@ class SnowflakeSpec(KindSpec):
         SNOWFLAKE, new_name_only=True, needs_redis=True, record_prefix=SNOWFLAKE_RECORD
     )
     ranges = False  # its row's max_id counts worker-ID grants
+    removable = False  # check_removable says why
+    start_movable = False  # check_range_change says why
     public_decode = True
     cli_flag_help = (
         "time-ordered IDs made in memory from leased worker IDs (same as --kind snowflake)"
