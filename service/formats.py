@@ -146,84 +146,20 @@ def formats_of(rows: list[TagRow] | tuple[TagRow, ...]) -> dict[str, TagFormat |
     return found
 
 
-class FormattedTags:
-    """A converter over a segment tag's numbers: how a node serves formatted tags
-    (numbers from segment buffers, rendered), and every name's format fence."""
+class FormatFence:
+    """Every name's format fence, whatever its kind: a tag is first served here
+    only with the format recorded for its name beside its mark."""
 
     def __init__(
-        self,
-        tags: TagDirectory,
-        buffers: Buffers,
-        claims: LedgerClaims,
-        wall_clock: Callable[[], float],
-        takes_format: Callable[[str], bool],
+        self, tags: TagDirectory, claims: LedgerClaims, takes_format: Callable[[str], bool]
     ) -> None:
         self.tags = tags
-        self.buffers = buffers
         self.claims = claims
-        self.wall_clock = wall_clock  # the dates of formatted IDs
         self.takes_format = takes_format  # kind name -> may its rows carry a format
-        self._creating: dict[str, asyncio.Task[None]] = {}
         # (tag, fingerprint) whose format this process checked in Redis: keyed on the
         # format too, so a row whose format differs from the one checked is checked
         # again (and refused), never taken as checked
         self._fenced: set[tuple[str, str]] = set()
-
-    def format_for(self, tag: str) -> TagFormat | None:
-        """The tag's format, None for a plain tag; raises KindNotServed for a
-        format this node cannot read."""
-        formats = self.tags.formats
-        if tag not in formats:
-            return None
-        if tag in self.tags.changed:
-            raise FormatNotFenced(tag, "its row's format changed since this node read it")
-        fmt = formats[tag]
-        if fmt is None:
-            raise KindNotServed(tag, "segment, with a format this node cannot read")
-        return fmt
-
-    def take_now(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any] | None:
-        """From memory, in one synchronous step (NodeApp's fast path): one ID for
-        ``count == 0``, else ``count`` IDs; None when the buffer must be waited for."""
-        now = self.wall_clock()
-        name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
-        buf = self.buffers.buffers.get(name)
-        if buf is None:
-            return None
-        if count == 0:
-            n = buf.take()
-            return None if n is None else fmt.render(n, now)
-        if buf.in_memory < count:
-            return None
-        return fmt.render_many(buf.take_many(count), now)
-
-    async def take(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any]:
-        """What ``take_now`` answers, waiting for a range (or a period's row) if need be."""
-        await self.check_fence(tag)
-        while True:
-            value = self.take_now(tag, fmt, count)
-            if value is not None:
-                return value
-            now = self.wall_clock()
-            name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
-            if name != tag:
-                await self._period_row(tag, name)
-            buf = await self.buffers.buffer(name)
-            if buf.in_memory >= max(1, count):
-                continue  # filled meanwhile
-            # Wait for what is missing, then take again: with the date read anew, so
-            # a midnight passed while waiting takes from the new period's buffer.
-            await buf.wait_for(max(1, count) - buf.in_memory)
-
-    async def sequence(self, tag: str, fmt: TagFormat) -> tuple[str, float, float]:
-        """(row name, from, until) of the sequence a lease of ``tag`` comes from now."""
-        await self.check_fence(tag)
-        if fmt.reset is None:
-            return tag, float("-inf"), float("inf")
-        key, start, until = fmt.period(self.wall_clock())
-        name = period_row(tag, key)
-        await self._period_row(tag, name)
-        return name, start, until
 
     async def check_fence(self, tag: str) -> None:
         """Before this process first serves ``tag``, of any kind: its row's
@@ -259,6 +195,83 @@ class FormattedTags:
                 "(a row edited by hand)",
             )
         self._fenced.add((tag, fingerprint))
+
+
+class FormattedTags:
+    """A converter over a segment tag's numbers (the segment kind's, as CosId's
+    IdConverter over its generator): a formatted tag's numbers come from segment
+    buffers and are rendered (``TagFormat.render``) in the step that takes them."""
+
+    def __init__(
+        self,
+        tags: TagDirectory,
+        buffers: Buffers,
+        claims: LedgerClaims,
+        wall_clock: Callable[[], float],
+        fence: FormatFence,
+    ) -> None:
+        self.tags = tags
+        self.buffers = buffers
+        self.claims = claims
+        self.wall_clock = wall_clock  # the dates of formatted IDs
+        self.fence = fence
+        self._creating: dict[str, asyncio.Task[None]] = {}
+
+    def format_for(self, tag: str) -> TagFormat | None:
+        """The tag's format, None for a plain tag; raises KindNotServed for a
+        format this node cannot read."""
+        formats = self.tags.formats
+        if tag not in formats:
+            return None
+        if tag in self.tags.changed:
+            raise FormatNotFenced(tag, "its row's format changed since this node read it")
+        fmt = formats[tag]
+        if fmt is None:
+            raise KindNotServed(tag, "segment, with a format this node cannot read")
+        return fmt
+
+    def take_now(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any] | None:
+        """From memory, in one synchronous step (NodeApp's fast path): one ID for
+        ``count == 0``, else ``count`` IDs; None when the buffer must be waited for."""
+        now = self.wall_clock()
+        name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
+        buf = self.buffers.buffers.get(name)
+        if buf is None:
+            return None
+        if count == 0:
+            n = buf.take()
+            return None if n is None else fmt.render(n, now)
+        if buf.in_memory < count:
+            return None
+        return fmt.render_many(buf.take_many(count), now)
+
+    async def take(self, tag: str, fmt: TagFormat, count: int) -> Id | list[Any]:
+        """What ``take_now`` answers, waiting for a range (or a period's row) if need be."""
+        await self.fence.check_fence(tag)
+        while True:
+            value = self.take_now(tag, fmt, count)
+            if value is not None:
+                return value
+            now = self.wall_clock()
+            name = tag if fmt.reset is None else period_row(tag, fmt.period(now)[0])
+            if name != tag:
+                await self._period_row(tag, name)
+            buf = await self.buffers.buffer(name)
+            if buf.in_memory >= max(1, count):
+                continue  # filled meanwhile
+            # Wait for what is missing, then take again: with the date read anew, so
+            # a midnight passed while waiting takes from the new period's buffer.
+            await buf.wait_for(max(1, count) - buf.in_memory)
+
+    async def sequence(self, tag: str, fmt: TagFormat) -> tuple[str, float, float]:
+        """(row name, from, until) of the sequence a lease of ``tag`` comes from now."""
+        await self.fence.check_fence(tag)
+        if fmt.reset is None:
+            return tag, float("-inf"), float("inf")
+        key, start, until = fmt.period(self.wall_clock())
+        name = period_row(tag, key)
+        await self._period_row(tag, name)
+        return name, start, until
 
     async def _period_row(self, tag: str, name: str) -> None:
         """Make sure the period's ledger row exists (one creation at a time per name)."""

@@ -157,7 +157,7 @@ async def lease(request: Request) -> Response:
     fmt = run.node.formatted.format_for(tag)
     sequence, since, until = tag, 0.0, 0.0
     if fmt is not None:
-        await run.node.formatted.check_fence(tag)  # a row edited by hand: its 503 first
+        await run.node.fence.check_fence(tag)  # a row edited by hand: its 503 first
         if fmt.obfuscation is not None and not run.node.tags.tokens.get(tag):
             # Anyone may lease a tag without tokens: its key would undo the
             # obfuscation of every ID of the tag for whoever asked.
@@ -169,7 +169,7 @@ async def lease(request: Request) -> Response:
             )
         sequence, since, until = await run.node.formatted.sequence(tag, fmt)
     else:  # a plain row: its name must not be a formatted tag's
-        await run.node.formatted.check_fence(tag)
+        await run.node.fence.check_fence(tag)
     taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.

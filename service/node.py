@@ -31,8 +31,17 @@ from idpool.pool.stores import parts_of
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
-from .formats import FormattedTags, Id, parent_of
-from .kinds import KINDS, IdKind, KeepsTags, KindContext, Stops, TakesFromMemory, spec_of
+from .formats import FormatFence, Id, parent_of
+from .kinds import (
+    KINDS,
+    IdKind,
+    KeepsTags,
+    KindContext,
+    SegmentKind,
+    Stops,
+    TakesFromMemory,
+    spec_of,
+)
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
@@ -80,14 +89,8 @@ class Node:
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
         self.draining = False
-        # tags whose rows carry a format (formats.py), and every name's format fence
-        self.formatted = FormattedTags(
-            self.tags,
-            self,
-            source.claims,
-            lambda: self.wall_clock(),  # read when called: tests set the node's clock
-            lambda kind: spec_of(kind).formats,
-        )
+        # every name's format fence (formats.py), checked before a tag is first served
+        self.fence = FormatFence(self.tags, source.claims, lambda kind: spec_of(kind).formats)
         # What the kinds may reach: built before them, never the Node itself.
         self.context = KindContext(
             tags=self.tags,
@@ -97,10 +100,10 @@ class Node:
             stats=self.stats,
             waste=self.waste,
             buffers=self,
-            formats=self.formatted,
+            fence=self.fence,
             draining=lambda: self.draining,
             clock=clock,
-            wall_clock=wall_clock,
+            wall_clock=lambda: self.wall_clock(),  # read when called: tests set it
             node_id=node_id,
             reserve_seconds=reserve_seconds,
             worker_lease_seconds=worker_lease_seconds,
@@ -110,6 +113,8 @@ class Node:
         self.kinds: dict[str, IdKind] = {name: make(self.context) for name, make in KINDS.items()}
         # the kind whose tags have buffers here (NodeApp reads them before routing)
         self.buffered = next(name for name in self.kinds if spec_of(name).buffered)
+        # the converter its formatted tags are rendered with (NodeApp's fast path)
+        self.formatted = next(k.formats for k in self.kinds.values() if isinstance(k, SegmentKind))
         # the other kinds NodeApp's fast path asks, synchronously, before routing
         self.from_memory = [k for k in self.kinds.values() if isinstance(k, TakesFromMemory)]
         self.report_seconds = report_seconds
@@ -172,7 +177,7 @@ class Node:
             # (a format removed from the row by hand would serve numbers the old
             # strings may read as). A formatted tag and its periods' rows were checked
             # by FormattedTags.take. Once per tag and process, off the fast path.
-            await self.formatted.check_fence(tag)
+            await self.fence.check_fence(tag)
         buf = self.buffers.get(tag)  # another request may have made it meanwhile
         if buf is None:
             if self.draining:

@@ -116,7 +116,7 @@ class TagDirectory:
         or another key (edited by hand in the ledger) never replaces it. Taken at a
         reload, unchecked, it rendered new numbers as strings the old format had
         handed out (``H{id}`` edited to ``H{id:x}``: 51 became ``H33``, which 33 was);
-        the first-serve check (``FormattedTags.check_fence``) runs once per tag and
+        the first-serve check (``FormatFence.check_fence``) runs once per tag and
         format, and the fast path never runs it. So the tag is refused instead."""
         found = formats_of(list(rows))
         for row in rows:

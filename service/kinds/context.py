@@ -2,8 +2,9 @@
 
 A kind gets this, never the Node: the tag directory, the claims (through the
 range source), the stores' optional parts, health, stats, waste, the clocks and
-the node's settings for kinds; and, for a kind served from segment buffers, the
-buffers through ``Buffers`` (the Node holds them and their housekeeping).
+the node's settings for kinds, the format fence; and, for a kind served from
+segment buffers, the buffers (``buffer.Buffers``: the Node holds them and their
+housekeeping).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from idpool.pool.stores import StoreParts
 from idpool.pool.waste import WasteRecorder
 
 from ..buffer import Buffers
-from ..formats import FormattedTags
+from ..formats import FormatFence
 from ..health import StoreHealth
 from ..source import RangeSource
 from ..stats import NodeStats
@@ -33,7 +34,7 @@ class KindContext:
     stats: NodeStats
     waste: WasteRecorder
     buffers: Buffers
-    formats: FormattedTags  # formats over segment numbers, and every name's format fence
+    fence: FormatFence  # every name's format fence, checked before a tag is first served
     draining: Callable[[], bool]  # the node is shutting down
     clock: Callable[[], float]  # monotonic seconds
     wall_clock: Callable[[], float]  # seconds since the epoch

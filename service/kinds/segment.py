@@ -20,8 +20,8 @@ from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
+from ..formats import FormattedTags, format_of
 from ..formats import describe as describe_format
-from ..formats import format_of
 from .context import KindContext
 from .interface import IdKind, KindSpec
 
@@ -48,7 +48,10 @@ class SegmentKind:
 
     def __init__(self, ctx: KindContext) -> None:
         self.ctx = ctx
-        self.formats = ctx.formats  # the converter a formatted tag's numbers go through
+        # the converter a formatted tag's numbers go through (NodeApp's fast path too)
+        self.formats = FormattedTags(
+            ctx.tags, ctx.buffers, ctx.source.claims, ctx.wall_clock, ctx.fence
+        )
 
     async def next_id(self, tag: str) -> int | str:
         fmt = self.formats.format_for(tag)  # a rendering on top of the segment tag

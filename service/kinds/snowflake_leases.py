@@ -305,7 +305,7 @@ class SnowflakeKind:
         # another, is a formatted tag whose kind was edited by hand (its strings could
         # be numbers this tag makes). Checked once per tag and process (check_fence).
         try:
-            await self.ctx.formats.check_fence(tag)
+            await self.ctx.fence.check_fence(tag)
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
         if caps is not None:  # before the claim: a capped caller writes no ledger row

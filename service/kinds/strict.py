@@ -217,7 +217,7 @@ class StrictKind:
         Once per tag and process, as the segment path's buffer: a strict tag
         served here goes on with the bare numbers it always handed out, whatever
         its row then reads (a formatted tag's buffer was never its queue)."""
-        await self.ctx.formats.check_fence(tag)
+        await self.ctx.fence.check_fence(tag)
 
     def not_ready(self) -> str | None:
         """Strict tags need Redis per request: a node without it answers their
