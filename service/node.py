@@ -31,7 +31,8 @@ from idpool.pool.stores import parts_of
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
-from .formats import FormatFence, Id, parent_of
+from .formats import Id, parent_of
+from .formatted import FormatFence
 from .kinds import (
     KINDS,
     IdKind,

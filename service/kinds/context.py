@@ -16,7 +16,7 @@ from idpool.pool.stores import StoreParts
 from idpool.pool.waste import WasteRecorder
 
 from ..buffer import Buffers
-from ..formats import FormatFence
+from ..formatted import FormatFence
 from ..health import StoreHealth
 from ..source import RangeSource
 from ..stats import NodeStats

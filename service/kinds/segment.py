@@ -20,8 +20,9 @@ from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
-from ..formats import FormattedTags, format_of
 from ..formats import describe as describe_format
+from ..formats import format_of
+from ..formatted import FormattedTags
 from .context import KindContext
 from .interface import IdKind, KindSpec
 
