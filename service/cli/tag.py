@@ -64,7 +64,7 @@ def add_parsers(sub: argparse._SubParsersAction, embedded: argparse.ArgumentPars
     for name in flagged:  # a flag per kind that has one (--strict, --snowflake)
         add.add_argument(f"--{name}", action="store_true", help=SPECS[name].cli_flag_help)
     for spec in SPECS.values():  # each kind's own fields (a snowflake layout)
-        spec.cli_arguments(add)
+        spec.cli_arguments(add, integer)
     add.add_argument(
         "--format",
         default=None,

@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from idpool.pool.errors import InvalidInput
 from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore, StoreParts
 from idpool.pool.values import TagRow
 
-if TYPE_CHECKING:
-    from .context import KindContext
+from .context import KindContext
 
 Spell = Callable[[str], str]  # a field's name the caller's way: "step", or "--step"
 
@@ -137,8 +136,9 @@ class KindSpec:
         IDPOOL_WORKER_LEASE_SECONDS of whoever adds it, in ms."""
         return draft
 
-    def cli_arguments(self, add: argparse.ArgumentParser) -> None:
-        """Its own options of ``idpool tag add`` (its ``fields``, as ``--field``)."""
+    def cli_arguments(self, add: argparse.ArgumentParser, integer: Callable[[str], int]) -> None:
+        """Its own options of ``idpool tag add`` (its ``fields``, as ``--field``;
+        ``integer``: the CLI's argument type for a number)."""
 
     def check_stores(self, tag: str, parts: StoreParts) -> None:
         """Refuse (InvalidInput) to add the tag to stores that cannot serve it."""

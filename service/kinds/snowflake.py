@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from idpool.pool.errors import IdPoolError, InvalidInput
@@ -72,9 +72,7 @@ class SnowflakeSpec(KindSpec):
         text = layout.to_text() + (f".l{lease_ms}" if lease_ms > 0 else "")
         return draft.but(step=1, end_id=MAX_ID, layout=text)
 
-    def cli_arguments(self, add: argparse.ArgumentParser) -> None:
-        from ..cli.common import flag, integer  # the CLI's own spellings (it reads kinds)
-
+    def cli_arguments(self, add: argparse.ArgumentParser, integer: Callable[[str], int]) -> None:
         add.add_argument(
             "--layout",
             default=None,
@@ -88,7 +86,8 @@ class SnowflakeSpec(KindSpec):
             ("unit_ms", "time unit in ms (1 to 1000)"),
             ("epoch_ms", "unix ms of time 0 (default: now); not in the future"),
         ):
-            add.add_argument(flag(field), dest=field, type=integer, default=None, help=what)
+            flag = f"--{field.replace('_', '-')}"  # as cli/common.flag spells a field
+            add.add_argument(flag, dest=field, type=integer, default=None, help=what)
 
     def check_stores(self, tag: str, parts: StoreParts) -> None:
         """A snowflake tag needs Redis (its worker IDs are leased there): none in
@@ -154,10 +153,9 @@ class SnowflakeSpec(KindSpec):
 
     def cli_listed(self, row: TagRow) -> list[str] | None:
         # the columns of a range; its layout under it
-        from ..cli.common import counted  # the CLI reads kinds: imported when it runs
-
         state = "disabled" if row.disabled else "enabled"
-        grants = counted(row.max_id - row.start_id, "worker ID grant")
+        n = row.max_id - row.start_id
+        grants = f"{n} worker ID grant{'' if n == 1 else 's'}"
         return [
             f"{row.tag:<24} {'-':>20} {'-':>10} {'-':>12} {'-':>20} {'-':>10} "
             f"{state:>8}  {row.description}",
