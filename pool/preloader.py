@@ -28,6 +28,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -44,6 +45,7 @@ from .errors import (
     TagExhausted,
     UnknownTag,
 )
+from .kind_rules import KindRules, default_rules_of
 from .ranges import IdRange
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
@@ -91,8 +93,11 @@ class Preloader:
         pool: PoolStore,
         claims: LedgerClaims | None = None,
         waste: WasteRecorder | None = None,
+        *,
+        rules_of: Callable[[str], KindRules] = default_rules_of,
     ) -> None:
         self.settings = settings
+        self.rules_of = rules_of  # a row's kind -> its rules (service/kinds): pooled or not
         self.ledger = ledger
         self.pool = pool
         self.claims = claims or LedgerClaims(ledger, pool)
@@ -286,18 +291,16 @@ class Preloader:
         not given)."""
         tag = row.tag
         report = RefillReport(tag)
-        if row.kind != "segment":
-            # Only segment tags are served from the pool: a strict tag's IDs come from
-            # its sequence in Redis (pool/strict.py), claimed by the nodes as needed;
-            # a snowflake tag's are made in memory from a leased worker ID.
+        if not self.rules_of(row.kind).pooled:
+            # Only a pooled kind's tags are served from the pool (segment): a strict
+            # tag's IDs come from its sequence in Redis (pool/strict.py), claimed by
+            # the nodes as needed; a snowflake tag's are made in memory from a leased
+            # worker ID (its max_id counts worker-ID grants: it has no pool list).
             report.skipped = f"kind {row.kind}"
             return report
         if row.disabled or not row.left:
             # Nothing to claim (the ledger refuses it anyway): no warning every tick.
-            # A snowflake tag's max_id counts worker-ID grants: it has no pool list.
             report.skipped = "disabled" if row.disabled else "exhausted"
-            if row.kind != "segment":
-                report.skipped = f"kind {row.kind}"
             return report
         if tag in self._refilling:
             report.skipped = "being refilled"

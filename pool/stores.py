@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from .errors import StoreUnavailable
+from .kind_rules import KindRules
 from .ledger import Ledger
 from .ranges import IdRange
 from .redis_pool import RedisPool
@@ -41,7 +42,7 @@ class LedgerStore(Protocol):
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = ...,
-        kind: str = ...,
+        rules: KindRules = ...,
         layout: str = ...,
         options: str = ...,
         secret: str = ...,

@@ -39,9 +39,10 @@ from idpool_client.formats import (
 from idpool.pool.claims import create_tag
 from idpool.pool.errors import FormatNotFenced, InvalidInput, KindNotServed, TagExists
 from idpool.pool.ranges import MAX_ID
-from idpool.pool.values import TagRow, name_fingerprint
+from idpool.pool.tag_rules import name_fingerprint
+from idpool.pool.values import TagRow
 
-from .kinds import SEGMENT
+from .kinds import SEGMENT, rules_of
 
 if TYPE_CHECKING:
     from .node import Node
@@ -230,7 +231,7 @@ class FormattedTags:
             raise FormatNotFenced(tag, f"a {row.kind} tag has no format, and its row carries one")
         if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)
             raise FormatNotFenced(tag, "its row's format changed since this node read it")
-        fingerprint = name_fingerprint(row)
+        fingerprint = name_fingerprint(row, rules_of(row.kind))
         if (tag, fingerprint) in self._fenced:
             return
         marks = self.node.source.claims.marks
@@ -275,7 +276,7 @@ class FormattedTags:
                 start=parent.start_id,
                 description=f"{tag}: numbers of period {name.rpartition('@')[2]}",
                 end_id=parent.end_id,
-                kind=parent.kind,
+                rules=rules_of(parent.kind),
             )
         except TagExists:  # another node made it first
             row = await claims.ledger.get_tag(name)

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from idpool.pool.kind_rules import KindRules
+
 from .snowflake import SNOWFLAKE, SnowflakeKind
 from .strict_tags import STRICT, StrictKind
 
@@ -121,3 +123,20 @@ KINDS: dict[str, Callable[[Node], IdKind]] = {
     STRICT: StrictKind,
     SNOWFLAKE: SnowflakeKind,
 }
+
+
+# What the stores must know of each kind (pool/kind_rules.py; the pool names none).
+# The segment kind's are the pool's own default (a row of the schema's default kind).
+SEGMENT_RULES = KindRules(SEGMENT, pooled=True, end_negated=False)
+STRICT_RULES = KindRules(STRICT, fences_state=True, needs_redis=True)
+SNOWFLAKE_RULES = KindRules(
+    SNOWFLAKE, new_name_only=True, needs_redis=True, record_prefix=SNOWFLAKE + ":"
+)
+_RULES = {rules.name: rules for rules in (SEGMENT_RULES, STRICT_RULES, SNOWFLAKE_RULES)}
+
+
+def rules_of(name: str) -> KindRules:
+    """The rules of the kind ``name`` (a row's kind column). A name no kind here has
+    (a row edited by hand, a newer release's kind) gets ``KindRules(name)``: nothing
+    of it pooled, and no record prefix (its record is its format's)."""
+    return _RULES.get(name) or KindRules(name)

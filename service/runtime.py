@@ -29,6 +29,7 @@ from idpool.pool.waste import WasteRecorder
 from . import metrics, openapi, status
 from .drain import DrainFlag
 from .errors import FailureLog
+from .kinds import rules_of
 from .node import Node, ShutdownReport, node_ttl
 from .source import RangeSource
 from .stats import NodeStats
@@ -146,7 +147,7 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
     ledger, pool = await stores(settings)
     claims = LedgerClaims(ledger, pool)
     waste = WasteRecorder()  # one per process: the node's and the preloader's waste
-    preloader = Preloader(settings, ledger, pool, claims, waste)
+    preloader = Preloader(settings, ledger, pool, claims, waste, rules_of=rules_of)
     stats = NodeStats()
     source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste)
     node = Node(

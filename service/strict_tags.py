@@ -250,13 +250,14 @@ def strict_supply(node: Node) -> StrictSupply:
         return StrictSequence(
             RedisStrict(pool),
             source.claims,
+            kind=STRICT,
             step_of=node.tags.step,
             hold_seconds=node.reserve_seconds,
             events=NodeStrictEvents(node.stats),
             waste=node.waste,
         )
     if isinstance(ledger, SqliteLedger):
-        return SqliteStrict(ledger.file)
+        return SqliteStrict(ledger.file, STRICT)
     return _NoSupply()
 
 

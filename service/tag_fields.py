@@ -20,7 +20,7 @@ from idpool.pool.stores import HighWaterMarks, LedgerStore
 from idpool.pool.values import TagRow
 
 from .formats import options_for
-from .kinds import KINDS, SEGMENT
+from .kinds import KINDS, SEGMENT, rules_of
 from .snowflake import SNOWFLAKE, prepare_tag
 from .strict_tags import STRICT
 
@@ -92,7 +92,7 @@ class NewTag:
             start=self.start,
             description=self.description,
             end_id=self.end_id,
-            kind=self.kind,
+            rules=rules_of(self.kind),
             layout=self.layout,
             options=self.options,
             secret=self.secret,

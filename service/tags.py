@@ -22,10 +22,12 @@ from idpool_client.formats import TagFormat
 
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from idpool.pool.stores import LedgerStore
+from idpool.pool.tag_rules import name_fingerprint
 from idpool.pool.tokens import TokenRow
-from idpool.pool.values import TagRow, name_fingerprint
+from idpool.pool.values import TagRow
 
 from .formats import formats_of, parent_of
+from .kinds import rules_of
 
 UNKNOWN_CACHE_SIZE = 10_000  # names remembered as unknown, oldest dropped first
 MAX_WAITING_LOOKUPS = 64  # requests queued for a one-name lookup before refusing more
@@ -120,7 +122,7 @@ class TagDirectory:
         format, and the fast path never runs it. So the tag is refused instead."""
         found = formats_of(list(rows))
         for row in rows:
-            fingerprint = name_fingerprint(row)
+            fingerprint = name_fingerprint(row, rules_of(row.kind))
             if self.fingerprints.setdefault(row.tag, fingerprint) != fingerprint:
                 self.changed.add(row.tag)
                 found[row.tag] = None  # in formats, so NodeApp never serves it plain

@@ -19,6 +19,7 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
+from idpool.service.kinds import rules_of
 
 from .conftest import MYSQL_SERVER, TEST_DATABASE, new_name
 
@@ -366,7 +367,7 @@ async def test_a_formatted_tag_is_made_only_once_its_format_is_fenced(
     assert plain.options == ""
     # A strict tag too: the state an earlier tag of the name left must be fenced first.
     with pytest.raises(StoreUnavailable, match="strict state is fenced.*nothing was made"):
-        await create_tag(ledger, MarksDown(), tag + "s", step=10, start=1, kind="strict")
+        await create_tag(ledger, MarksDown(), tag + "s", step=10, start=1, rules=rules_of("strict"))
     with pytest.raises(UnknownTag):
         await ledger.get_tag(tag + "s")
     # A second add of a live name: tag_exists, and the first's fingerprint is kept.

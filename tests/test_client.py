@@ -35,6 +35,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.tokens import hash_token
+from idpool.service.kinds import rules_of
 from ops.toolkit import NodeProcess, env_with, free_port
 
 from .conftest import MYSQL_URL, REDIS_URL, drop_keys, new_name
@@ -248,7 +249,7 @@ def test_a_strict_tag_is_refused_with_a_clear_error(cluster: tuple[Settings, lis
 
     async def add() -> None:
         ledger = await Ledger.connect(settings)
-        await ledger.add_tag(tag, step=100, start=1, kind="strict")
+        await ledger.add_tag(tag, step=100, start=1, rules=rules_of("strict"))
         await ledger.close()
 
     asyncio.run(add())

@@ -29,6 +29,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout
 from idpool.service.app import create_app
+from idpool.service.kinds import rules_of
 
 from .test_kind_hand_edits import SMALL, _edit, _sql
 
@@ -96,6 +97,8 @@ def _add(settings: Settings, tag: str, **kw: object) -> None:
         ledger = await Ledger.connect(settings)
         pool = RedisPool.from_settings(settings)
         try:
+            if "kind" in kw:
+                kw["rules"] = rules_of(str(kw.pop("kind")))
             await claims.create_tag(ledger, pool, tag, **kw)  # type: ignore[arg-type]
         finally:
             await pool.close()
