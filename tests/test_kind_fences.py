@@ -4,7 +4,7 @@
    release (7717122, before the ``kind`` column) serve every row as a segment tag:
    they claimed plain ranges from strict and snowflake rows (out of order; a small
    snowflake layout's numbers repeated). A row of another kind now stores its bound
-   negated (``values.stored_end``): the old claim, run here verbatim, gets nothing.
+   negated (``tag_rules.stored_end``): the old claim, run here verbatim, gets nothing.
 5. A segment tag removed and added again as strict between two tag reloads of a
    node that held its buffer: the fast path went on serving that buffer, refilled
    by claims from the now-strict row, until it idled out. A name now keeps its
