@@ -16,8 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import orjson
-
 from idpool.pool.claims import LedgerClaims
 from idpool.pool.lease_store import LeaseStore
 from idpool.pool.preloader import Preloader
@@ -26,7 +24,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.waste import WasteRecorder
 
-from . import metrics, openapi, status
+from . import metrics, status
 from .drain import DrainFlag
 from .errors import FailureLog
 from .node import Node, ShutdownReport, node_ttl
@@ -51,7 +49,6 @@ class Runtime:
     pool: PoolStore
     preloader: Preloader
     store_reads: status.StoreReadsCache
-    api_document: bytes  # /openapi.json, built once
     failures: FailureLog = field(default_factory=FailureLog)
     # name -> (monotonic when rendered, body): /status and /metrics at most once a second
     rendered: dict[str, tuple[float, bytes]] = field(default_factory=dict)
@@ -179,5 +176,4 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
         pool=pool,
         preloader=preloader,
         store_reads=store_reads,
-        api_document=orjson.dumps(openapi.document(settings.max_count)),
     )

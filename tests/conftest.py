@@ -288,3 +288,22 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill9()
+    server.kill9()
+
+
+@pytest.fixture(autouse=True)
+def error_codes_match_the_route_table() -> Iterator[None]:
+    """Every error a route's handler answers in a test must be among its row's codes
+    in the route table (service/routes.py): a code raised but not declared would be
+    missing from /openapi.json and docs/api.md. Checked after each test."""
+    from idpool.service.errors import ANSWERS
+    from idpool.service.routes import unlisted
+
+    ANSWERS.seen.clear()
+    ANSWERS.recording = True
+    try:
+        yield
+    finally:
+        ANSWERS.recording = False
+    wrong = unlisted(ANSWERS.seen)
+    assert not wrong, f"answered with codes their route's row lacks: {wrong}"
