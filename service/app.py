@@ -28,12 +28,11 @@ from starlette.routing import BaseRoute
 from starlette.types import Lifespan, Message, Receive, Scope, Send
 
 from idpool.pool.errors import IdPoolError, InvalidInput
-from idpool.pool.ranges import TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout
 from idpool.pool.stores import open_stores
 
-from . import auth, metrics, status_page
+from . import auth, metrics, preamble, status_page
 from .errors import (
     ANSWERS,
     ERROR_HEADER_RAW,
@@ -59,14 +58,6 @@ def _head_refused() -> HttpRefusal:
         "use GET: a HEAD here would use up IDs; probe /readyz or /healthz instead",
         {"allow": "GET"},
     )
-
-
-def checked_tag(request: Request) -> str:
-    """The path's tag; raises InvalidInput (400 bad_tag) for a malformed one."""
-    tag: str = request.path_params["tag"]
-    if not is_valid_tag(tag):
-        raise InvalidInput("bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
-    return tag
 
 
 def _too_large(limit: int) -> str:
@@ -114,18 +105,6 @@ def _too_slow(seconds: float) -> str:
         f"the request body did not arrive whole within {seconds:g} s "
         "(IDPOOL_BODY_SECONDS); send it at once"
     )
-
-
-def _parse_count(request: Request, limit: int) -> int:
-    values = request.query_params.getlist("count")
-    if len(values) != 1:
-        raise InvalidInput("bad_count", f"give count exactly once, as an integer from 1 to {limit}")
-    raw = values[0]
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or not 1 <= int(raw) <= limit:
-        raise InvalidInput(
-            "bad_count", f"count must be an integer from 1 to {limit}, not {raw[:40]!r}"
-        )
-    return int(raw)
 
 
 _clock = time.perf_counter
@@ -440,9 +419,8 @@ async def one_id(request: Request) -> Response:
     started = _clock()
     if request.method == "HEAD":
         raise _head_refused()
-    tag = checked_tag(request)
-    node: Node = request.state.run.node
-    await auth.check_token(node.tags, tag, request)
+    run, tag = await preamble.tag_request(request)
+    node = run.node
     value = await node.next_id(tag)
     if await request.is_disconnected():  # hung up while it waited: the ID is waste
         node.undelivered(tag, [value])
@@ -455,10 +433,10 @@ async def many_ids(request: Request) -> Response:
     started = _clock()
     if request.method == "HEAD":
         raise _head_refused()
-    tag = checked_tag(request)
+    tag = preamble.path_tag(request)
     run: Runtime = request.state.run
     try:
-        count = _parse_count(request, run.settings.max_count)
+        count = preamble.count(request, run.settings.max_count)
     except InvalidInput:
         # names the tag's own cap where it is below the node's
         await _snowflake_count(run.node, tag, request, run.settings.max_count)

@@ -115,7 +115,7 @@ TABLE: tuple[ApiRoute, ...] = (
         (
             *(E.BAD_BODY, E.BAD_TAG, E.BAD_STEP, E.BAD_START, E.BAD_MAX, E.BAD_DESCRIPTION),
             *(E.BAD_KIND, E.BAD_LAYOUT, E.BAD_FORMAT, E.BAD_RESET, E.BAD_OBFUSCATE),
-            *(E.TAG_EXISTS, E.FORMAT_CHANGED, *_BODY, *_ADMIN),
+            *(E.WRONG_KIND, E.TAG_EXISTS, E.FORMAT_CHANGED, E.NAME_USED, *_BODY, *_ADMIN),
         ),
         Access.ADMIN, body=api_schemas.NEW_TAG,
     ),
@@ -124,7 +124,7 @@ TABLE: tuple[ApiRoute, ...] = (
         "Change the step, move the start forward, disable or enable",
         Ok("the row after the change", TAG_ROW_REF),
         (
-            *(E.BAD_BODY, E.BAD_TAG, E.BAD_STEP, E.BAD_START, E.BAD_DISABLED),
+            *(E.BAD_BODY, E.BAD_TAG, E.BAD_STEP, E.BAD_START, E.BAD_DISABLED, E.WRONG_KIND),
             *(E.START_BELOW_ISSUED, E.START_ABOVE_MAX, E.START_ON_RESET, *_BODY, *_ADMIN),
         ),
         Access.ADMIN, body=api_schemas.TAG_CHANGE,
