@@ -13,7 +13,22 @@ from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
 from idpool.pool.snowflake import LAYOUT_RANGES, LAYOUTS
 
 from .kinds import KINDS, SEGMENT
-from .openapi import FORMAT, ID, TAG_ROW_REF, Schema
+from .openapi import TAG_ROW_REF, Schema
+
+# An ID: an integer, or a string for a tag with a format template
+ID: Schema = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
+FORMAT: Schema = {
+    "type": "object",
+    "description": "a formatted tag's rendering, for the client to render as the node "
+    "does (idpool_client/formats.py); key: the obfuscation key, hex",
+    "properties": {
+        "template": {"type": "string", "nullable": True},
+        "reset": {"type": "string", "nullable": True},
+        "obfuscate": {"type": "boolean"},
+        "max": {"type": "integer"},
+        "key": {"type": "string"},
+    },
+}
 
 
 def ids_count(max_count: int) -> Schema:

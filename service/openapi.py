@@ -137,21 +137,7 @@ TAG_ROW: Schema = {
         },
     },
 }
-# An ID: an integer, or a string for a tag with a format template
-ID: Schema = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
 TAG_ROW_REF: Schema = {"$ref": "#/components/schemas/TagRow"}
-FORMAT: Schema = {
-    "type": "object",
-    "description": "a formatted tag's rendering, for the client to render as the node "
-    "does (idpool_client/formats.py); key: the obfuscation key, hex",
-    "properties": {
-        "template": {"type": "string", "nullable": True},
-        "reset": {"type": "string", "nullable": True},
-        "obfuscate": {"type": "boolean"},
-        "max": {"type": "integer"},
-        "key": {"type": "string"},
-    },
-}
 TEXT: Schema = {"type": "string"}
 TAG_PARAM: Schema = {
     "name": "tag",
