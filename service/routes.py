@@ -32,6 +32,8 @@ OTHER = "other"  # the label of a path no row covers (a 404)
 
 @dataclass(frozen=True)
 class ApiRoute:
+    """One route: one method on one path, and all that is said of it."""
+
     path: str
     method: str
     handler: Handler
