@@ -26,15 +26,12 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import TypeVar
 
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-
 from .claims import LedgerClaims
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     IdPoolError,
     MarkNotRaised,
@@ -91,14 +88,16 @@ class Preloader:
         pool: PoolStore,
         claims: LedgerClaims | None = None,
         waste: WasteRecorder | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
+        self.clock = clock  # the schedule, the sweeps, the rates and refill_soon's limit
         self.ledger = ledger
         self.pool = pool
         self.claims = claims or LedgerClaims(ledger, pool)
         self.owner = owner_id()
         self.leading = False  # held the preloader lease at the last tick
-        self._scheduler: AsyncIOScheduler | None = None
+        self._schedule: asyncio.Task[None] | None = None
         self._tick_task: asyncio.Task[list[RefillReport]] | None = None
         self._closing = False
         self._meters: dict[str, RateMeter] = {}
@@ -115,47 +114,46 @@ class Preloader:
 
     def start(self) -> None:
         """Run a tick now and then every ``preload_interval`` seconds."""
-        if self._scheduler is not None:
-            return
-        self._scheduler = AsyncIOScheduler()
-        self._scheduler.add_job(
-            self._scheduled_tick,
-            "interval",
-            seconds=self.settings.preload_interval,
-            max_instances=1,
-            coalesce=True,
-            next_run_time=datetime.now(UTC),
-        )
-        self._scheduler.start()
+        if self._schedule is None:
+            self._schedule = asyncio.ensure_future(self._run_schedule())
 
     async def close(self) -> None:
         """Wait for a tick under way, so its claims get pushed, then stop the schedule
-        and hand the lease on.
-
-        In that order: a scheduler shut down mid-tick cancels the job, and
-        apscheduler logs every cancelled job as an error.
-        """
+        and hand the lease on."""
         self._closing = True
         pending = [t for t in (self._tick_task, *self._urgent) if t is not None and not t.done()]
         if pending:
             await asyncio.wait(pending)
-        if self._scheduler is not None:
-            scheduler, self._scheduler = self._scheduler, None
-            await asyncio.sleep(0)  # let the job see its tick end before the executor stops
-            scheduler.shutdown(wait=False)
+        if self._schedule is not None:
+            schedule, self._schedule = self._schedule, None
+            schedule.cancel()  # it sleeps until its next tick, or is done
+            with contextlib.suppress(asyncio.CancelledError):
+                await schedule
         if self.leading:
             self.leading = False
             with contextlib.suppress(StoreUnavailable):
                 await self.pool.resign(self.owner)  # a standby takes over at once
 
-    async def _scheduled_tick(self) -> None:
-        if self._closing or (self._tick_task is not None and not self._tick_task.done()):
-            return
-        # The tick runs as its own task: if the scheduler cancels this job, a
-        # claim already made still gets pushed (or logged as waste).
-        self._tick_task = asyncio.ensure_future(self.refill_all())
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self._tick_task)
+    async def _run_schedule(self) -> None:
+        """Ticks at a fixed rate on the clock: at start, start + interval, ...; the
+        times a tick overran are skipped, not made up (one tick at a time)."""
+        interval = self.settings.preload_interval
+        due = self.clock.monotonic()
+        while not self._closing:
+            if self._tick_task is None or self._tick_task.done():
+                # The tick runs as its own task: if the schedule is cancelled (a
+                # close without stop), a claim already made still gets pushed (or
+                # logged as waste); close() waits for it.
+                self._tick_task = asyncio.ensure_future(self.refill_all())
+            try:
+                await asyncio.shield(self._tick_task)
+            except Exception:  # a bug, not a store's fault: the next tick tries again
+                logger.exception("event=preload_tick_failed")
+            now = self.clock.monotonic()
+            due += interval
+            if due < now:
+                due += ((now - due) // interval + 1) * interval
+            await self.clock.sleep(due - now)
 
     async def refill_all(self) -> list[RefillReport]:
         """One tick: lead or stand by; when leading, visit the tags that moved."""
@@ -168,7 +166,7 @@ class Preloader:
                 self.leading = True
                 self._next_sweep = 0.0  # taking over: look at every list now
                 logger.info("event=preloader_leading owner=%s", self.owner)
-            visit = await self._tags_to_visit(time.monotonic())
+            visit = await self._tags_to_visit(self.clock.monotonic())
         except StoreUnavailable as e:
             logger.warning("event=preload_skipped reason=%r", e.detail)
             return []
@@ -210,7 +208,7 @@ class Preloader:
                 visit.add(tag)
             if now - moved > window + _DECAY_VISIT_EVERY:
                 del self._moved_at[tag]  # visited once after its last move: its rate is 0
-        wall = time.time()
+        wall = self.clock.now()
         if now >= self._next_sweep:
             self._rows = {row.tag: row for row in await self.ledger.list_tags()}
             self._next_sweep = now + self.settings.sweep_seconds
@@ -258,7 +256,7 @@ class Preloader:
 
         At most one such refill per tag at a time, and one a second.
         """
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self._closing or not self.leading or now < self._urgent_after.get(tag, 0.0):
             return
         if len(self._urgent_after) >= 10_000:
@@ -303,7 +301,7 @@ class Preloader:
             report.skipped = "being refilled"
             return report
         self._refilling.add(tag)
-        self._visited_at[tag] = time.monotonic()
+        self._visited_at[tag] = self.clock.monotonic()
         try:
             if state is None:
                 state = (await self.pool.summaries([tag]))[tag]
@@ -337,7 +335,7 @@ class Preloader:
         # IDs handed out, as the nodes report them (not ranges taken: a node that
         # takes a range of a million and serves three used three).
         # Rounded as published, so `rate` and `target_depth` in the hash agree exactly.
-        rate = round(meter.add(time.monotonic(), int(stats.get("issued", 0))), 3)
+        rate = round(meter.add(self.clock.monotonic(), int(stats.get("issued", 0))), 3)
         if not meter.ready and "rate" in stats:
             # A preloader that just took over has one sample: keep the last
             # published rate rather than publish 0 and shrink the pool.
