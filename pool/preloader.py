@@ -28,7 +28,10 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import TypeVar
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
 from .clock import SYSTEM_CLOCK, Clock
@@ -91,13 +94,14 @@ class Preloader:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
-        self.clock = clock  # the schedule, the sweeps, the rates and refill_soon's limit
+        # sweeps, rates and refill_soon's limit (apscheduler runs the ticks)
+        self.clock = clock
         self.ledger = ledger
         self.pool = pool
         self.claims = claims or LedgerClaims(ledger, pool)
         self.owner = owner_id()
         self.leading = False  # held the preloader lease at the last tick
-        self._schedule: asyncio.Task[None] | None = None
+        self._scheduler: AsyncIOScheduler | None = None
         self._tick_task: asyncio.Task[list[RefillReport]] | None = None
         self._closing = False
         self._meters: dict[str, RateMeter] = {}
@@ -114,46 +118,47 @@ class Preloader:
 
     def start(self) -> None:
         """Run a tick now and then every ``preload_interval`` seconds."""
-        if self._schedule is None:
-            self._schedule = asyncio.ensure_future(self._run_schedule())
+        if self._scheduler is not None:
+            return
+        self._scheduler = AsyncIOScheduler()
+        self._scheduler.add_job(
+            self._scheduled_tick,
+            "interval",
+            seconds=self.settings.preload_interval,
+            max_instances=1,
+            coalesce=True,
+            next_run_time=datetime.now(UTC),
+        )
+        self._scheduler.start()
 
     async def close(self) -> None:
         """Wait for a tick under way, so its claims get pushed, then stop the schedule
-        and hand the lease on."""
+        and hand the lease on.
+
+        In that order: a scheduler shut down mid-tick cancels the job, and
+        apscheduler logs every cancelled job as an error.
+        """
         self._closing = True
         pending = [t for t in (self._tick_task, *self._urgent) if t is not None and not t.done()]
         if pending:
             await asyncio.wait(pending)
-        if self._schedule is not None:
-            schedule, self._schedule = self._schedule, None
-            schedule.cancel()  # it sleeps until its next tick, or is done
-            with contextlib.suppress(asyncio.CancelledError):
-                await schedule
+        if self._scheduler is not None:
+            scheduler, self._scheduler = self._scheduler, None
+            await asyncio.sleep(0)  # let the job see its tick end before the executor stops
+            scheduler.shutdown(wait=False)
         if self.leading:
             self.leading = False
             with contextlib.suppress(StoreUnavailable):
                 await self.pool.resign(self.owner)  # a standby takes over at once
 
-    async def _run_schedule(self) -> None:
-        """Ticks at a fixed rate on the clock: at start, start + interval, ...; the
-        times a tick overran are skipped, not made up (one tick at a time)."""
-        interval = self.settings.preload_interval
-        due = self.clock.monotonic()
-        while not self._closing:
-            if self._tick_task is None or self._tick_task.done():
-                # The tick runs as its own task: if the schedule is cancelled (a
-                # close without stop), a claim already made still gets pushed (or
-                # logged as waste); close() waits for it.
-                self._tick_task = asyncio.ensure_future(self.refill_all())
-            try:
-                await asyncio.shield(self._tick_task)
-            except Exception:  # a bug, not a store's fault: the next tick tries again
-                logger.exception("event=preload_tick_failed")
-            now = self.clock.monotonic()
-            due += interval
-            if due < now:
-                due += ((now - due) // interval + 1) * interval
-            await self.clock.sleep(due - now)
+    async def _scheduled_tick(self) -> None:
+        if self._closing or (self._tick_task is not None and not self._tick_task.done()):
+            return
+        # The tick runs as its own task: if the scheduler cancels this job, a
+        # claim already made still gets pushed (or logged as waste).
+        self._tick_task = asyncio.ensure_future(self.refill_all())
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self._tick_task)
 
     async def refill_all(self) -> list[RefillReport]:
         """One tick: lead or stand by; when leading, visit the tags that moved."""

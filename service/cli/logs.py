@@ -53,7 +53,10 @@ def logging_config(level: str, access_log: bool = False) -> dict[str, Any]:
     uvicorn writes access lines at INFO: with ``--access-log`` they are kept
     whatever ``--log-level`` says, rather than silently dropped at ``warning``.
     """
-    loggers: dict[str, Any] = {}
+    loggers: dict[str, Any] = {
+        # one line per job run is noise; idpool logs what each tick did
+        "apscheduler": {"level": "ERROR"},
+    }
     if access_log:
         loggers["uvicorn.access"] = {"level": "INFO"}
         loggers["granian.access"] = {"level": "INFO"}
