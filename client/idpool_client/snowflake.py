@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, SnowflakeStopped
 from .generator import _BOOTTIME, Generator, Layout, lease_clock
-from .sync import _LIVE, _close_ref, close_at_child_exit
+from .holding import _LIVE, close_at_child_exit, close_ref
 from .transport import Transport
 
 try:  # built from _clockrun.c where a compiler was at hand (optional, see pyproject.toml)
@@ -191,7 +191,7 @@ class SnowflakeClient:
         self._clock_ns = clock_ns  # the wall clock IDs are made from (a test passes its own)
         # At exit, the worker IDs go back (as close()): a process that ends without
         # closing held them for their lease's TTL, one per process of a pool.
-        self._at_exit = functools.partial(_close_ref, weakref.ref(self))
+        self._at_exit = functools.partial(close_ref, weakref.ref(self))
         self._release_at_exit = release_at_exit
         if release_at_exit:
             atexit.register(self._at_exit)
