@@ -77,7 +77,7 @@ class LocalCluster:
             "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
             "--cluster-replica-validity-factor", "0",  # any replica may take over
-            # the other shards serve while one has no primary (docs/design.md)
+            # the other shards serve while one has no primary (docs/design/failovers.md)
             "--cluster-require-full-coverage", "no",
             "--appendonly", "no",
             "--save", "",

@@ -4,7 +4,7 @@ primary + replica with binlog replication behind a TCP proxy.
 
 Both can be made to *lag* for real, then lose their primary (``kill -9``) and
 fail over to the lagging replica, which is the case the fencing in
-docs/design.md is for:
+docs/design/failovers.md is for:
 
 - Redis: ``lag_replica()`` points the replica at a port where nothing listens
   (``REPLICAOF 127.0.0.1 <closed port>``). It keeps its data and replication ID

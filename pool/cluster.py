@@ -7,7 +7,7 @@ the primary of its key's slot. Every script idpool runs touches the keys of one
 tag, which share the hash tag ``{tag}`` (``pool/keys.py``), so one slot.
 
 What redis-py 8's ``RedisCluster`` retries, and what idpool lets it (read in
-``redis/asyncio/cluster.py``; docs/design.md, "Redis Cluster"):
+``redis/asyncio/cluster.py``; docs/design/failovers.md, "Redis Cluster"):
 
 - ``MOVED`` and ``ASK`` are followed (up to 16 redirects a command). Both are
   answers from a node that did not run the command: the slot is elsewhere.

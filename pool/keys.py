@@ -125,7 +125,7 @@ The layout before issue 22 (``idpool:pool:{tag}``, ``idpool:hwm:{tag}``,
 ``idpool:stats:{tag}``, ``idpool:pools``, ``idpool:clean:{run_id}:{replid}``,
 ``idpool:incarnation``, ``idpool:leased:{run_id}:{replid}:{lease_id}``) is read
 on a single Redis only, to upgrade a running deployment (``Legacy`` below and
-"Upgrading the key layout" in docs/design.md).
+"Upgrading the key layout" in docs/design/upgrades.md).
 """
 
 from __future__ import annotations

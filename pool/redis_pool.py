@@ -512,7 +512,7 @@ class RedisPool:
             # The lease key is in another slot than the tag's keys: a script cannot
             # read both on a cluster. Read right before the push instead: a preloader
             # frozen between the two still pushes, ranges it claimed with the mark
-            # (waste, never a duplicate; docs/design.md, "Redis Cluster").
+            # (waste, never a duplicate; docs/design/failovers.md, "Redis Cluster").
             if leader and await self._plain(self.client.get(self.keys.preloader)) != leader:
                 return PushResult(0, [], lease_lost=True)
             leader = ""

@@ -167,7 +167,7 @@ class Settings:
     # quarter of it); also the quarantine after a new Redis incarnation. Its holder
     # stops issuing IDPOOL_WORKER_MARGIN_SECONDS before the lease can expire, by its
     # own monotonic clock (the margin covers clock rate drift and wall-clock skew
-    # between machines; docs/design.md, "Snowflake tags")
+    # between machines; docs/design/snowflake.md, "Clocks")
     worker_lease_seconds: float = 10.0
     worker_margin_seconds: float = 2.0
     # IDPOOL_WORKER_CLIENT_SHARE: the most of a snowflake tag's worker IDs that

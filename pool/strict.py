@@ -1,6 +1,6 @@
 """Strict tags: IDs that increase in real time, across every node.
 
-The guarantee (docs/design.md, "Strict tags"): if one request's answer arrives
+The guarantee (docs/design/strict.md): if one request's answer arrives
 before another request is sent, to any node, the second gets a larger ID; the
 IDs of one batch are consecutive; no ID is ever handed out twice. Gaps are
 allowed (waste), order and uniqueness are not negotiable.

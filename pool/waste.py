@@ -1,5 +1,5 @@
-"""Waste: IDs given up so that none is ever handed out twice (docs/design.md,
-"Invariants"). Every range given up in a process goes through one
+"""Waste: IDs given up so that none is ever handed out twice (docs/design/faults.md,
+"Invariant 3: bounded waste"). Every range given up in a process goes through one
 ``WasteRecorder.record`` call, which logs it (``event=range_abandoned
 reason=...``; ``event=stale_ledger`` for a range MySQL handed out below the
 high-water mark) and counts it per (tag, reason): /status, /metrics and the

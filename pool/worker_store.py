@@ -8,7 +8,7 @@ names the lease (a renewal must show it). Every hash made here starts with a
 quarantine, ``init``'s too; only ``lift``, which ``tag add`` runs after ``init``
 once the ledger row shows no generation claimed, clears it, so a new tag serves at
 once. The argument (why no worker ID has two holders, even across a Redis that
-restarts empty or fails over) is in docs/design.md, "Snowflake tags".
+restarts empty or fails over) is in docs/design/snowflake.md, "Why no worker ID has two holders".
 
 Fields of the hash:
 

@@ -136,7 +136,7 @@ def decode_snowflake(row: TagRow, value: str) -> dict[str, Any]:
     if not (value.isascii() and value.isdigit()) or len(value) > 19:
         raise InvalidInput("bad_id", f"{value[:40]!r} is not an ID of tag {row.tag!r} (digits)")
     # Refuses what the tag's layout cannot have made by now (another tag's ID, a
-    # made-up number); what it cannot tell apart is in docs/design.md ("Decode").
+    # made-up number); what it cannot tell apart is in docs/design/snowflake.md ("Decode refuses").
     parts = Layout.from_text(row.layout).decode(int(value), now_ms=wall_ms())
     return {"tag": row.tag, "kind": row.kind, "value": value, **parts}
 

@@ -1,6 +1,6 @@
 """Strict tags on a node: the ``strict`` kind of ID, and group commit.
 
-A strict tag's IDs increase in real time across every node (docs/design.md,
+A strict tag's IDs increase in real time across every node (docs/design/strict.md,
 "Strict tags"): every request needs the shared sequence in Redis
 (``pool/strict.py``), since a node cannot be strict from memory. Concurrent
 requests for one tag share one call: while a call is in flight, new requests

@@ -809,8 +809,8 @@ def test_a_client_that_hangs_up_while_its_id_is_fetched_wastes_it_counted(
     settings: Settings, tag: str, tmp_path: Path
 ) -> None:
     """On uvicorn, as before granian was the default (which sees a hang-up 1-5 ms
-    after the client's FIN: an answer ready sooner goes uncounted; design.md,
-    "A client that hangs up")."""
+    after the client's FIN: an answer ready sooner goes uncounted; docs/design/node.md,
+    "Answers that cannot be delivered")."""
     add_tag(settings, tag)
     node = _start_node(settings, tmp_path, IDPOOL_HTTP="uvicorn")
     try:

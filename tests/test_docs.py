@@ -30,7 +30,10 @@ PAGES = [
     "docs/design.md",
     "client/README.md",
     "ops/README.md",
+    "BENCHMARKS.md",
 ]
+# the design's topics (issue 30): one page per topic, linked from docs/design.md
+PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs/design").glob("*.md"))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 

@@ -114,7 +114,7 @@ def test_a_running_node_does_not_take_a_format_edited_by_hand(settings: Settings
     updated from the rows): a row edited by hand from 'H{id}' to 'H{id:x}' is then
     served by every node that served it before, with no check, and 51 renders
     'H33', 52 'H34'... strings that 33, 34... were. A node started after the edit
-    refuses it (503), as design.md says every node does."""
+    refuses it (503), as docs/design/formats.md says every node does."""
     from starlette.testclient import TestClient
 
     from idpool.service.app import NodeApp, create_app

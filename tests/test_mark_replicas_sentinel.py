@@ -8,7 +8,7 @@ priority 0; WAIT counts an acknowledgement from any replica. So a raise that onl
 a replica Sentinel will not promote acknowledged counts, and the failover loses
 it. End to end (3 nodes, a preloader, the ledger rewound as a lagging MySQL would
 be) a claim then handed out again 500 IDs already served. So the guarantee is
-stated per setup (docs/design.md, "Which replica is promoted decides what N
+stated per setup (docs/design/failovers.md, "Which replica is promoted decides what N
 guarantees"): N = every replica holds whatever Sentinel promotes; N below that
 with unequal priorities does not (kept here as a strict xfail).
 """
@@ -50,14 +50,14 @@ def _online(client: redis.Redis) -> int:
 @pytest.mark.parametrize(
     "mark_replicas",
     [
-        2,  # every replica: the unconditional setup (docs/design.md)
+        2,  # every replica: the unconditional setup (docs/design/failovers.md)
         pytest.param(
             1,
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="documented limit: with N below every replica and unequal "
                 "replica-priority, the acknowledgement may come from a replica Sentinel "
-                "never promotes (design.md, 'Which replica is promoted')",
+                "never promotes (docs/design/failovers.md, 'Which replica is promoted')",
             ),
         ),
     ],

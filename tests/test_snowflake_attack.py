@@ -6,7 +6,7 @@ at af3aa50 and shows a way one worker ID gets two holders (duplicate IDs).
    snowflake tag's ``start_id`` up to its ``max_id``, so the next generation
    claimed is "first" again; and a generation claimed first may be granted last.
    Either way, on a Redis that forgot the hash (restart empty, or the hash deleted
-   by hand, which design.md calls safe), a grant skips the quarantine while an
+   by hand, which docs/design/snowflake.md calls safe), a grant skips the quarantine while an
    older holder of the same worker ID still makes IDs.
 2. Generator.take checks the lease deadline, *then* reads the wall clock: a pause
    between the two (SIGSTOP, a thread holding the GIL in a C call) makes an ID
@@ -52,7 +52,7 @@ def test_tag_start_on_a_snowflake_tag_does_not_let_a_grant_skip_the_quarantine(
         made = a.post("/admin/tags", json={"tag": tag, "kind": "snowflake"}, headers=AUTH)
         assert made.status_code == 201, made.text
         held = int(a.get(f"/id/{tag}").text)  # node A holds a worker ID (renewed every 7.5 s)
-        # Redis forgets the hash (restarted empty; design.md: deleting it is safe)
+        # Redis forgets the hash (restarted empty; docs/design/snowflake.md: deleting it is safe)
         redis.Redis.from_url(s.redis_url).delete(Keys(s.redis_prefix).workers(tag))
         row = a.get("/admin/tags", headers=AUTH).json()["tags"]
         max_id = next(t["max_id"] for t in row if t["tag"] == tag)
@@ -143,7 +143,7 @@ async def test_a_renewal_through_a_node_with_a_shorter_lease_does_not_shorten_th
     redis_pool: RedisPool, tag: str
 ) -> None:
     """Nodes whose IDPOOL_WORKER_LEASE_SECONDS differ (a rolling restart that lowers
-    it, as design.md suggests): the client counts its deadline from the TTL of the
+    it, as docs/design/snowflake.md suggests): the client counts its deadline from the TTL of the
     node that granted it, the script takes the TTL of the node that renews it. An
     end-to-end run (grant by a 20 s node, renewals through a 4 s node every 5 s):
     the worker ID granted again between two renewals, 47,741 duplicate IDs in 15 s."""

@@ -14,7 +14,7 @@ Each test here fails on main at a6c4ed8.
    (``idpool:{tag}:worker_lease`` lost with the hash), the node that sees it first
    sets the quarantine, and a longer lease granted by another node outlives it.
    End to end (old tag, node A 20 s, node B 3 s, Redis killed and restarted empty
-   right after A's renewal, B asked first): 4,548 duplicate IDs in 8 s. design.md
+   right after A's renewal, B asked first): 4,548 duplicate IDs in 8 s. docs/design/snowflake.md
    lists "the same setting on every node" as an assumption for such tags, but
    README's setting row does not warn, and such a tag has no way to get a
    recorded TTL: the hole stays open for its whole life.

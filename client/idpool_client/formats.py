@@ -1,6 +1,6 @@
 """Per-tag ID formats: one module, used by the idpool node and by the client.
 
-A tag may carry a *format* on top of its sequence of numbers (docs/design.md,
+A tag may carry a *format* on top of its sequence of numbers (docs/design/formats.md,
 "ID formats"):
 
 - a **template** in ``str.format`` style with exactly one ``{id}`` field and any

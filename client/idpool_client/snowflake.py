@@ -10,7 +10,7 @@ expire, by its own monotonic clock counted from when the last successful
 renewal was *sent*, and at once when a renewal is refused (409
 ``worker_lost``): it then asks for a new worker ID, whose time floor is above
 everything the old one used. So no worker ID is ever used by two holders, and
-no ID is made twice (docs/design.md, "Snowflake tags").
+no ID is made twice (docs/design/snowflake.md).
 
 The layout and the generator are ``generator.py``'s, the same the node makes
 its IDs with (``idpool.pool.snowflake`` subclasses them); this module is the
