@@ -12,11 +12,11 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from idpool.pool.claims import LedgerClaims
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.lease_store import LeaseStore
 from idpool.pool.preloader import Preloader
 from idpool.pool.redis_pool import RedisPool
@@ -27,6 +27,7 @@ from idpool.pool.waste import WasteRecorder
 from . import metrics, status
 from .drain import DrainFlag
 from .errors import FailureLog
+from .health import StoreHealth
 from .node import Node, ShutdownReport, node_ttl
 from .source import RangeSource
 from .stats import NodeStats
@@ -57,6 +58,8 @@ class Runtime:
     # The node's drain, shared by its workers (None outside `idpool serve`)
     drain_flag: DrainFlag | None = field(default_factory=DrainFlag.from_env)
     _leases: LeaseStore | None = None
+    # The one clock of the preloader, the health probes, the snapshot and the render cache
+    clock: Clock = SYSTEM_CLOCK
 
     def lease_store(self) -> LeaseStore | None:
         """Where leases are recorded, made on the first lease; None in the
@@ -78,7 +81,7 @@ class Runtime:
         return self.drain_flag is not None and self.drain_flag.raised()
 
     async def snapshot(self) -> status.Snapshot:
-        return status.assemble(self.node, await self.store_reads.get())
+        return status.assemble(self.node, await self.store_reads.get(), clock=self.clock)
 
     async def render_once_a_second(
         self, name: str, render: Callable[[], Awaitable[bytes]]
@@ -88,8 +91,9 @@ class Runtime:
         tight loop rendering every time took most of it from /id. (/status.json
         is built fresh: tools account for IDs from it.)"""
         made = self.rendered.get(name)
-        if made is None or time.monotonic() - made[0] >= status.STORE_READS_SECONDS:
-            made = self.rendered[name] = (time.monotonic(), await render())
+        now = self.clock.monotonic()
+        if made is None or now - made[0] >= status.STORE_READS_SECONDS:
+            made = self.rendered[name] = (now, await render())
         return made[1]
 
     def start(self) -> None:
@@ -139,13 +143,18 @@ class Runtime:
         await self.ledger.close()
 
 
-async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
+async def open_runtime(
+    settings: Settings, stores: StoreOpener, clock: Clock = SYSTEM_CLOCK
+) -> Runtime:
     ledger, pool = await stores(settings)
     claims = LedgerClaims(ledger, pool)
     waste = WasteRecorder()  # one per process: the node's and the preloader's waste
-    preloader = Preloader(settings, ledger, pool, claims, waste)
+    preloader = Preloader(settings, ledger, pool, claims, waste, clock)
     stats = NodeStats()
-    source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste)
+    health = StoreHealth(ledger, pool, clock)
+    source = RangeSource(
+        claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste, health=health
+    )
     node = Node(
         source,
         prefetch_at=settings.prefetch_at,
@@ -167,7 +176,8 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
     store_reads = status.StoreReadsCache(
         lambda: status.read_stores(
             ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
-        )
+        ),
+        clock,
     )
     return Runtime(
         settings=settings,
@@ -176,4 +186,5 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
         pool=pool,
         preloader=preloader,
         store_reads=store_reads,
+        clock=clock,
     )

@@ -17,6 +17,7 @@ import pymysql
 import pytest
 import redis
 
+from idpool.pool.clock import FakeClock
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
@@ -239,6 +240,14 @@ def drop_keys(prefix: str) -> None:
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """Time that moves only when the test says (pool/clock.py): hand it to the
+    preloader, StoreHealth, StoreReadsCache or open_runtime, then
+    ``await clock.advance(seconds)`` instead of sleeping (docs/testing.md)."""
+    return FakeClock()
 
 
 @pytest.fixture
