@@ -23,7 +23,6 @@ from typing import Any
 from idpool_client.formats import TagFormat, period_row
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from idpool.pool.errors import InvalidInput, UnknownTag
 from idpool.pool.snowflake import Layout, wall_ms
@@ -178,6 +177,3 @@ async def decode_id(request: Request) -> Response:
             f"here: {', '.join(sorted(PUBLIC))} tags",
         )
     return json_response(decode(row, request.path_params["id"]))
-
-
-ROUTES = [Route("/decode/{tag}/{id}", decode_id, methods=["GET"])]

@@ -12,13 +12,11 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import orjson
-
 from idpool.pool.claims import LedgerClaims
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.lease_store import LeaseStore
 from idpool.pool.preloader import Preloader
 from idpool.pool.redis_pool import RedisPool
@@ -26,9 +24,10 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.waste import WasteRecorder
 
-from . import metrics, openapi, status
+from . import metrics, status
 from .drain import DrainFlag
 from .errors import FailureLog
+from .health import StoreHealth
 from .kinds import rules_of
 from .node import Node, ShutdownReport, node_ttl
 from .source import RangeSource
@@ -52,7 +51,6 @@ class Runtime:
     pool: PoolStore
     preloader: Preloader
     store_reads: status.StoreReadsCache
-    api_document: bytes  # /openapi.json, built once
     failures: FailureLog = field(default_factory=FailureLog)
     # name -> (monotonic when rendered, body): /status and /metrics at most once a second
     rendered: dict[str, tuple[float, bytes]] = field(default_factory=dict)
@@ -61,6 +59,8 @@ class Runtime:
     # The node's drain, shared by its workers (None outside `idpool serve`)
     drain_flag: DrainFlag | None = field(default_factory=DrainFlag.from_env)
     _leases: LeaseStore | None = None
+    # The one clock of the preloader, the health probes, the snapshot and the render cache
+    clock: Clock = SYSTEM_CLOCK
 
     def lease_store(self) -> LeaseStore | None:
         """Where leases are recorded, made on the first lease; None in the
@@ -82,7 +82,7 @@ class Runtime:
         return self.drain_flag is not None and self.drain_flag.raised()
 
     async def snapshot(self) -> status.Snapshot:
-        return status.assemble(self.node, await self.store_reads.get())
+        return status.assemble(self.node, await self.store_reads.get(), clock=self.clock)
 
     async def render_once_a_second(
         self, name: str, render: Callable[[], Awaitable[bytes]]
@@ -92,8 +92,9 @@ class Runtime:
         tight loop rendering every time took most of it from /id. (/status.json
         is built fresh: tools account for IDs from it.)"""
         made = self.rendered.get(name)
-        if made is None or time.monotonic() - made[0] >= status.STORE_READS_SECONDS:
-            made = self.rendered[name] = (time.monotonic(), await render())
+        now = self.clock.monotonic()
+        if made is None or now - made[0] >= status.STORE_READS_SECONDS:
+            made = self.rendered[name] = (now, await render())
         return made[1]
 
     def start(self) -> None:
@@ -143,13 +144,18 @@ class Runtime:
         await self.ledger.close()
 
 
-async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
+async def open_runtime(
+    settings: Settings, stores: StoreOpener, clock: Clock = SYSTEM_CLOCK
+) -> Runtime:
     ledger, pool = await stores(settings)
     claims = LedgerClaims(ledger, pool)
     waste = WasteRecorder()  # one per process: the node's and the preloader's waste
-    preloader = Preloader(settings, ledger, pool, claims, waste, rules_of=rules_of)
+    preloader = Preloader(settings, ledger, pool, claims, waste, clock, rules_of=rules_of)
     stats = NodeStats()
-    source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste)
+    health = StoreHealth(ledger, pool, clock)
+    source = RangeSource(
+        claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste, health=health
+    )
     node = Node(
         source,
         prefetch_at=settings.prefetch_at,
@@ -171,7 +177,8 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
     store_reads = status.StoreReadsCache(
         lambda: status.read_stores(
             ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
-        )
+        ),
+        clock,
     )
     return Runtime(
         settings=settings,
@@ -180,5 +187,5 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
         pool=pool,
         preloader=preloader,
         store_reads=store_reads,
-        api_document=orjson.dumps(openapi.document(settings.max_count)),
+        clock=clock,
     )
