@@ -42,15 +42,18 @@ from .errors import (
     TooFewReplicas,
     UnknownTag,
 )
+from .kind_rules import DEFAULT_KIND, DEFAULT_RULES, KindRules
 from .ranges import MAX_ID, IdRange
 from .stores import HighWaterMarks, LedgerStore, RangeLists
-from .values import (
-    TagRow,
+from .tag_rules import (
     check_tombstone,
+    fence_refused,
     format_fingerprint,
     kind_fingerprint,
     name_fingerprint,
+    used_as,
 )
+from .values import TagRow
 
 _MAX_STALE_RETRIES = 3
 # After a Redis error, claims fail at once for this long, as if the mark's read had
@@ -118,7 +121,7 @@ class LedgerClaims:
     def high_water(self, tag: str) -> int:
         return self._high_water.get(tag, 0)
 
-    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> Claim:
+    async def claim(self, tag: str, ranges: int = 1, kind: str = DEFAULT_KIND) -> Claim:
         """Claim ``ranges`` steps of fresh IDs of ``tag``, a tag of ``kind``, fenced
         by the shared mark.
 
@@ -204,7 +207,7 @@ async def create_tag(
     start: int,
     description: str = "",
     end_id: int = MAX_ID,
-    kind: str = "segment",
+    rules: KindRules = DEFAULT_RULES,
     layout: str = "",
     options: str = "",
     secret: str = "",
@@ -223,23 +226,26 @@ async def create_tag(
     A row deleted by hand leaves no tombstone: the fingerprint beside the mark
     (``idpool:{tag}:format``, ``fence_format``) refuses it the same way, so a
     formatted tag is made only when that fingerprint could be written.
-    A snowflake tag (``kind``) is made only under a name that never issued IDs:
-    no tombstone, and a mark in Redis read as 0 (NameUsedBefore otherwise). Its
-    IDs come from the clock since its epoch (its creation), so no ``max_id`` fences
-    the old tag's numbers. Race: a live tag of the name claims and is removed
-    between these reads and the INSERT: add_tag reads the tombstone again under
-    its lock and refuses too. A row deleted by hand leaves its mark, read here.
-    Raises TagExists, FormatChanged, NameUsedBefore, StoreUnavailable (a formatted
-    or snowflake tag with Redis down: nothing made).
+    The tag is of the kind ``rules`` (its KindRules: the pool names no kind). A
+    kind made only under a new name (``new_name_only``: snowflake) is made only
+    under a name that never issued IDs: no tombstone, and a mark in Redis read as
+    0 (NameUsedBefore otherwise). Its IDs come from the clock since its epoch (its
+    creation), so no ``max_id`` fences the old tag's numbers. Race: a live tag of
+    the name claims and is removed between these reads and the INSERT: add_tag
+    reads the tombstone again under its lock and refuses too. A row deleted by
+    hand leaves its mark, read here. Raises TagExists, FormatChanged,
+    NameUsedBefore, StoreUnavailable (a formatted tag, or one of a kind that
+    ``needs_redis``, with Redis down: nothing made).
     """
     kept = await ledger.removed_format(tag)
-    if kind == "snowflake":
-        await _check_unused(ledger, pool, tag, removed=kept is not None)
+    if rules.new_name_only:
+        await _check_unused(ledger, pool, tag, rules, removed=kept is not None)
     if kept is not None:
         if options and kept[0] == options:
             secret = kept[1]  # the removed tag's key: its strings, continued above max_id
-        check_tombstone(tag, (kept[0], kept[1], ""), options, secret, kind)  # kind: in add_tag
-    fingerprint = kind_fingerprint(kind, options, secret, layout)
+        # its kind: checked by add_tag (removed_format reads only the format)
+        check_tombstone(tag, (kept[0], kept[1], ""), options, secret, rules.name)
+    fingerprint = kind_fingerprint(rules, options, secret, layout)
     floor, fenced = 0, ""
     if pool is not None:
         try:
@@ -249,17 +255,19 @@ async def create_tag(
             # by hand is then refused), but is made with Redis down, as before: the
             # first node to serve it writes the record.
             fenced = await pool.fence_format(tag, fingerprint)
-            if kind == "strict" and fenced not in ("other", "unformatted", "snowflake"):
+            if rules.fences_state and not fence_refused(fenced):
                 # Also before the row: a strict state an earlier life of the name left
                 # (strict, removed, maybe a segment life since) is never served from;
                 # the first refill claims from the new row, above its start and
                 # every ID the name issued (the mark, the tombstone).
                 await pool.fence_strict(tag, max(start, floor))
         except StoreUnavailable as e:
-            if options or kind in ("snowflake", "strict"):
-                what = "formatted" if options else kind
-                record = "strict state is fenced" if kind == "strict" and not options else (
-                    "record is beside its high-water mark"
+            if options or rules.needs_redis:
+                what = "formatted" if options else rules.name
+                record = (
+                    f"{rules.name} state is fenced"
+                    if rules.fences_state and not options
+                    else "record is beside its high-water mark"
                 )
                 raise StoreUnavailable(
                     e.store,
@@ -268,17 +276,11 @@ async def create_tag(
                 ) from e
             # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
             # floor stays what was read (0 if not even the mark answered).
-        if fenced in ("other", "unformatted", "snowflake"):
+        if fence_refused(fenced):
             with contextlib.suppress(UnknownTag):
                 await ledger.get_tag(tag)
                 raise TagExists(tag)  # a live tag of that name: say so, not "used before"
-            used = {
-                "other": "with another format (its fingerprint is in Redis)",
-                "unformatted": "as a plain tag (recorded so, or IDs were claimed under it)",
-                "snowflake": "as a snowflake tag (or one of another layout): its IDs came from "
-                "the clock, which no max_id fences",
-            }[fenced]
-            raise FormatChanged(tag, used)
+            raise FormatChanged(tag, used_as(fenced))
     try:
         return await ledger.add_tag(
             tag,
@@ -287,7 +289,7 @@ async def create_tag(
             description=description,
             floor=floor,
             end_id=end_id,
-            kind=kind,
+            rules=rules,
             layout=layout,
             options=options,
             secret=secret,
@@ -300,16 +302,18 @@ async def create_tag(
             # 'same' one INSERTs first; a compare-and-delete by the loser then took
             # the winner's fingerprint, and the name could come back plain.
             with contextlib.suppress(StoreUnavailable):
-                if await _owner_fingerprint(ledger, tag) != fingerprint:
+                if await _owner_fingerprint(ledger, tag, rules) != fingerprint:
                     await pool.unfence_format(tag, fingerprint)
         raise
 
 
 async def _check_unused(
-    ledger: LedgerStore, pool: HighWaterMarks | None, tag: str, *, removed: bool
+    ledger: LedgerStore, pool: HighWaterMarks | None, tag: str, rules: KindRules, *,
+    removed: bool,
 ) -> None:
-    """Refuse a snowflake tag under a name that issued IDs (NameUsedBefore), or a
-    live tag's name (TagExists); with Redis down, StoreUnavailable (the mark unread)."""
+    """Refuse a tag of a new-name-only kind under a name that issued IDs
+    (NameUsedBefore), or a live tag's name (TagExists); with Redis down,
+    StoreUnavailable (the mark unread)."""
     mark = 0
     if pool is not None:
         try:
@@ -317,7 +321,7 @@ async def _check_unused(
         except StoreUnavailable as e:
             raise StoreUnavailable(
                 e.store,
-                f"a snowflake tag is made only once its name is known never to have issued "
+                f"a {rules.name} tag is made only once its name is known never to have issued "
                 f"IDs (its high-water mark in Redis: {e.detail}); nothing was made: try again",
             ) from e
     if not removed and mark <= 0:
@@ -330,14 +334,19 @@ async def _check_unused(
     )
 
 
-async def _owner_fingerprint(ledger: LedgerStore, tag: str) -> str | None:
+async def _owner_fingerprint(ledger: LedgerStore, tag: str, rules: KindRules) -> str | None:
     """The fingerprint of the format the name now has in the ledger: its live row's,
     else its tombstone's; None when neither is there (then no tag of the name renders
     with ours). Raises StoreUnavailable: the caller then keeps the fingerprint (a
-    fingerprint left behind only refuses other formats under the name, never repeats)."""
+    fingerprint left behind only refuses other formats under the name, never repeats).
+    A live row of another kind than ours (``rules``) is read by its format alone: the
+    pool knows only our kind's record prefix. Ours with a prefix differs from any such
+    fingerprint, as it differs from the row's real record; ours without one may then
+    match a prefixed kind's row (by a format that kind never has): ours is kept, the
+    safe side, as above."""
     try:
         row = await ledger.get_tag(tag)
-        return name_fingerprint(row)
+        return name_fingerprint(row, rules if row.kind == rules.name else KindRules(row.kind))
     except UnknownTag:
         kept = await ledger.removed_format(tag)
         return None if kept is None else format_fingerprint(*kept)

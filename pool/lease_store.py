@@ -44,6 +44,17 @@ from .ranges import IdRange, TaggedRange, tagged_ranges
 # The incarnation check of the pool scripts, shared so both compute it the same way.
 from .redis_pool import PRELUDE, Lua, run_script
 
+# A secret's hash against the one recorded, in every script that checks one (the
+# client leases' here, the worker leases' in pool/worker_store.py).
+SAME_LUA = """
+local function same(a, b)  -- constant time: how long it takes says nothing of where they differ
+  if #a ~= #b then return false end
+  local diff = 0
+  for i = 1, #a do diff = bit.bor(diff, bit.bxor(string.byte(a, i), string.byte(b, i))) end
+  return diff == 0
+end
+"""
+
 # KEYS[1] = the tag's clean marker, KEYS[2] = its pool list, KEYS[3] = the lease
 # route key (never written: it takes the script to the tag's shard), KEYS[4] = the
 # old layout's list (single Redis); ARGV[1] = tag, ARGV[2] = old clean prefix (the
@@ -86,15 +97,10 @@ return {dropped, n}
 # ARGV[8] = the secret's hash. Returns {dropped, verdict, tag, pushed 'from-last' or ''}.
 _RETURN = (
     PRELUDE
+    + SAME_LUA
     + """
 local function le(a, b)  -- a <= b for decimal strings without leading zeros
   return #a < #b or (#a == #b and a <= b)
-end
-local function same(a, b)  -- constant time: how long it takes says nothing of where they differ
-  if #a ~= #b then return false end
-  local diff = 0
-  for i = 1, #a do diff = bit.bor(diff, bit.bxor(string.byte(a, i), string.byte(b, i))) end
-  return diff == 0
 end
 local key = ARGV[2] .. incarnation() .. ':' .. ARGV[5]
 local record = redis.call('GET', key)

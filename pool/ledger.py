@@ -21,27 +21,18 @@ import pymysql
 
 from .errors import (
     InvalidInput,
-    NameUsedBefore,
     StoreUnavailable,
     TagDisabled,
     TagExhausted,
     TagExists,
     UnknownTag,
 )
+from .kind_rules import DEFAULT_KIND, DEFAULT_RULES, KindRules
 from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
+from .tag_rules import NEW_ROW_COLUMNS, TOMBSTONE_COLUMNS, NewRow, check_kind
 from .tokens import TokenRow
-from .values import (
-    TagRow,
-    check_bound,
-    check_kind,
-    check_tombstone,
-    cut,
-    period_rows_between,
-    read_end,
-    step_bounds,
-    stored_end,
-)
+from .values import TagRow, cut, period_rows_between, read_end
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
@@ -61,7 +52,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     end_id      BIGINT       NOT NULL DEFAULT 9223372036854775807
                              COMMENT 'first ID never handed out: the tag bound (--max) + 1',
     disabled    TINYINT(1)   NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled',
-    kind        VARCHAR(16)  NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made',
+    kind        VARCHAR(16)  NOT NULL DEFAULT '{DEFAULT_KIND}' COMMENT 'how its IDs are made',
     layout      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag',
     options     VARCHAR(1024) NOT NULL DEFAULT '' COMMENT 'JSON: format, reset, obfuscate',
     secret      VARCHAR(64)  NOT NULL DEFAULT '' COMMENT 'obfuscation key (hex); never shown',
@@ -106,7 +97,11 @@ _MIGRATIONS = [
         "COMMENT 'first ID never handed out: the tag bound (--max) + 1'",
     ),
     (TABLE, "disabled", "TINYINT(1) NOT NULL DEFAULT 0 COMMENT '1: no claim until enabled'"),
-    (TABLE, "kind", "VARCHAR(16) NOT NULL DEFAULT 'segment' COMMENT 'how its IDs are made'"),
+    (
+        TABLE,
+        "kind",
+        f"VARCHAR(16) NOT NULL DEFAULT '{DEFAULT_KIND}' COMMENT 'how its IDs are made'",
+    ),
     (TABLE, "layout", "VARCHAR(64) NOT NULL DEFAULT '' COMMENT 'bit layout of a snowflake tag'"),
     (
         TABLE,
@@ -244,7 +239,7 @@ class Ledger:
 
         await self._run(op)
 
-    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> IdRange:
+    async def claim(self, tag: str, ranges: int = 1, kind: str = DEFAULT_KIND) -> IdRange:
         """Claim ``ranges * step`` fresh IDs for ``tag``, a tag of ``kind``, in one
         transaction.
 
@@ -308,29 +303,33 @@ class Ledger:
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = MAX_ID,
-        kind: str = "segment",
+        rules: KindRules = DEFAULT_RULES,
         layout: str = "",
         options: str = "",
         secret: str = "",
     ) -> TagRow:
-        """Create a tag whose first ID is ``max(start, floor)``.
+        """Create a tag of the kind ``rules`` whose first ID is ``max(start, floor)``.
 
         ``floor`` is the high-water mark known outside MySQL: a tag deleted by hand
         and added again cannot hand out its old IDs a second time. The dynamic
         step stays within ``[min_step, max_step]`` (default: ``[step, DEFAULT_MAX_STEP]``).
         No ID at or above ``end_id`` is ever claimed (ValueError unless above start).
+        The row's rules are ``tag_rules.NewRow``'s; only the SQL is here.
         """
-        lo, hi = step_bounds(step, min_step, max_step)
-        check_bound(start, end_id)
+        new = NewRow.checked(
+            tag, rules, step=step, start=start, description=description, floor=floor,
+            min_step=min_step, max_step=max_step, end_id=end_id, layout=layout,
+            options=options, secret=secret,
+        )  # fmt: skip
 
         async def op(cur: Any) -> None:
             # The tombstone of a removed tag of this name, read with a lock (a gap
             # lock when there is none): a removal cannot write one between this
             # read and our INSERT, so the tag starts above every ID it ever issued,
-            # and renders them only with the format it had (check_tombstone).
+            # and renders them only with the format and kind it had (NewRow.values).
             try:
                 await cur.execute(
-                    f"SELECT max_id, options, secret, kind FROM {REMOVED} "
+                    f"SELECT {TOMBSTONE_COLUMNS} FROM {REMOVED} "
                     "WHERE tag = %s FOR UPDATE",
                     (tag,),
                 )
@@ -347,32 +346,11 @@ class Ledger:
                     f"table {REMOVED} lacks the options or kind column: run idpool once with "
                     "IDPOOL_CREATE_DATABASE=1 (the default) to add it; nothing was added",
                 ) from None
-            if removed is not None:
-                kept = (str(removed[1]), str(removed[2]), str(removed[3]))
-                check_tombstone(tag, kept, options, secret, kind)
-                if kind == "snowflake":  # again under the lock: a removal since create_tag read
-                    raise NameUsedBefore(tag, "a removed tag's tombstone")
-            first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 await cur.execute(
-                    f"INSERT INTO {TABLE} "
-                    "(tag, max_id, step, start_id, description, min_step, max_step, end_id, kind, "
-                    "layout, options, secret) "
+                    f"INSERT INTO {TABLE} ({NEW_ROW_COLUMNS}) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        tag,
-                        first,
-                        step,
-                        start,
-                        description,
-                        lo,
-                        hi,
-                        stored_end(kind, end_id),  # an old release cannot claim from it
-                        kind,
-                        layout,
-                        options,
-                        secret,
-                    ),
+                    new.values(removed),
                 )
             except pymysql.err.IntegrityError:
                 raise TagExists(tag) from None

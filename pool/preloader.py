@@ -26,8 +26,8 @@ import contextlib
 import logging
 import os
 import socket
-import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -35,6 +35,7 @@ from typing import TypeVar
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from .claims import LedgerClaims
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     IdPoolError,
     MarkNotRaised,
@@ -44,6 +45,7 @@ from .errors import (
     TagExhausted,
     UnknownTag,
 )
+from .kind_rules import KindRules, default_rules_of
 from .ranges import IdRange
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
@@ -91,8 +93,14 @@ class Preloader:
         pool: PoolStore,
         claims: LedgerClaims | None = None,
         waste: WasteRecorder | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        rules_of: Callable[[str], KindRules] = default_rules_of,
     ) -> None:
         self.settings = settings
+        # sweeps, rates and refill_soon's limit (apscheduler runs the ticks)
+        self.clock = clock
+        self.rules_of = rules_of  # a row's kind -> its rules (service/kinds): pooled or not
         self.ledger = ledger
         self.pool = pool
         self.claims = claims or LedgerClaims(ledger, pool)
@@ -168,7 +176,7 @@ class Preloader:
                 self.leading = True
                 self._next_sweep = 0.0  # taking over: look at every list now
                 logger.info("event=preloader_leading owner=%s", self.owner)
-            visit = await self._tags_to_visit(time.monotonic())
+            visit = await self._tags_to_visit(self.clock.monotonic())
         except StoreUnavailable as e:
             logger.warning("event=preload_skipped reason=%r", e.detail)
             return []
@@ -210,7 +218,7 @@ class Preloader:
                 visit.add(tag)
             if now - moved > window + _DECAY_VISIT_EVERY:
                 del self._moved_at[tag]  # visited once after its last move: its rate is 0
-        wall = time.time()
+        wall = self.clock.now()
         if now >= self._next_sweep:
             self._rows = {row.tag: row for row in await self.ledger.list_tags()}
             self._next_sweep = now + self.settings.sweep_seconds
@@ -258,7 +266,7 @@ class Preloader:
 
         At most one such refill per tag at a time, and one a second.
         """
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if self._closing or not self.leading or now < self._urgent_after.get(tag, 0.0):
             return
         if len(self._urgent_after) >= 10_000:
@@ -286,24 +294,22 @@ class Preloader:
         not given)."""
         tag = row.tag
         report = RefillReport(tag)
-        if row.kind != "segment":
-            # Only segment tags are served from the pool: a strict tag's IDs come from
-            # its sequence in Redis (pool/strict.py), claimed by the nodes as needed;
-            # a snowflake tag's are made in memory from a leased worker ID.
+        if not self.rules_of(row.kind).pooled:
+            # Only a pooled kind's tags are served from the pool (segment): a strict
+            # tag's IDs come from its sequence in Redis (pool/strict.py), claimed by
+            # the nodes as needed; a snowflake tag's are made in memory from a leased
+            # worker ID (its max_id counts worker-ID grants: it has no pool list).
             report.skipped = f"kind {row.kind}"
             return report
         if row.disabled or not row.left:
             # Nothing to claim (the ledger refuses it anyway): no warning every tick.
-            # A snowflake tag's max_id counts worker-ID grants: it has no pool list.
             report.skipped = "disabled" if row.disabled else "exhausted"
-            if row.kind != "segment":
-                report.skipped = f"kind {row.kind}"
             return report
         if tag in self._refilling:
             report.skipped = "being refilled"
             return report
         self._refilling.add(tag)
-        self._visited_at[tag] = time.monotonic()
+        self._visited_at[tag] = self.clock.monotonic()
         try:
             if state is None:
                 state = (await self.pool.summaries([tag]))[tag]
@@ -337,7 +343,7 @@ class Preloader:
         # IDs handed out, as the nodes report them (not ranges taken: a node that
         # takes a range of a million and serves three used three).
         # Rounded as published, so `rate` and `target_depth` in the hash agree exactly.
-        rate = round(meter.add(time.monotonic(), int(stats.get("issued", 0))), 3)
+        rate = round(meter.add(self.clock.monotonic(), int(stats.get("issued", 0))), 3)
         if not meter.ready and "rate" in stats:
             # A preloader that just took over has one sample: keep the last
             # published rate rather than publish 0 and shrink the pool.

@@ -46,15 +46,8 @@ from .keys import Keys, Legacy
 from .ranges import IdRange, tagged_ranges
 from .sentinel import sentinel_client
 from .settings import Settings
-from .values import (
-    MAX_POP_RANGES,
-    Moved,
-    PoolSummary,
-    PopResult,
-    PushResult,
-    format_record,
-    summary,
-)
+from .tag_rules import WORKER_KEYS_KIND, format_record
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 # The Redis incarnation, computed on the server inside the script that relies on
 # it: `run_id` changes on every start, `master_replid` on every promotion.
@@ -187,11 +180,12 @@ return found
 """
 
 # KEYS[1] = the tag's format fingerprint, KEYS[2] = its hwm, KEYS[3] and KEYS[4] =
-# its snowflake worker hash and worker_lease (one slot: a name whose record
-# predates snowflake records, but whose worker keys exist, was a snowflake
-# tag's); ARGV[1] = the
-# record of the format a tag of that name is being made or served with (its
-# fingerprint, or PLAIN_RECORD for none), ARGV[2] = '1' when a node is about to
+# its worker hash and worker_lease (one slot: a name whose record predates its
+# kind's records, but whose worker keys exist, was a tag of ARGV[3]'s kind,
+# tag_rules.WORKER_KEYS_KIND); ARGV[1] = the
+# record a tag of that name is being made or served with (its format's
+# fingerprint, PLAIN_RECORD for none, or its kind's prefix and a hash:
+# tag_rules.name_fingerprint), ARGV[2] = '1' when a node is about to
 # serve the (live) tag: then a missing record is written whatever the mark (the
 # row is the tag's truth; a Redis that lost the key gets it back). A plain name's
 # record is written as any other: a format added to its row by hand, or removed
@@ -199,8 +193,9 @@ return found
 # no claim can raise the mark between the look and the SET. Returns
 # {'same' | 'set' (first use of the name recorded) | 'other' (another format was
 # used) | 'unformatted' (a format asked for a name used plain: recorded so, or
-# numbers claimed with nothing recorded) | 'snowflake' (the name was a snowflake
-# tag's, of another layout if that is asked), replicas online}.
+# numbers claimed with nothing recorded) | a kind's name (the record is that kind's,
+# "NAME:hash": tag_rules.record_kind; of another layout if that kind is asked),
+# replicas online}.
 # A record found is SET again, as the raise does: a WAIT then covers it.
 _FENCE_FORMAT = """
 local online = 0
@@ -214,13 +209,14 @@ if cur then
     return {'same', online}
   end
   if cur == 'plain' then return {'unformatted', online} end  -- PLAIN_RECORD
-  if string.sub(cur, 1, 10) == 'snowflake:' then return {'snowflake', online} end
+  local colon = string.find(cur, ':', 1, true)  -- a kind's record: answer its name
+  if colon then return {string.sub(cur, 1, colon - 1), online} end
   return {'other', online}
 end
--- No record: a snowflake tag's name from before records has its worker keys
-if string.sub(ARGV[1], 1, 10) ~= 'snowflake:'
+-- No record: a name of ARGV[3]'s kind from before its records has its worker keys
+if string.sub(ARGV[1], 1, #ARGV[3] + 1) ~= ARGV[3] .. ':'
     and (redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 1) then
-  return {'snowflake', online}
+  return {ARGV[3], online}
 end
 local mark = redis.call('GET', KEYS[2])
 if ARGV[1] ~= 'plain' and ARGV[2] ~= '1' and mark and mark ~= '0' then
@@ -597,10 +593,11 @@ class RedisPool:
 
     async def fence_format(self, tag: str, fingerprint: str, *, serving: bool = False) -> str:
         """Record (or check) the format a tag of this name renders with, beside its
-        high-water mark: 'same', 'set', 'other' or 'unformatted' (see _FENCE_FORMAT)."""
+        high-water mark: 'same', 'set', 'other', 'unformatted' or a kind's name (see
+        _FENCE_FORMAT; tag_rules.fence_refused, used_as)."""
         keys = [self.keys.format(tag), self.keys.hwm(tag)]
         keys += [self.keys.workers(tag), self.keys.worker_lease(tag)]
-        args = [format_record(fingerprint), "1" if serving else "0"]
+        args = [format_record(fingerprint), "1" if serving else "0", WORKER_KEYS_KIND]
         if not self._mark_replicas or not fingerprint or serving:
             # Serving checks a live row against the record (the row is the truth: a
             # record a failover lost is written back at the next check), so it need

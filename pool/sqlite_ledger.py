@@ -15,21 +15,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import NameUsedBefore, TagExists, UnknownTag
+from .errors import TagExists, UnknownTag
+from .kind_rules import DEFAULT_KIND, DEFAULT_RULES, KindRules
 from .ranges import MAX_ID, IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
+from .tag_rules import NEW_ROW_COLUMNS, TOMBSTONE_COLUMNS, NewRow, check_kind
 from .tokens import TokenRow
-from .values import (
-    TagRow,
-    check_bound,
-    check_kind,
-    check_tombstone,
-    cut,
-    period_rows_between,
-    step_bounds,
-    stored_end,
-)
+from .values import TagRow, cut, period_rows_between
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
@@ -61,7 +54,7 @@ class SqliteLedger:
     async def close(self) -> None:
         await self.file.close()
 
-    async def claim(self, tag: str, ranges: int = 1, kind: str = "segment") -> IdRange:
+    async def claim(self, tag: str, ranges: int = 1, kind: str = DEFAULT_KIND) -> IdRange:
         """Claim ``ranges * step`` fresh IDs for ``tag``, a tag of ``kind``, in one
         transaction.
 
@@ -111,50 +104,31 @@ class SqliteLedger:
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = MAX_ID,
-        kind: str = "segment",
+        rules: KindRules = DEFAULT_RULES,
         layout: str = "",
         options: str = "",
         secret: str = "",
     ) -> TagRow:
         """Create a tag whose first ID is ``max(start, floor)`` (see Ledger.add_tag)."""
-        lo, hi = step_bounds(step, min_step, max_step)
-        check_bound(start, end_id)
+        new = NewRow.checked(
+            tag, rules, step=step, start=start, description=description, floor=floor,
+            min_step=min_step, max_step=max_step, end_id=end_id, layout=layout,
+            options=options, secret=secret,
+        )  # fmt: skip
 
         def op(conn: sqlite3.Connection) -> TagRow:
             now = time.time()
             # Under the file's write lock (BEGIN IMMEDIATE): no removal between the
-            # tombstone's read and the INSERT; the tag starts above all it issued.
+            # tombstone's read and the INSERT; the tag starts above all it issued,
+            # only as the kind and format it was (NewRow.values, see Ledger.add_tag).
             removed = conn.execute(
-                "SELECT max_id, options, secret, kind FROM idpool_removed_tags WHERE tag = ?",
-                (tag,),
+                f"SELECT {TOMBSTONE_COLUMNS} FROM idpool_removed_tags WHERE tag = ?", (tag,)
             ).fetchone()
-            if removed is not None:  # only as the kind and format it was (see Ledger.add_tag)
-                kept = (str(removed[1]), str(removed[2]), str(removed[3]))
-                check_tombstone(tag, kept, options, secret, kind)
-                if kind == "snowflake":  # again under the lock: a removal since create_tag read
-                    raise NameUsedBefore(tag, "a removed tag's tombstone")
-            first = max(start, floor, 0 if removed is None else int(removed[0]))
             try:
                 conn.execute(
-                    "INSERT INTO idpool_tags (tag, max_id, step, start_id, description, "
-                    "min_step, max_step, end_id, kind, layout, options, secret, created_at, "
-                    "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        tag,
-                        first,
-                        step,
-                        start,
-                        description,
-                        lo,
-                        hi,
-                        stored_end(kind, end_id),  # an old release cannot claim from it
-                        kind,
-                        layout,
-                        options,
-                        secret,
-                        now,
-                        now,
-                    ),
+                    f"INSERT INTO idpool_tags ({NEW_ROW_COLUMNS}, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*new.values(removed), now, now),
                 )
             except sqlite3.IntegrityError:
                 raise TagExists(tag) from None

@@ -22,17 +22,8 @@ from collections.abc import Mapping, Sequence
 from .ranges import IdRange
 from .settings import Settings
 from .sqlite_file import SqliteFile
-from .values import (
-    MAX_POP_RANGES,
-    PLAIN_RECORD,
-    SNOWFLAKE_RECORD,
-    Moved,
-    PoolSummary,
-    PopResult,
-    PushResult,
-    format_record,
-    summary,
-)
+from .tag_rules import PLAIN_RECORD, format_record, record_kind
+from .values import MAX_POP_RANGES, Moved, PoolSummary, PopResult, PushResult, summary
 
 _UPSERT_STAT = (
     "INSERT INTO idpool_pool_stats (tag, field, value) VALUES (?, ?, ?) "
@@ -197,7 +188,7 @@ class SqlitePool:
                     return "same"
                 if row[0] == PLAIN_RECORD:
                     return "unformatted"
-                return "snowflake" if row[0].startswith(SNOWFLAKE_RECORD) else "other"
+                return record_kind(row[0]) or "other"  # a kind's record: its name
             mark = conn.execute(
                 "SELECT high_water FROM idpool_high_water WHERE tag = ?", (tag,)
             ).fetchone()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .errors import StoreUnavailable
+from .kind_rules import KindRules
 from .lease_store import LeaseStore
 from .ledger import Ledger
 from .ranges import IdRange
@@ -47,7 +48,7 @@ class LedgerStore(Protocol):
         min_step: int | None = None,
         max_step: int | None = None,
         end_id: int = ...,
-        kind: str = ...,
+        rules: KindRules = ...,
         layout: str = ...,
         options: str = ...,
         secret: str = ...,
@@ -234,8 +235,9 @@ class StoreParts:
     leases: Callable[[int], LeaseStore] | None = None
     # strict sequences in Redis, refilled from ledger claims (pool/strict.py)
     redis_strict: Callable[[], RedisStrict] | None = None
-    # embedded: strict sequences in the SQLite ledger's own file (pool/strict.py)
-    file_strict: Callable[[], SqliteStrict] | None = None
+    # embedded: strict sequences in the SQLite ledger's own file (pool/strict.py), for
+    # the tags of one kind (a take from a row of another is refused)
+    file_strict: Callable[[str], SqliteStrict] | None = None
 
 
 def parts_of(ledger: object, pool: object) -> StoreParts:
@@ -255,7 +257,7 @@ def parts_of(ledger: object, pool: object) -> StoreParts:
         )
     if isinstance(ledger, SqliteLedger):
         file = ledger.file
-        embedded = StoreParts(file_strict=lambda: SqliteStrict(file))
+        embedded = StoreParts(file_strict=lambda kind: SqliteStrict(file, kind))
         parts = StoreParts(parts.workers, parts.leases, parts.redis_strict, embedded.file_strict)
     return parts
 

@@ -69,7 +69,8 @@ from .redis_pool import INCARNATION_LUA, Lua, RedisPool, run_script
 from .sentinel import named_master_by_majority
 from .sqlite_file import SqliteFile
 from .sqlite_ledger import _select
-from .values import check_kind, cut
+from .tag_rules import check_kind
+from .values import cut
 from .waste import Reason, WasteRecorder
 
 # Decimal strings without leading zeros: compare by length, then by text; add
@@ -385,6 +386,7 @@ class StrictSequence:
         store: RedisStrict,
         claims: LedgerClaims,
         *,
+        kind: str,
         step_of: Callable[[str], int],
         hold_seconds: float = 30.0,
         grant_seconds: float = 4.0,
@@ -393,6 +395,7 @@ class StrictSequence:
     ) -> None:
         self.store = store
         self.claims = claims
+        self.kind = kind  # its tags' kind (the ledger's kind column): what a refill claims
         self.step_of = step_of
         self.hold_seconds = hold_seconds
         # how long other nodes leave a refill to the node granted it (it outlasts
@@ -506,7 +509,7 @@ class StrictSequence:
             )
         try:
             claim = await self.claims.claim(
-                tag, min(math.ceil(want / step), MAX_REFILL_RANGES), kind="strict"
+                tag, min(math.ceil(want / step), MAX_REFILL_RANGES), kind=self.kind
             )
         except MarkNotRaised as e:  # claimed, but the mark could not be raised past it
             self.waste.record(tag, [e.wasted], Reason.MARK_NOT_RAISED, e.detail)
@@ -573,16 +576,17 @@ class SqliteStrict:
 
     name = "sqlite"
 
-    def __init__(self, file: SqliteFile) -> None:
+    def __init__(self, file: SqliteFile, kind: str) -> None:
         self.file = file
+        self.kind = kind  # its tags' kind: a take from a row of another is refused
 
     async def take(self, tag: str, n: int) -> int:
-        """Raises UnknownTag, TagDisabled, TagExhausted (the batch does not fit
+        """Raises UnknownTag, KindChanged, TagDisabled, TagExhausted (the batch does not fit
         under the tag's max: nothing is taken), StoreUnavailable."""
         def op(conn: sqlite3.Connection) -> int:
             # BEGIN IMMEDIATE: the write lock from the read to the COMMIT.
             row = _select(conn, tag)
-            check_kind(tag, "strict", row.kind)  # see Ledger.claim
+            check_kind(tag, self.kind, row.kind)  # see Ledger.claim
             fresh = cut(tag, row.max_id, n, row.end_id, row.disabled)
             if len(fresh) < n:
                 raise TagExhausted(

@@ -1,12 +1,11 @@
 """The values both ledgers (MySQL, SQLite) and both pools (Redis, SQLite) hand
-out, and the rules both ledgers apply to a row, so each twin imports them from
-here rather than from the other: a tag's row, a pop's or a push's result, a
-list's summary.
+out, so each twin imports them from here rather than from the other: a tag's
+row, a pop's or a push's result, a list's summary, a claim's cut. The rules a
+name and a new row obey are in ``pool/tag_rules.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -14,7 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from .errors import FormatChanged, KindChanged, KindKept, TagDisabled, TagExhausted
+from .errors import TagDisabled, TagExhausted
+from .kind_rules import DEFAULT_KIND
 from .ranges import MAX_ID, IdRange, TaggedRange
 
 DEFAULT_MAX_STEP = 1_000_000
@@ -46,7 +46,7 @@ class TagRow:
     max_step: int
     end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
     disabled: bool = False
-    kind: str = "segment"  # how its IDs are made (service/kinds.py)
+    kind: str = DEFAULT_KIND  # how its IDs are made (service/kinds.py)
     layout: str = ""  # a snowflake tag's layout (pool/snowflake.py, Layout.to_text)
     # JSON of how its numbers are rendered (a format, a reset, obfuscation; "" for
     # none): read by idpool_client/formats.py through service/formats.py
@@ -88,93 +88,9 @@ class TagRow:
         return max(0, self.end_id - self.max_id)
 
 
-def stored_end(kind: str, end_id: int) -> int:
-    """The ``end_id`` column of a new row of ``kind``: negated for every kind but
-    segment. A release from before kinds (7717122, the last of the old key layout)
-    reads no ``kind`` column and serves every row as a segment tag, claiming plain
-    ranges from a strict or snowflake row (out of order, or the numbers a snowflake
-    generator makes). Its claim (``cut``) refuses a row whose ``max_id`` is at or
-    above ``end_id`` (TagExhausted, nothing claimed), and its preloader skips a row
-    with nothing ``left``: a negative ``end_id`` is both, whatever else its CLI
-    changes (no command of it writes ``end_id``). Every ID is above 0, so a bound
-    (at least 2) and its negation never meet."""
-    return end_id if kind == "segment" else -end_id
-
-
 def read_end(stored: int) -> int:
-    """A row's bound from its ``end_id`` column (``stored_end``)."""
+    """A row's bound from its ``end_id`` column (``tag_rules.stored_end``)."""
     return -stored if stored < 0 else stored
-
-
-def check_kind(tag: str, expected: str, found: str) -> None:
-    """A claim for a tag of kind ``expected`` on a row of kind ``found`` is refused
-    (KindChanged): the caller's tag was removed and its name added again as
-    another kind (or its kind edited by hand); until its next tag reload, a node
-    still holding the old tag's buffer claimed plain ranges from a strict row."""
-    if found != expected:
-        raise KindChanged(tag, expected, found)
-
-
-def format_fingerprint(options: str, secret: str) -> str:
-    """What a tag's format (template, reset, obfuscation and its key) is known by
-    beside its high-water mark (``idpool:{tag}:format``): "" for a plain tag. A hash,
-    never the key: 128 random bits behind SHA-256 cannot be read back from it."""
-    if not options:
-        return ""
-    return hashlib.sha256(f"{options}\n{secret}".encode()).hexdigest()[:32]
-
-
-SNOWFLAKE_RECORD = "snowflake:"  # + a hash of the layout: a snowflake name's record
-
-
-def name_fingerprint(row: TagRow) -> str:
-    """What the name of ``row`` is recorded as beside its mark: its format's
-    fingerprint ("" for none: PLAIN_RECORD), or for a snowflake tag "snowflake:"
-    and a hash of its layout. A snowflake tag's numbers are not fenced by its
-    ``max_id`` (it counts worker grants) and its layout (epoch, bits) makes them:
-    recorded "plain" as a plain or strict tag is, its kind edited by hand to
-    segment (or a plain name's to snowflake, or its epoch moved) repeated its IDs.
-    A plain and a strict tag share "plain": both are fenced by the ledger."""
-    return kind_fingerprint(row.kind, row.options, row.secret, row.layout)
-
-
-def kind_fingerprint(kind: str, options: str, secret: str, layout: str) -> str:
-    """name_fingerprint of a tag about to be made (claims.create_tag)."""
-    if kind == "snowflake":
-        return SNOWFLAKE_RECORD + hashlib.sha256(layout.encode()).hexdigest()[:32]
-    return format_fingerprint(options, secret)
-
-
-PLAIN_RECORD = "plain"  # a plain name's record beside its mark (a fingerprint is 32 hex)
-
-
-def format_record(fingerprint: str) -> str:
-    """What ``idpool:{tag}:format`` holds for a format: its fingerprint, or
-    PLAIN_RECORD for a plain tag (so a format added by hand to a plain name's row
-    is refused too, not recorded as the name's first)."""
-    return fingerprint or PLAIN_RECORD
-
-
-def check_tombstone(
-    tag: str,
-    old: tuple[str, str, str],
-    options: str,
-    secret: str,
-    kind: str,
-) -> None:
-    """A removed name comes back only as the kind it was (raises KindKept: a stale
-    node's buffer of the old tag would still serve it) and with the format it had
-    (raises FormatChanged: another template or key could render a string the
-    removed tag handed out, and its tombstone's ``max_id`` fences only the numbers).
-    ``old`` is the tombstone's (options, secret, kind); kind '' is a tombstone made
-    before kinds were kept, taken as any kind."""
-    old_options, old_secret, old_kind = old
-    if old_kind and old_kind != kind:
-        raise KindKept(tag, old_kind, kind)
-    if old_options == options and old_secret == secret:
-        return
-    before = f"with the format {old_options}" if old_options else "as a plain tag (no format)"
-    raise FormatChanged(tag, f"(removed) {before}")
 
 
 def period_rows_between(tag: str) -> tuple[str, str]:

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 from .errors import StoreUnavailable
 from .keys import Keys
-from .lease_store import hash_secret, new_secret
+from .lease_store import SAME_LUA, hash_secret, new_secret
 
 # KEYS[1] = workers hash, KEYS[2] = the tag's lease key (largest TTL ever granted).
 # ARGV[1] = op (init, lift, grant, renew, release), ARGV[2] = lease TTL ms (a grant's; a
@@ -56,7 +56,7 @@ from .lease_store import hash_secret, new_secret
 # this holder (0: none); renew, release: ARGV[5] =
 # worker ID, ARGV[6] = last unix ms used, ARGV[7] = the hash of the secret shown; lift:
 # ARGV[5] = the incarnation init saw, ARGV[6] = the quarantine's end init set.
-_WORKERS = """
+_WORKERS = SAME_LUA + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local server = redis.call('INFO', 'server')
@@ -192,12 +192,6 @@ end
 if hash == '' then
   return {'lost', 'the lease was granted before worker secrets (or by an older node): ' ..
     'it cannot be renewed; ask for a new worker ID'}
-end
-local function same(a, b)  -- constant time: how long it takes says nothing of where they differ
-  if #a ~= #b then return false end
-  local diff = 0
-  for i = 1, #a do diff = bit.bor(diff, bit.bxor(string.byte(a, i), string.byte(b, i))) end
-  return diff == 0
 end
 if not same(hash, ARGV[7]) then return {'wrong_secret', 'not the secret of this lease'} end
 -- A lease written before TTLs were recorded renews by the caller's TTL (as before).

@@ -8,15 +8,12 @@ never appears in a log line or an error body.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from datetime import datetime
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from idpool.pool.claims import disable_tag, enable_tag, move_start, remove_tag
 from idpool.pool.errors import InvalidInput
@@ -25,10 +22,10 @@ from idpool.pool.tokens import hash_token, new_token
 from idpool.pool.values import TagRow
 from idpool.pool.waste import Reason
 
+from . import preamble
 from .decode import decode_issued, kind_fields
-from .errors import HttpRefusal, error, json_response
+from .errors import error, json_response
 from .formats import describe, split_periods
-from .runtime import Runtime
 from .tag_fields import check_int, check_range_change, check_removable, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
@@ -55,39 +52,19 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise InvalidInput(
-            "bad_body", 'send a JSON object, e.g. {"tag": "orders", "step": 1000}'
-        ) from None
-    if not isinstance(body, dict):
-        raise InvalidInput("bad_body", "the body must be a JSON object")
-    return body
+    return await preamble.json_object(
+        request,
+        'send a JSON object, e.g. {"tag": "orders", "step": 1000}',
+        "the body must be a JSON object",
+    )
 
 
 def _when(at: datetime) -> str:
     return at.isoformat()
 
 
-def _admitted(request: Request) -> Runtime:
-    """The runtime, for a request showing the admin token; else raises the refusal."""
-    run: Runtime = request.state.run
-    token = run.settings.admin_token.encode()
-    if not token:
-        raise HttpRefusal("admin_off", "the admin API is off: set IDPOOL_ADMIN_TOKEN to use it")
-    scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(credential.encode(), token):
-        raise HttpRefusal(
-            "unauthorized",
-            "send Authorization: Bearer <IDPOOL_ADMIN_TOKEN>",
-            {"www-authenticate": "Bearer"},
-        )
-    return run
-
-
 async def list_tags(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tags, periods = split_periods(await run.ledger.list_tags())
     shown = []
     for row in tags:
@@ -101,7 +78,7 @@ async def list_tags(request: Request) -> Response:
 
 
 async def add_tag(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     lease_ms = int(run.settings.worker_lease_seconds * 1000)  # a snowflake tag's, for good
     spec = new_tag(await _body(request), run.settings.default_step, lease_ms=lease_ms)
     row = await spec.create(run.ledger, run.pool)
@@ -109,7 +86,7 @@ async def add_tag(request: Request) -> Response:
 
 
 async def change_tag(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tag = check_tag(request.path_params["tag"])
     body = await _body(request)
     if not body or not set(body) <= _CHANGE_FIELDS:
@@ -141,7 +118,7 @@ async def change_tag(request: Request) -> Response:
 
 
 async def decode_id(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tag = check_tag(request.path_params["tag"])
     values = request.query_params.getlist("value")
     if len(values) != 1:
@@ -150,7 +127,7 @@ async def decode_id(request: Request) -> Response:
 
 
 async def remove(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tag = check_tag(request.path_params["tag"])
     check_removable(await run.ledger.get_tag(tag))  # a tag's kind never changes
     row, drained = await remove_tag(run.ledger, run.pool, tag)
@@ -160,7 +137,7 @@ async def remove(request: Request) -> Response:
 
 
 async def add_token(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tag = check_tag(request.path_params["tag"])
     token_id, token = new_token()
     row = await run.ledger.add_token(tag, token_id, hash_token(token))
@@ -173,7 +150,7 @@ async def add_token(request: Request) -> Response:
 
 
 async def list_tokens(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tag = check_tag(request.path_params["tag"])
     await run.ledger.get_tag(tag)
     rows = await run.ledger.list_tokens(tag)
@@ -182,7 +159,7 @@ async def list_tokens(request: Request) -> Response:
 
 
 async def revoke_token(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     tag = check_tag(request.path_params["tag"])
     token_id = request.path_params["token_id"]
     revoked = await run.ledger.revoke_token(tag, token_id[:16])
@@ -193,7 +170,7 @@ async def revoke_token(request: Request) -> Response:
 
 
 async def drain(request: Request) -> Response:
-    run = _admitted(request)
+    run = preamble.admitted(request)
     report = await run.drain()  # every worker of the node drains (service/drain.py)
     return json_response(
         {
@@ -202,16 +179,3 @@ async def drain(request: Request) -> Response:
             "abandoned": [f"{tag}={r.to_text()}" for tag, r in report.abandoned],
         }
     )
-
-
-ROUTES = [
-    Route("/admin/tags", list_tags, methods=["GET"]),
-    Route("/admin/tags", add_tag, methods=["POST"]),
-    Route("/admin/tags/{tag}", change_tag, methods=["PATCH"]),
-    Route("/admin/tags/{tag}", remove, methods=["DELETE"]),
-    Route("/admin/tags/{tag}/decode", decode_id, methods=["GET"]),
-    Route("/admin/tags/{tag}/tokens", add_token, methods=["POST"]),
-    Route("/admin/tags/{tag}/tokens", list_tokens, methods=["GET"]),
-    Route("/admin/tags/{tag}/tokens/{token_id}", revoke_token, methods=["DELETE"]),
-    Route("/admin/drain", drain, methods=["POST"]),
-]

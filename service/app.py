@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import orjson
@@ -24,16 +24,16 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 from starlette.types import Lifespan, Message, Receive, Scope, Send
 
 from idpool.pool.errors import IdPoolError, InvalidInput
-from idpool.pool.ranges import TAG_RULE, is_valid_tag
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
-from . import admin, auth, decode, leases, metrics, status_page, workers
+from . import auth, metrics, preamble, status_page
 from .errors import (
+    ANSWERS,
     ERROR_HEADER_RAW,
     HttpRefusal,
     answer_error,
@@ -46,7 +46,6 @@ from .errors import (
 from .kinds import spec_of
 from .node import Node
 from .runtime import Runtime, StoreOpener, open_runtime
-from .stats import route_of
 
 
 def _head_refused() -> HttpRefusal:
@@ -57,14 +56,6 @@ def _head_refused() -> HttpRefusal:
         "use GET: a HEAD here would use up IDs; probe /readyz or /healthz instead",
         {"allow": "GET"},
     )
-
-
-def checked_tag(request: Request) -> str:
-    """The path's tag; raises InvalidInput (400 bad_tag) for a malformed one."""
-    tag: str = request.path_params["tag"]
-    if not is_valid_tag(tag):
-        raise InvalidInput("bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
-    return tag
 
 
 def _too_large(limit: int) -> str:
@@ -114,18 +105,6 @@ def _too_slow(seconds: float) -> str:
     )
 
 
-def _parse_count(request: Request, limit: int) -> int:
-    values = request.query_params.getlist("count")
-    if len(values) != 1:
-        raise InvalidInput("bad_count", f"give count exactly once, as an integer from 1 to {limit}")
-    raw = values[0]
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or not 1 <= int(raw) <= limit:
-        raise InvalidInput(
-            "bad_count", f"count must be an integer from 1 to {limit}, not {raw[:40]!r}"
-        )
-    return int(raw)
-
-
 _clock = time.perf_counter
 _LEAF_PREFIX = "/api/segment/get/"
 _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextResponse sends it
@@ -157,11 +136,13 @@ class NodeApp(Starlette):
         settings: Settings,
         stores: StoreOpener = open_stores,
         *,
-        routes: list[BaseRoute] | None = None,
+        routes: list[BaseRoute],
         lifespan: Lifespan[Starlette] | None = None,
+        label_of: Callable[[str], str] = lambda path: "other",
+        api_document: bytes = b"{}",
     ) -> None:
         super().__init__(
-            routes=ROUTES if routes is None else routes,
+            routes=routes,
             lifespan=open_runtime_while_serving if lifespan is None else lifespan,
             exception_handlers={
                 HTTPException: answer_http_error,
@@ -178,6 +159,8 @@ class NodeApp(Starlette):
         self.max_count = settings.max_count  # the largest /ids count the fast path answers
         self.max_body = settings.max_body_bytes  # the largest request body read
         self.body_seconds = settings.body_seconds  # how long a body may take to arrive
+        self.label_of = label_of  # a routed request's metrics label (routes.label_of)
+        self.api_document = api_document  # /openapi.json, built once
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         node = self.node
@@ -213,7 +196,7 @@ class NodeApp(Starlette):
             return
         if node is not None:
             counts, errors = node.stats.requests, node.stats.errors
-            route = route_of(scope["path"])
+            route, method = self.label_of(scope["path"]), scope["method"]
             answer_to = send
 
             async def counted(message: Message) -> None:
@@ -222,7 +205,10 @@ class NodeApp(Starlette):
                     if message["status"] >= 400:
                         for name, value in message.get("headers", ()):
                             if name == ERROR_HEADER_RAW:
-                                errors[(route, value.decode("latin-1"))] += 1
+                                code = value.decode("latin-1")
+                                errors[(route, code)] += 1
+                                if ANSWERS.recording:  # tests: is the code in the table?
+                                    ANSWERS.seen.append((scope.get("endpoint"), method, code))
                 await answer_to(message)
 
             send = counted
@@ -430,9 +416,8 @@ async def one_id(request: Request) -> Response:
     started = _clock()
     if request.method == "HEAD":
         raise _head_refused()
-    tag = checked_tag(request)
-    node: Node = request.state.run.node
-    await auth.check_token(node.tags, tag, request)
+    run, tag = await preamble.tag_request(request)
+    node = run.node
     value = await node.next_id(tag)
     if await request.is_disconnected():  # hung up while it waited: the ID is waste
         node.undelivered(tag, [value])
@@ -445,10 +430,10 @@ async def many_ids(request: Request) -> Response:
     started = _clock()
     if request.method == "HEAD":
         raise _head_refused()
-    tag = checked_tag(request)
+    tag = preamble.path_tag(request)
     run: Runtime = request.state.run
     try:
-        count = _parse_count(request, run.settings.max_count)
+        count = preamble.count(request, run.settings.max_count)
     except InvalidInput:
         # names the tag's own cap where it is below the node's
         await _kind_count(run.node, tag, request, run.settings.max_count)
@@ -521,7 +506,8 @@ async def metrics_text(request: Request) -> Response:
 
 
 async def openapi_json(request: Request) -> Response:
-    return Response(request.state.run.api_document, media_type="application/json")
+    app: NodeApp = request.app
+    return Response(app.api_document, media_type="application/json")
 
 
 @asynccontextmanager
@@ -540,22 +526,16 @@ async def open_runtime_while_serving(app: Starlette) -> AsyncIterator[dict[str, 
         await run.close()
 
 
-ROUTES = [
-    Route("/id/{tag}", one_id),
-    Route("/api/segment/get/{tag}", one_id),
-    Route("/ids/{tag}", many_ids),
-    Route("/healthz", healthz),
-    Route("/readyz", readyz),
-    Route("/status", status_html),
-    Route("/status.json", status_json),
-    Route("/metrics", metrics_text),
-    Route("/openapi.json", openapi_json),
-    *admin.ROUTES,
-    *leases.ROUTES,
-    *workers.ROUTES,
-    *decode.ROUTES,
-]
-
-
 def create_app(settings: Settings | None = None, *, stores: StoreOpener = open_stores) -> NodeApp:
-    return NodeApp(settings or Settings.from_env(), stores)
+    """The node's app: the routes, labels and /openapi.json of the route table."""
+    # Imported here, not above: the table names this module's handlers.
+    from . import openapi, routes
+
+    settings = settings or Settings.from_env()
+    return NodeApp(
+        settings,
+        stores,
+        routes=routes.starlette_routes(),
+        label_of=routes.label_of,
+        api_document=orjson.dumps(openapi.document(routes.TABLE, settings.max_count)),
+    )

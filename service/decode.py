@@ -20,7 +20,6 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from idpool.pool.errors import InvalidInput
 from idpool.pool.stores import LedgerStore
@@ -70,6 +69,3 @@ async def decode_id(request: Request) -> Response:
             f"here: {', '.join(public)} tags",
         )
     return json_response(decode(row, request.path_params["id"]))
-
-
-ROUTES = [Route("/decode/{tag}/{id}", decode_id, methods=["GET"])]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -39,178 +40,274 @@ logger = logging.getLogger("idpool.app")
 ROUTES_HINT = "GET /id/{tag}, GET /ids/{tag}?count=N, GET /api/segment/get/{tag}"
 
 
+class ErrorCode(StrEnum):
+    """Every code an error answer may carry: its body's ``error`` (a row of ERRORS each)."""
+
+    BAD_TAG = "bad_tag"
+    BAD_COUNT = "bad_count"
+    BAD_BODY = "bad_body"
+    BAD_STEP = "bad_step"
+    BAD_START = "bad_start"
+    BAD_MAX = "bad_max"
+    BAD_KIND = "bad_kind"
+    BAD_LAYOUT = "bad_layout"
+    BAD_ID = "bad_id"
+    NOT_DECODABLE = "not_decodable"
+    WRONG_KIND = "wrong_kind"
+    BAD_DESCRIPTION = "bad_description"
+    BAD_FORMAT = "bad_format"
+    BAD_RESET = "bad_reset"
+    BAD_OBFUSCATE = "bad_obfuscate"
+    BAD_VALUE = "bad_value"
+    BAD_DISABLED = "bad_disabled"
+    BAD_LEASE = "bad_lease"
+    BAD_SECRET = "bad_secret"
+    BAD_FROM = "bad_from"
+    OUTSIDE_LEASE = "outside_lease"
+    WRONG_TAG = "wrong_tag"
+    UNAUTHORIZED = "unauthorized"
+    UNKNOWN_TAG = "unknown_tag"
+    WRONG_SECRET = "wrong_secret"
+    KEY_NEEDS_TOKEN = "key_needs_token"
+    UNKNOWN_TOKEN = "unknown_token"
+    ADMIN_OFF = "admin_off"
+    NOT_FOUND = "not_found"
+    HTTP_ERROR = "http_error"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    TAG_EXISTS = "tag_exists"
+    START_BELOW_ISSUED = "start_below_issued"
+    START_ON_RESET = "start_on_reset"
+    FORMAT_CHANGED = "format_changed"
+    NAME_USED = "name_used"
+    WORKER_LOST = "worker_lost"
+    START_ABOVE_MAX = "start_above_max"
+    UNKNOWN_LEASE = "unknown_lease"
+    ALREADY_RETURNED = "already_returned"
+    STRICT_TAG = "strict_tag"
+    TAG_DISABLED = "tag_disabled"
+    BODY_TOO_SLOW = "body_too_slow"
+    BODY_TOO_LARGE = "body_too_large"
+    TAG_EXHAUSTED = "tag_exhausted"
+    DRAINING = "draining"
+    NOT_READY = "not_ready"
+    LEASES_UNAVAILABLE = "leases_unavailable"
+    WORKER_UNAVAILABLE = "worker_unavailable"
+    CLOCK_BEHIND = "clock_behind"
+    UNAVAILABLE = "unavailable"
+
+
 class HttpRefusal(Exception):
     """A request refused for a reason only HTTP has; ``code`` is a row of ERRORS."""
 
     def __init__(self, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = ErrorCode(code)  # a code not in the table fails here, where it is raised
         self.headers = headers or {}
 
 
 @dataclass(frozen=True)
 class ErrorRow:
-    code: str
+    code: ErrorCode
     status: int
     why: str  # for the OpenAPI description
     raised_by: type[Exception] | None = None  # the error type answered with this row
 
 
 ERRORS: tuple[ErrorRow, ...] = (
-    ErrorRow("bad_tag", 400, "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -"),
+    ErrorRow(ErrorCode.BAD_TAG, 400, "the tag is not 1-64 characters of A-Z a-z 0-9 _ . -"),
     ErrorRow(
-        "bad_count",
+        ErrorCode.BAD_COUNT,
         400,
         "count missing, repeated, not an integer, or out of range (a snowflake tag: at most "
         "what one worker ID makes in 500 ms)",
     ),
-    ErrorRow("bad_body", 400, "the body is not a JSON object, or names a field it does not take"),
-    ErrorRow("bad_step", 400, "step is not an integer in range"),
-    ErrorRow("bad_start", 400, "start is not an integer in range"),
-    ErrorRow("bad_max", 400, "max is not an integer in range, or below start"),
     ErrorRow(
-        "bad_kind", 400, "kind is not a kind of ID this node knows (segment, strict, snowflake)"
+        ErrorCode.BAD_BODY, 400, "the body is not a JSON object, or names a field it does not take"
+    ),
+    ErrorRow(ErrorCode.BAD_STEP, 400, "step is not an integer in range"),
+    ErrorRow(ErrorCode.BAD_START, 400, "start is not an integer in range"),
+    ErrorRow(ErrorCode.BAD_MAX, 400, "max is not an integer in range, or below start"),
+    ErrorRow(
+        ErrorCode.BAD_KIND,
+        400,
+        "kind is not a kind of ID this node knows (segment, strict, snowflake)",
     ),
     ErrorRow(
-        "bad_layout",
+        ErrorCode.BAD_LAYOUT,
         400,
         "a snowflake layout field is out of range, its bits add up past 63, its epoch is "
         "in the future, or it lasts less than a year",
     ),
     ErrorRow(
-        "bad_id",
+        ErrorCode.BAD_ID,
         400,
         "the ID is not one the tag's layout can have made: not an integer of its bits, "
         "time unit 0 (its epoch), or a time over a minute ahead of now",
     ),
     ErrorRow(
-        "not_decodable", 400, "GET /decode decodes snowflake IDs only (others: admin decode)"
+        ErrorCode.NOT_DECODABLE,
+        400,
+        "GET /decode decodes snowflake IDs only (others: admin decode)",
     ),
     ErrorRow(
-        "wrong_kind", 400, "the call is for another kind of tag (e.g. a lease of a snowflake tag)"
+        ErrorCode.WRONG_KIND,
+        400,
+        "the call is for another kind of tag (e.g. a lease of a snowflake tag)",
     ),
-    ErrorRow("bad_description", 400, "description is not a string of at most 255"),
+    ErrorRow(ErrorCode.BAD_DESCRIPTION, 400, "description is not a string of at most 255"),
     ErrorRow(
-        "bad_format",
+        ErrorCode.BAD_FORMAT,
         400,
         "format is not a template with one {id} (unknown field, bad spec, literal braces, "
         "over 128 characters)",
     ),
     ErrorRow(
-        "bad_reset", 400, "reset is not daily, monthly or yearly, or the format lacks its date"
+        ErrorCode.BAD_RESET,
+        400,
+        "reset is not daily, monthly or yearly, or the format lacks its date",
     ),
-    ErrorRow("bad_obfuscate", 400, "obfuscate is not true or false"),
+    ErrorRow(ErrorCode.BAD_OBFUSCATE, 400, "obfuscate is not true or false"),
     ErrorRow(
-        "bad_value",
+        ErrorCode.BAD_VALUE,
         400,
         "decode: the value is not an ID this tag's format makes, or its number was never issued",
     ),
-    ErrorRow("bad_disabled", 400, "disabled is not true or false"),
-    ErrorRow("bad_lease", 400, "lease is not an id POST /lease/{tag} answered"),
+    ErrorRow(ErrorCode.BAD_DISABLED, 400, "disabled is not true or false"),
+    ErrorRow(ErrorCode.BAD_LEASE, 400, "lease is not an id POST /lease/{tag} answered"),
     ErrorRow(
-        "bad_secret",
+        ErrorCode.BAD_SECRET,
         400,
         "secret missing, or not a secret POST /lease/{tag} or POST /worker/{tag} answered",
     ),
-    ErrorRow("bad_from", 400, "from is not an integer"),
-    ErrorRow("outside_lease", 400, "from is not between the lease's first ID and its last + 1"),
-    ErrorRow("wrong_tag", 400, "the lease is another tag's"),
+    ErrorRow(ErrorCode.BAD_FROM, 400, "from is not an integer"),
     ErrorRow(
-        "unauthorized",
+        ErrorCode.OUTSIDE_LEASE, 400, "from is not between the lease's first ID and its last + 1"
+    ),
+    ErrorRow(ErrorCode.WRONG_TAG, 400, "the lease is another tag's"),
+    ErrorRow(
+        ErrorCode.UNAUTHORIZED,
         401,
         "missing or wrong token (the admin token; or the tag's own, for a tag with tokens)",
     ),
-    ErrorRow("unknown_tag", 404, "no such tag (idpool tag add TAG)", UnknownTag),
+    ErrorRow(ErrorCode.UNKNOWN_TAG, 404, "no such tag (idpool tag add TAG)", UnknownTag),
     ErrorRow(
-        "wrong_secret",
+        ErrorCode.WRONG_SECRET,
         403,
         "the secret is not this lease's or worker lease's (only its answer gives it); "
         "nothing changed",
     ),
     ErrorRow(
-        "key_needs_token",
+        ErrorCode.KEY_NEEDS_TOKEN,
         403,
         "an obfuscated tag's lease carries its key, which goes only to a holder of one of "
         "its tokens: the tag has none (idpool tag token add TAG), or ask a node for each ID",
     ),
-    ErrorRow("unknown_token", 404, "the tag has no token with this id"),
-    ErrorRow("admin_off", 404, "the admin API is off (no IDPOOL_ADMIN_TOKEN)"),
-    ErrorRow("not_found", 404, "no such path"),
-    ErrorRow("http_error", 400, "another refusal of the HTTP layer (its status and detail)"),
+    ErrorRow(ErrorCode.UNKNOWN_TOKEN, 404, "the tag has no token with this id"),
+    ErrorRow(ErrorCode.ADMIN_OFF, 404, "the admin API is off (no IDPOOL_ADMIN_TOKEN)"),
+    ErrorRow(ErrorCode.NOT_FOUND, 404, "no such path"),
     ErrorRow(
-        "method_not_allowed",
+        ErrorCode.HTTP_ERROR, 400, "another refusal of the HTTP layer (its status and detail)"
+    ),
+    ErrorRow(
+        ErrorCode.METHOD_NOT_ALLOWED,
         405,
         "wrong method; Allow lists every method the path takes "
         "(not HEAD on /id and /ids: it would use up IDs)",
     ),
-    ErrorRow("tag_exists", 409, "the tag exists", TagExists),
-    ErrorRow("start_below_issued", 409, "a start may only move forward", StartBelowIssued),
+    ErrorRow(ErrorCode.TAG_EXISTS, 409, "the tag exists", TagExists),
+    ErrorRow(ErrorCode.START_BELOW_ISSUED, 409, "a start may only move forward", StartBelowIssued),
     ErrorRow(
-        "start_on_reset",
+        ErrorCode.START_ON_RESET,
         409,
         "a tag with a reset restarts {id} at its start each period: its start cannot move",
     ),
     ErrorRow(
-        "format_changed",
+        ErrorCode.FORMAT_CHANGED,
         409,
         "the name was used before with another format (or none): add it with the same "
         "format, reset, obfuscate and max, or choose a new name",
     ),
     ErrorRow(
-        "name_used",
+        ErrorCode.NAME_USED,
         409,
         "a name that issued IDs before, added again as another kind (a name keeps its "
         "kind), or as a snowflake tag (its clock-made IDs could repeat them): choose a new name",
     ),
-    ErrorRow("worker_lost", 409, "the worker ID's lease is gone: stop making IDs with it"),
+    ErrorRow(ErrorCode.WORKER_LOST, 409, "the worker ID's lease is gone: stop making IDs with it"),
     ErrorRow(
-        "start_above_max", 409, "a start past the tag's max would leave it no ID", StartAboveMax
+        ErrorCode.START_ABOVE_MAX,
+        409,
+        "a start past the tag's max would leave it no ID",
+        StartAboveMax,
     ),
-    ErrorRow("unknown_lease", 409, "no such lease: forged, expired, or Redis restarted since"),
-    ErrorRow("already_returned", 409, "returned before; a retried return has succeeded"),
     ErrorRow(
-        "strict_tag",
+        ErrorCode.UNKNOWN_LEASE, 409, "no such lease: forged, expired, or Redis restarted since"
+    ),
+    ErrorRow(ErrorCode.ALREADY_RETURNED, 409, "returned before; a retried return has succeeded"),
+    ErrorRow(
+        ErrorCode.STRICT_TAG,
         409,
         "the tag is strict: client libraries cannot lease its IDs (ask a node for each ID)",
     ),
-    ErrorRow("tag_disabled", 410, "an operator disabled the tag", TagDisabled),
+    ErrorRow(ErrorCode.TAG_DISABLED, 410, "an operator disabled the tag", TagDisabled),
     ErrorRow(
-        "body_too_slow", 408, "the body did not arrive whole within IDPOOL_BODY_SECONDS (10 s)"
+        ErrorCode.BODY_TOO_SLOW,
+        408,
+        "the body did not arrive whole within IDPOOL_BODY_SECONDS (10 s)",
     ),
     ErrorRow(
-        "body_too_large", 413, "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread"
+        ErrorCode.BODY_TOO_LARGE,
+        413,
+        "the body is over IDPOOL_MAX_BODY_BYTES (64 KiB); refused unread",
     ),
     ErrorRow(
-        "tag_exhausted",
+        ErrorCode.TAG_EXHAUSTED,
         503,
         "the tag handed out every ID up to its max; other tags are served",
         TagExhausted,
     ),
-    ErrorRow("draining", 503, "the node is shutting down; retry on another node", Draining),
-    ErrorRow("not_ready", 503, "the node is starting or stopping, or has no IDs and no pool"),
-    ErrorRow("leases_unavailable", 503, "leases need Redis; this node runs embedded"),
+    ErrorRow(ErrorCode.DRAINING, 503, "the node is shutting down; retry on another node", Draining),
     ErrorRow(
-        "worker_unavailable",
+        ErrorCode.NOT_READY, 503, "the node is starting or stopping, or has no IDs and no pool"
+    ),
+    ErrorRow(ErrorCode.LEASES_UNAVAILABLE, 503, "leases need Redis; this node runs embedded"),
+    ErrorRow(
+        ErrorCode.WORKER_UNAVAILABLE,
         503,
         "a snowflake tag has no worker ID here: not granted (Redis down, every worker ID "
         "held, or the quarantine after a Redis restart), or its lease could not be renewed",
         WorkerLeaseLost,
     ),
     ErrorRow(
-        "clock_behind",
+        ErrorCode.CLOCK_BEHIND,
         503,
         "this node's clock is behind the last time its snowflake worker ID used",
         ClockBehind,
     ),
     ErrorRow(
-        "unavailable",
+        ErrorCode.UNAVAILABLE,
         503,
         "no range could be had: the message names the store that is down",
         IdPoolError,  # every other IdPoolError: a store is down
     ),
 )
-BY_CODE = {row.code: row for row in ERRORS}
+BY_CODE: dict[str, ErrorRow] = {row.code: row for row in ERRORS}
+assert set(BY_CODE) == set(ErrorCode), "every ErrorCode has exactly one row"
 _BY_TYPE = {row.raised_by: row for row in ERRORS if row.raised_by is not None}
+
+
+class AnswerLog:
+    """For tests: while ``recording``, the node keeps every error it answers to a
+    routed request as (handler, method, code) in ``seen``, and ``tests/conftest.py``
+    checks each against the handler's row of the route table (``routes.unlisted``).
+    Off, it costs one attribute read per error answer."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.seen: list[tuple[object, str, str]] = []
+
+
+ANSWERS = AnswerLog()
 
 
 # An error answer's code, so the metrics can tell a tag at its max (503 tag_exhausted,
@@ -227,10 +324,12 @@ def json_response(body: object, status_code: int = 200) -> Response:
 def error(
     code: str, message: str, headers: dict[str, str] | None = None, status: int | None = None
 ) -> Response:
+    """The error answer for ``code``; one that is not an ErrorCode raises ValueError."""
+    row = BY_CODE[ErrorCode(code)]
     response = json_response(
-        {"error": code, "message": message}, BY_CODE[code].status if status is None else status
+        {"error": row.code, "message": message}, row.status if status is None else status
     )
-    response.headers[ERROR_HEADER] = code  # counted by error code (idpool_http_errors_total)
+    response.headers[ERROR_HEADER] = row.code  # counted by error code (idpool_http_errors_total)
     response.headers.update(headers or {})
     return response
 
@@ -251,14 +350,16 @@ def _allowed(request: Request) -> str:
 
 
 def row_of(exc: Exception) -> ErrorRow:
-    """The table's row for an exception: by its code, else by its nearest type."""
-    code = getattr(exc, "code", None)
-    if isinstance(exc, InvalidInput | HttpRefusal | LeaseRefused) and code in BY_CODE:
-        return BY_CODE[code]
+    """The table's row for an exception: by its code, else by its nearest type.
+
+    A code that is not an ErrorCode raises ValueError (a 500 with a traceback): a
+    typo in a ``raise InvalidInput(...)`` is a bug to see, not a quiet 503."""
+    if isinstance(exc, InvalidInput | HttpRefusal | LeaseRefused):
+        return BY_CODE[ErrorCode(exc.code)]
     for kind in type(exc).__mro__:
         if kind in _BY_TYPE:
             return _BY_TYPE[kind]
-    return BY_CODE["unavailable"]
+    return BY_CODE[ErrorCode.UNAVAILABLE]
 
 
 def message_of(exc: Exception, row: ErrorRow, tag: str, ledger: str = "") -> str:

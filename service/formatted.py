@@ -29,7 +29,8 @@ from idpool_client.formats import TagFormat, period_row
 
 from idpool.pool.claims import LedgerClaims, create_tag
 from idpool.pool.errors import FormatNotFenced, KindNotServed, TagExists
-from idpool.pool.values import name_fingerprint
+from idpool.pool.kind_rules import KindRules
+from idpool.pool.tag_rules import name_fingerprint
 
 from .buffer import Buffers
 from .formats import Id, format_of
@@ -41,11 +42,16 @@ class FormatFence:
     only with the format recorded for its name beside its mark."""
 
     def __init__(
-        self, tags: TagDirectory, claims: LedgerClaims, takes_format: Callable[[str], bool]
+        self,
+        tags: TagDirectory,
+        claims: LedgerClaims,
+        takes_format: Callable[[str], bool],
+        rules_of: Callable[[str], KindRules],
     ) -> None:
         self.tags = tags
         self.claims = claims
         self.takes_format = takes_format  # kind name -> may its rows carry a format
+        self.rules_of = rules_of  # kind name -> its rules (its record's prefix)
         # (tag, fingerprint) whose format this process checked in Redis: keyed on the
         # format too, so a row whose format differs from the one checked is checked
         # again (and refused), never taken as checked
@@ -67,7 +73,7 @@ class FormatFence:
             raise FormatNotFenced(tag, f"a {row.kind} tag has no format, and its row carries one")
         if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)
             raise FormatNotFenced(tag, "its row's format changed since this node read it")
-        fingerprint = name_fingerprint(row)
+        fingerprint = name_fingerprint(row, self.rules_of(row.kind))
         if (tag, fingerprint) in self._fenced:
             return
         marks = self.claims.marks
@@ -188,7 +194,7 @@ class FormattedTags:
                 start=parent.start_id,
                 description=f"{tag}: numbers of period {name.rpartition('@')[2]}",
                 end_id=parent.end_id,
-                kind=parent.kind,
+                rules=self.fence.rules_of(parent.kind),
             )
         except TagExists:  # another node made it first
             row = await claims.ledger.get_tag(name)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import (
     MarkNotReplicated,
     StoreBusy,
@@ -35,11 +35,14 @@ logger = logging.getLogger("idpool.health")
 
 
 class StoreHealth:
-    def __init__(self, ledger: LedgerStore, pool: PoolStore | None) -> None:
+    def __init__(
+        self, ledger: LedgerStore, pool: PoolStore | None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.ledger = ledger
         self.pool = pool
         self.ledger_name = store_name(ledger, "mysql")
         self.pool_name = None if pool is None else store_name(pool, "redis")
+        self.clock = clock  # the probes' schedule and the times errors are shown with
         # store -> answered its latest probe (or call); unknown stores count as up
         self.up: dict[str, bool] = {}
         self.last_error: dict[str, tuple[float, str]] = {}  # store -> (unix time, detail)
@@ -53,7 +56,7 @@ class StoreHealth:
         if isinstance(e, MarkNotReplicated | TooFewReplicas):
             # Redis answered; too few replicas are online for a raise to count,
             # or acknowledged one (a replica online but not answering).
-            self.last_mark_refused = (time.time(), e.detail)
+            self.last_mark_refused = (self.clock.now(), e.detail)
             return
         if isinstance(e, StoreBusy | StoreSkipped | StrictNotConfirmed):
             # busy (the store answers), not tried, or a strict take a cluster shard's
@@ -63,7 +66,7 @@ class StoreHealth:
         if self.up.get(e.store, True):
             logger.warning("event=store_down store=%s detail=%r", e.store, e.detail)
         self.up[e.store] = False
-        self.last_error[e.store] = (time.time(), e.detail)
+        self.last_error[e.store] = (self.clock.now(), e.detail)
 
     def answered(self, store: str) -> None:
         if self.up.get(store) is False:
@@ -105,8 +108,9 @@ class StoreHealth:
     async def probe_soon(self, max_age: float = 0.5, timeout: float = 0.5) -> None:
         """Probe now unless a probe ran within ``max_age`` s, waiting at most
         ``timeout``: a 503 should name every store that is down, also in the
-        second before the background probe notices."""
-        now = time.monotonic()
+        second before the background probe notices. (The wait is real time: it
+        bounds a call to a real store.)"""
+        now = self.clock.monotonic()
         if now - self._probed_at < max_age:
             return
         self._probed_at = now
@@ -116,7 +120,7 @@ class StoreHealth:
     async def run(self) -> None:
         while True:
             await self.probe()
-            await asyncio.sleep(PROBE_EVERY)
+            await self.clock.sleep(PROBE_EVERY)
 
     async def _probe_pool(self) -> None:
         assert self.pool is not None

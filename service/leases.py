@@ -26,7 +26,6 @@ import orjson
 from idpool_client.formats import period_of_row
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from idpool.pool.errors import (
     Draining,
@@ -283,10 +282,3 @@ async def give_back(request: Request) -> Response:
             "count": 0 if tail is None else len(tail),
         }
     )
-
-
-# /lease/return first: a tag named "return" cannot be leased over HTTP.
-ROUTES = [
-    Route("/lease/return", give_back, methods=["POST"]),
-    Route("/lease/{tag}", lease, methods=["POST"]),
-]

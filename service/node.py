@@ -41,6 +41,7 @@ from .kinds import (
     SegmentKind,
     Stops,
     TakesFromMemory,
+    rules_of,
     spec_of,
 )
 from .source import RangeSource
@@ -85,13 +86,15 @@ class Node:
         self.waste = source.waste
         self.health = source.health
         self.prefetch_at = prefetch_at
-        self.tags = tags or TagDirectory(source.claims.ledger, clock=clock)
+        self.tags = tags or TagDirectory(source.claims.ledger, clock=clock, rules_of=rules_of)
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
         self.draining = False
         # every name's format fence (formats.py), checked before a tag is first served
-        self.fence = FormatFence(self.tags, source.claims, lambda kind: spec_of(kind).formats)
+        self.fence = FormatFence(
+            self.tags, source.claims, lambda kind: spec_of(kind).formats, rules_of
+        )
         # What the kinds may reach: built before them, never the Node itself.
         self.context = KindContext(
             tags=self.tags,

@@ -1,28 +1,75 @@
-"""The OpenAPI 3.0 description of a node's HTTP API, served at ``/openapi.json``.
+"""The OpenAPI 3.0 description of a node's HTTP API, served at ``/openapi.json``,
+built from the route table (``service/routes.py``) and the error table
+(``service/errors.py``): each route's path, method, summary, parameters, answer
+and error codes are declared once in its row; this module only turns rows into
+the document. The schemas of one route are in ``service/api_schemas.py``; those
+several routes share are named here.
 
-Written by hand next to the routes rather than generated from them: the fast
-path in ``app.py`` answers before routing, and the interesting part (which
-error codes each route answers, and why) is not in any signature.
-``tests/test_openapi.py`` checks that every Starlette route is described here
-and runs schemathesis against a live node to check the answers match.
+``tests/test_openapi.py`` checks that every Starlette route is described and
+runs schemathesis against a live node to check the answers match.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
 
-from idpool_client.formats import MAX_TEMPLATE, RESETS
+from idpool_client.formats import RESETS
 
-from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
-from idpool.pool.snowflake import LAYOUT_RANGES, LAYOUTS
+from idpool.pool.ranges import TAG_PATTERN
 
 from . import metrics
-from .errors import BY_CODE
-from .kinds import DEFAULT_KIND, KINDS
+from .errors import BY_CODE, ErrorCode
 
 Schema = dict[str, Any]
+# A query parameter, or one made from the node's IDPOOL_MAX_COUNT (the /ids count)
+Param = Schema | Callable[[int], Schema]
 
-_ERROR: Schema = {
+
+class Access(Enum):
+    """Who may call a route: anyone; a tag's token holder (for a tag with tokens);
+    the operator with IDPOOL_ADMIN_TOKEN."""
+
+    PUBLIC = "public"
+    TAG = "tag"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Ok:
+    """A route's answer when it succeeds."""
+
+    description: str
+    schema: Schema
+    media: str = "application/json"
+    status: str = "200"
+
+
+class Described(Protocol):
+    """What the document needs of a row of the route table."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def answer(self) -> Ok: ...
+    @property
+    def errors(self) -> Sequence[ErrorCode]: ...
+    @property
+    def access(self) -> Access: ...
+    @property
+    def query(self) -> Sequence[Param]: ...
+    @property
+    def body(self) -> Schema | None: ...
+
+
+ERROR: Schema = {
     "type": "object",
     "required": ["error", "message"],
     "properties": {
@@ -31,7 +78,7 @@ _ERROR: Schema = {
     },
     "additionalProperties": False,
 }
-_TAG_ROW: Schema = {
+TAG_ROW: Schema = {
     "type": "object",
     "required": [
         "tag",
@@ -90,28 +137,16 @@ _TAG_ROW: Schema = {
         },
     },
 }
-# An ID: an integer, or a string for a tag with a format template
-_ID: Schema = {"oneOf": [{"type": "integer"}, {"type": "string"}]}
-_FORMAT: Schema = {
-    "type": "object",
-    "description": "a formatted tag's rendering, for the client to render as the node "
-    "does (idpool_client/formats.py); key: the obfuscation key, hex",
-    "properties": {
-        "template": {"type": "string", "nullable": True},
-        "reset": {"type": "string", "nullable": True},
-        "obfuscate": {"type": "boolean"},
-        "max": {"type": "integer"},
-        "key": {"type": "string"},
-    },
-}
-_TAG_PARAM: Schema = {
+TAG_ROW_REF: Schema = {"$ref": "#/components/schemas/TagRow"}
+TEXT: Schema = {"type": "string"}
+TAG_PARAM: Schema = {
     "name": "tag",
     "in": "path",
     "required": True,
     "description": "1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit",
     "schema": {"type": "string", "pattern": f"^{TAG_PATTERN.pattern}$"},
 }
-_TOKEN_PARAM: Schema = {
+TOKEN_PARAM: Schema = {
     "name": "token",
     "in": "query",
     "required": False,
@@ -119,193 +154,19 @@ _TOKEN_PARAM: Schema = {
     "(Authorization: Bearer <token> works too); only for tags that have tokens",
     "schema": {"type": "string"},
 }
-
-
-def _error(status: str, *codes: str) -> tuple[str, Schema]:
-    """One status's answer, described from the error table (service/errors.py)."""
-    assert all(BY_CODE[code].status == int(status) for code in codes), codes
-    why = "; ".join(f"`{code}`: {BY_CODE[code].why}" for code in codes)
-    return status, {
-        "description": why,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-    }
-
-
-def _ok(description: str, media: str, schema: Schema, status: str = "200") -> tuple[str, Schema]:
-    return status, {"description": description, "content": {media: {"schema": schema}}}
-
-
-_TEXT: Schema = {"type": "string"}
-_ID_ERRORS = [
-    _error("400", "bad_tag", "bad_count"),
-    _error("401", "unauthorized"),
-    _error("404", "unknown_tag", "not_found"),
-    _error("405", "method_not_allowed"),
-    _error("410", "tag_disabled"),
-    _error("503", "unavailable", "tag_exhausted", "draining", "worker_unavailable", "clock_behind"),
-]
-_ADMIN_ERRORS = [
-    _error("401", "unauthorized"),
-    _error("404", "admin_off", "unknown_tag", "unknown_token", "not_found"),
-    _error("405", "method_not_allowed"),
-    _error("503", "unavailable"),
-]
-
-
-def _op(summary: str, answers: list[tuple[str, Schema]], **more: Any) -> Schema:
-    return {"summary": summary, "responses": dict(answers), **more}
-
-
-def _one_id(summary: str) -> Schema:
-    return _op(
-        summary,
-        [
-            _ok(
-                "one ID: decimal text, or the tag's format rendered",
-                "text/plain",
-                {"type": "string", "minLength": 1},
-            ),
-            *_ID_ERRORS,
-        ],  # fmt: skip
-        parameters=[_TAG_PARAM, _TOKEN_PARAM],
-        security=_TAG_SECURITY,
-    )
-
-
 # A tag with tokens needs one (bearer or the token parameter); one without, nothing.
-_TAG_SECURITY: list[Schema] = [{}, {"tag_token": []}]
-
-
-def _admin(summary: str, answers: list[tuple[str, Schema]], **more: Any) -> Schema:
-    return _op(summary, [*answers, *_ADMIN_ERRORS], security=[{"bearer": []}], **more)
-
-
-def _body(schema: Schema) -> Schema:
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-_RANGES: Schema = {"type": "array", "items": {"type": "string"}}
-# The answers of the lease and token routes
-_LEASES: Schema = {
-    "type": "object",
-    "required": ["tag", "count", "leases"],
-    "properties": {
-        "tag": {"type": "string"},
-        "count": {"type": "integer"},
-        "leases": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["lease", "secret", "first", "last"],
-                "properties": {
-                    "lease": {"type": "string"},
-                    "secret": {"type": "string"},
-                    "first": {"type": "integer"},
-                    "last": {"type": "integer"},
-                    "sequence": {
-                        "type": "string",
-                        "description": "a tag with a reset: the period's row (TAG@KEY) the "
-                        "numbers come from; give it as tag when returning the lease",
-                    },
-                },
-            },
-        },
-        "format": _FORMAT,
-        "period": {
-            "type": "object",
-            "description": "a tag with a reset: the UTC period the numbers belong to; "
-            "render them only with a date in [from, until) (unix seconds)",
-            "properties": {
-                "key": {"type": "string"},
-                "from": {"type": "number"},
-                "until": {"type": "number"},
-            },
-        },
-    },
+_SECURITY: dict[Access, list[Schema]] = {
+    Access.TAG: [{}, {"tag_token": []}],
+    Access.ADMIN: [{"bearer": []}],
 }
-
-_RETURNED: Schema = {
-    "type": "object",
-    "required": ["lease", "tag", "returned", "count"],
-    "properties": {
-        "lease": {"type": "string"},
-        "tag": {"type": "string"},
-        "returned": {
-            "type": "object",
-            "nullable": True,
-            "properties": {
-                "first": {"type": "integer"},
-                "last": {"type": "integer"},
-            },
-        },
-        "count": {"type": "integer"},
-    },
-}
-
-_NEW_TOKEN: Schema = {
-    "type": "object",
-    "required": ["tag", "id", "token", "created_at"],
-    "properties": {
-        "tag": {"type": "string"},
-        "id": {"type": "string"},
-        "token": {"type": "string"},
-        "created_at": {"type": "string"},
-    },
-}
-
-_TOKEN_IDS: Schema = {
-    "type": "object",
-    "required": ["tag", "tokens"],
-    "properties": {
-        "tag": {"type": "string"},
-        "tokens": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["id", "created_at"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "created_at": {"type": "string"},
-                },
-            },
-        },
-    },
-}
-
-_REVOKED: Schema = {
-    "type": "object",
-    "required": ["tag", "revoked"],
-    "properties": {
-        "tag": {"type": "string"},
-        "revoked": {"type": "string"},
-    },
-}
-
-_DRAINED: Schema = {
-    "type": "object",
-    "required": ["draining", "returned", "abandoned"],
-    "properties": {
-        "draining": {"type": "boolean"},
-        "returned": _RANGES,
-        "abandoned": _RANGES,
-    },
-}
+_PATH_PARAM = re.compile(r"\{(\w+)\}")
 
 
-_TAG_ROW_REF: Schema = {"$ref": "#/components/schemas/TagRow"}
-_REMOVED: Schema = {
-    "type": "object",
-    "required": ["tag", "removed", "wasted"],
-    "properties": {
-        "tag": {"type": "string"},
-        "removed": _TAG_ROW_REF,
-        "wasted": {"type": "integer"},
-    },
-}
-
-
-def document(max_count: int) -> Schema:
-    """The OpenAPI document of a node whose ``/ids`` takes up to ``max_count``."""
+def document(routes: Iterable[Described], max_count: int) -> Schema:
+    """The OpenAPI document of ``routes`` on a node whose ``/ids`` takes up to ``max_count``."""
+    paths: dict[str, Schema] = {}
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method.lower()] = operation(route, max_count)
     return {
         "openapi": "3.0.3",
         "info": {
@@ -314,511 +175,62 @@ def document(max_count: int) -> Schema:
             "description": "Distributed 64-bit IDs: unique across every node, roughly "
             "increasing. Errors are JSON {error, message}.",
         },
-        "paths": {
-            **_id_paths(max_count),
-            **_lease_paths(),
-            **_snowflake_paths(),
-            **_operator_paths(),
-            **_admin_paths(),
-        },
+        "paths": paths,
         "components": _COMPONENTS,
     }
 
 
-def _id_paths(max_count: int) -> Schema:
+def operation(route: Described, max_count: int) -> Schema:
+    """One route's operation: its answer, then one answer per status of its error codes."""
+    ok = route.answer
+    responses = {
+        ok.status: {"description": ok.description, "content": {ok.media: {"schema": ok.schema}}}
+    }
+    by_status: dict[int, list[ErrorCode]] = {}
+    for code in route.errors:
+        by_status.setdefault(BY_CODE[code].status, []).append(code)
+    for status, codes in by_status.items():
+        responses[str(status)] = _error_answer(codes)
+    op: Schema = {"summary": route.summary, "responses": responses}
+    if route.access in _SECURITY:
+        op["security"] = _SECURITY[route.access]
+    parameters = _parameters(route, max_count)
+    if parameters:
+        op["parameters"] = parameters
+    if route.body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": route.body}},
+        }
+    return op
+
+
+def _error_answer(codes: list[ErrorCode]) -> Schema:
+    """One status's error answer, described from the error table (service/errors.py)."""
     return {
-        "/id/{tag}": {"get": _one_id("One ID")},
-        "/api/segment/get/{tag}": {"get": _one_id("One ID (Meituan Leaf's path)")},
-        "/ids/{tag}": {
-            "get": _op(
-                "A batch of IDs, increasing within each range",
-                [
-                    _ok(
-                        "the IDs",
-                        "application/json",
-                        {
-                            "type": "object",
-                            "required": ["tag", "ids"],
-                            "properties": {
-                                "tag": {"type": "string"},
-                                "ids": {
-                                    "type": "array",
-                                    "items": _ID,
-                                    "description": "integers; strings for a tag with a "
-                                    "format template",
-                                },
-                            },
-                            "additionalProperties": False,
-                        },
-                    ),
-                    *_ID_ERRORS,
-                ],  # fmt: skip
-                security=_TAG_SECURITY,
-                parameters=[
-                    _TAG_PARAM,
-                    _TOKEN_PARAM,
-                    {
-                        "name": "count",
-                        "in": "query",
-                        "required": True,
-                        "schema": {"type": "integer", "minimum": 1, "maximum": max_count},
-                    },
-                ],
-            )
-        },
+        "description": "; ".join(f"`{code}`: {BY_CODE[code].why}" for code in codes),
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
     }
 
 
-def _lease_paths() -> Schema:
-    return {
-        "/lease/{tag}": {
-            "post": _op(
-                "Lease whole ranges covering about count IDs, for a client library",
-                [
-                    _ok(
-                        "the leases",
-                        "application/json",
-                        _LEASES,
-                    ),
-                    _error("400", "bad_tag", "bad_count", "wrong_kind"),
-                    *_ID_ERRORS[1:2],
-                    _error("403", "key_needs_token"),
-                    *_ID_ERRORS[2:-1],
-                    _error("408", "body_too_slow"),
-                    _error("409", "strict_tag"),
-                    _error("413", "body_too_large"),
-                    _error("503", "unavailable", "tag_exhausted", "draining", "leases_unavailable"),
-                ],  # fmt: skip
-                security=_TAG_SECURITY,
-                parameters=[
-                    _TAG_PARAM,
-                    _TOKEN_PARAM,
-                    {
-                        "name": "count",
-                        "in": "query",
-                        "required": False,
-                        "description": "IDs wanted (clamped to IDPOOL_CLIENT_MAX_COUNT); "
-                        "none: one range",
-                        "schema": {"type": "integer", "minimum": 1},
-                    },
-                ],  # fmt: skip
-            )
-        },
-        "/lease/return": {
-            "post": _op(
-                "Give back the unused tail of a lease, once",
-                [
-                    _ok(
-                        "what was returned",
-                        "application/json",
-                        _RETURNED,
-                    ),
-                    _error(
-                        "400",
-                        "bad_body",
-                        "bad_lease",
-                        "bad_secret",
-                        "bad_from",
-                        "bad_tag",
-                        "outside_lease",
-                        "wrong_tag",
-                    ),
-                    _error("401", "unauthorized"),
-                    _error("403", "wrong_secret"),
-                    _error("404", "unknown_tag", "not_found"),
-                    _error("405", "method_not_allowed"),
-                    _error("409", "unknown_lease", "already_returned"),
-                    _error("408", "body_too_slow"),
-                    _error("413", "body_too_large"),
-                    _error("503", "unavailable", "leases_unavailable"),
-                ],  # fmt: skip
-                requestBody=_body(
-                    {
-                        "type": "object",
-                        "required": ["lease", "secret", "tag", "from"],
-                        "properties": {
-                            "lease": {"type": "string"},
-                            "secret": {"type": "string"},
-                            "from": {"type": "integer"},
-                            "tag": {"type": "string"},
-                        },
-                    }
-                ),  # fmt: skip
-                security=_TAG_SECURITY,
-                parameters=[_TOKEN_PARAM],
-            )
-        },
-    }
-
-
-_WORKER: Schema = {
-    "type": "object",
-    "required": ["worker", "generation", "secret", "last_ms"],
-    "properties": {
-        "worker": {"type": "integer", "minimum": 0},
-        "generation": {"type": "integer", "minimum": 0},
-        "secret": {
-            "type": "string",
-            "description": "the secret POST /worker/{tag} answered (stored only hashed)",
-        },
-        "last_ms": {"type": "integer", "minimum": 0, "description": "last unix ms used"},
-    },
-}
-
-
-def _snowflake_paths() -> Schema:
-    change_errors = [
-        _error("400", "bad_tag", "bad_body", "bad_secret", "wrong_kind"),
-        _error("401", "unauthorized"),
-        _error("404", "unknown_tag", "not_found"),
-        _error("405", "method_not_allowed"),
-        _error("409", "worker_lost"),
-        _error("410", "tag_disabled"),
-        _error("503", "unavailable", "draining", "worker_unavailable"),
-        _error("403", "wrong_secret"),
+def _parameters(route: Described, max_count: int) -> list[Schema]:
+    """The path's parameters in order, the tag's token, then the query's."""
+    found = [
+        TAG_PARAM if name == "tag" else _path_param(name)
+        for name in _PATH_PARAM.findall(route.path)
     ]
-    grant: Schema = {
-        "type": "object",
-        "required": ["tag", "worker", "generation", "secret", "ttl_ms"],
-        "properties": {
-            "secret": {
-                "type": "string",
-                "description": "the lease's secret: renew and release must show it; "
-                "given only here, never logged",
-            }
-        },
-    }
-    changed: Schema = {"type": "object", "required": ["tag", "worker", "ttl_ms"]}
-    return {
-        "/worker/{tag}": {
-            "post": _op(
-                "Lease a worker ID of a snowflake tag, for a client that makes IDs in-process",
-                [
-                    _ok("the worker ID, its time floor and lease", "application/json", grant),
-                    _error("400", "bad_tag", "wrong_kind"),
-                    *change_errors[1:4],
-                    change_errors[5],
-                    _error("503", "unavailable", "draining", "worker_unavailable"),
-                ],
-                security=_TAG_SECURITY,
-                parameters=[_TAG_PARAM, _TOKEN_PARAM],
-            )
-        },
-        "/worker/{tag}/renew": {
-            "post": _op(
-                "Renew a worker ID's lease, with the last time used",
-                [_ok("renewed", "application/json", changed), *change_errors],
-                security=_TAG_SECURITY,
-                parameters=[_TAG_PARAM, _TOKEN_PARAM],
-                requestBody=_body(_WORKER),
-            )
-        },
-        "/worker/{tag}/release": {
-            "post": _op(
-                "Give a worker ID back, with the last time used",
-                [_ok("released", "application/json", changed), *change_errors],
-                security=_TAG_SECURITY,
-                parameters=[_TAG_PARAM, _TOKEN_PARAM],
-                requestBody=_body(_WORKER),
-            )
-        },
-        "/decode/{tag}/{id}": {
-            "get": _op(
-                "What an ID says: a snowflake ID's time, worker ID and sequence",
-                [
-                    _ok("the parts", "application/json", {"type": "object"}),
-                    _error("400", "bad_tag", "bad_id", "not_decodable"),
-                    _error("401", "unauthorized"),
-                    _error("404", "unknown_tag", "not_found"),
-                    _error("405", "method_not_allowed"),
-                    _error("410", "tag_disabled"),
-                    _error("503", "unavailable"),
-                ],
-                security=_TAG_SECURITY,
-                parameters=[
-                    _TAG_PARAM,
-                    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
-                    _TOKEN_PARAM,
-                ],
-            )
-        },
-    }
+    if route.access is Access.TAG:
+        found.append(TOKEN_PARAM)
+    found += [param(max_count) if callable(param) else param for param in route.query]
+    return found
 
 
-def _operator_paths() -> Schema:
-    return {
-        "/healthz": {"get": _op("Liveness", [_ok("ok", "text/plain", _TEXT)])},
-        "/readyz": {
-            "get": _op(
-                "Readiness: 503 while starting, draining, or with no IDs and no Redis",
-                [_ok("ready", "text/plain", _TEXT), _error("503", "not_ready")],
-            )
-        },
-        "/metrics": {"get": _op("Prometheus metrics", [_ok("exposition", "text/plain", _TEXT)])},
-        "/status": {"get": _op("Status page", [_ok("HTML page", "text/html", _TEXT)])},
-        "/status.json": {
-            "get": _op(
-                "The status page's data",
-                [
-                    _ok(
-                        "snapshot",
-                        "application/json",
-                        {
-                            "type": "object",
-                            "required": ["node", "stores", "tags"],
-                        },
-                    )
-                ],  # fmt: skip
-            )
-        },
-        "/openapi.json": {
-            "get": _op(
-                "This document", [_ok("OpenAPI 3.0", "application/json", {"type": "object"})]
-            )  # fmt: skip
-        },
-    }
-
-
-def _admin_paths() -> Schema:
-    new_tag: Schema = {
-        "type": "object",
-        "required": ["tag"],
-        "properties": {
-            "tag": {"type": "string", "pattern": f"^{TAG_PATTERN.pattern}$"},
-            "step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP},
-            "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
-            "max": {"type": "integer", "minimum": 1, "maximum": MAX_ID - 1, "nullable": True},
-            "description": {"type": "string", "maxLength": 255},
-            "kind": {"type": "string", "enum": list(KINDS), "default": DEFAULT_KIND},
-            "strict": {
-                "type": "boolean",
-                "default": False,
-                "description": "true: kind strict (IDs strictly increasing in real time "
-                "across every node; no client leases)",
-            },
-            "layout": {
-                "type": "string",
-                "enum": list(LAYOUTS),
-                "description": "snowflake tags: default (41 bits of ms, 10 worker, 12 "
-                "sequence) or js53 (37 bits of 10 ms, 8 worker, 8 sequence; below 2^53); "
-                "the fields below override it",
-            },
-            **{
-                field: {"type": "integer", "minimum": low, "maximum": high}
-                for field, (low, high) in LAYOUT_RANGES.items()
-            },
-            "format": {
-                "type": "string",
-                "nullable": True,
-                "maxLength": MAX_TEMPLATE,
-                "description": "a template with one {id} ({id:06d}, {id:b36}, {id:b62}) and "
-                "any {date:%Y%m%d} (UTC), e.g. INV-{date:%Y%m%d}-{id:06d}",
-            },
-            "reset": {
-                "type": "string",
-                "nullable": True,
-                "enum": [*RESETS, None],
-                "description": "restart {id} at 1 each UTC period; the format must show it",
-            },
-            "obfuscate": {
-                "type": "boolean",
-                "description": "unique numbers that do not show the count (a keyed "
-                "permutation of 1..max)",
-            },
-        },
-        "additionalProperties": False,
-    }
-    return {
-        "/admin/tags": {
-            "get": _admin(
-                "List tags",
-                [
-                    _ok(
-                        "every tag",
-                        "application/json",
-                        {
-                            "type": "object",
-                            "required": ["tags"],
-                            "properties": {"tags": {"type": "array", "items": _TAG_ROW_REF}},
-                        },
-                    )
-                ],  # fmt: skip
-            ),
-            "post": _admin(
-                "Create a tag",
-                [
-                    _ok("created", "application/json", _TAG_ROW_REF, "201"),
-                    _error(
-                        "400",
-                        "bad_body",
-                        "bad_tag",
-                        "bad_step",
-                        "bad_start",
-                        "bad_max",
-                        "bad_description",
-                        "bad_kind",
-                        "bad_layout",
-                        "bad_format",
-                        "bad_reset",
-                        "bad_obfuscate",
-                    ),
-                    _error("409", "tag_exists", "format_changed"),
-                    _error("408", "body_too_slow"),
-                    _error("413", "body_too_large"),
-                ],  # fmt: skip
-                requestBody=_body(new_tag),
-            ),
-        },
-        **_admin_tag_paths(),
-        **_admin_token_paths(),
-    }
-
-
-def _admin_tag_paths() -> Schema:
-    change: Schema = {
-        "type": "object",
-        "minProperties": 1,
-        "properties": {
-            "step": {"type": "integer", "minimum": 1, "maximum": MAX_STEP},
-            "start": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
-            "disabled": {"type": "boolean"},
-        },
-        "additionalProperties": False,
-    }
-    return {
-        "/admin/tags/{tag}": {
-            "patch": _admin(
-                "Change the step, move the start forward, disable or enable",
-                [
-                    _ok("the row after the change", "application/json", _TAG_ROW_REF),
-                    _error("400", "bad_body", "bad_tag", "bad_step", "bad_start", "bad_disabled"),
-                    _error("409", "start_below_issued", "start_above_max", "start_on_reset"),
-                    _error("408", "body_too_slow"),
-                    _error("413", "body_too_large"),
-                ],  # fmt: skip
-                parameters=[_TAG_PARAM],
-                requestBody=_body(change),
-            ),
-            "delete": _admin(
-                "Remove the tag for good: unknown from then on, its tokens dropped, its "
-                "ready ranges wasted; the name added again starts above all it issued",
-                [
-                    _ok(
-                        "the row as it was removed, and the ready IDs wasted",
-                        "application/json",
-                        _REMOVED,
-                    ),
-                    _error("400", "bad_tag", "wrong_kind"),
-                ],  # fmt: skip
-                parameters=[_TAG_PARAM],
-            ),
-        },
-        "/admin/tags/{tag}/decode": {
-            "get": _admin(
-                "An ID of the tag back to what it was made from (its sequence number)",
-                [
-                    _ok(
-                        "what the ID was made from",
-                        "application/json",
-                        {
-                            "type": "object",
-                            "required": ["tag", "kind", "value", "sequence"],
-                            "properties": {
-                                "tag": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "value": {"type": "string"},
-                                "sequence": {"type": "integer"},
-                                "period": {
-                                    "type": "string",
-                                    "description": "a reset tag's period key (its row TAG@KEY)",
-                                },
-                            },
-                        },
-                    ),
-                    _error("400", "bad_tag", "bad_value", "bad_id"),
-                ],  # fmt: skip
-                parameters=[
-                    _TAG_PARAM,
-                    {
-                        "name": "value",
-                        "in": "query",
-                        "required": True,
-                        "schema": {"type": "string"},
-                    },
-                ],
-            )
-        },
-    }
-
-
-def _admin_token_paths() -> Schema:
-    return {
-        "/admin/tags/{tag}/tokens": {
-            "post": _admin(
-                "Make a token for the tag; from then on the tag needs one",
-                [
-                    _ok(
-                        "the token: shown this once, stored only hashed",
-                        "application/json",
-                        _NEW_TOKEN,
-                        "201",
-                    ),
-                    _error("400", "bad_tag"),
-                ],  # fmt: skip
-                parameters=[_TAG_PARAM],
-            ),
-            "get": _admin(
-                "The tag's token ids (never the tokens)",
-                [
-                    _ok(
-                        "token ids",
-                        "application/json",
-                        _TOKEN_IDS,
-                    ),
-                    _error("400", "bad_tag"),
-                ],  # fmt: skip
-                parameters=[_TAG_PARAM],
-            ),
-        },
-        "/admin/tags/{tag}/tokens/{token_id}": {
-            "delete": _admin(
-                "Revoke one token",
-                [
-                    _ok(
-                        "revoked",
-                        "application/json",
-                        _REVOKED,
-                    ),
-                    _error("400", "bad_tag"),
-                ],  # fmt: skip
-                parameters=[
-                    _TAG_PARAM,
-                    {
-                        "name": "token_id",
-                        "in": "path",
-                        "required": True,
-                        "schema": {"type": "string"},
-                    },
-                ],  # fmt: skip
-            ),
-        },
-        "/admin/drain": {
-            "post": _admin(
-                "Stop serving here and return the remainders to the pool",
-                [
-                    _ok(
-                        "what was returned or abandoned",
-                        "application/json",
-                        _DRAINED,
-                    )
-                ],  # fmt: skip
-            )
-        },
-    }
+def _path_param(name: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
 _COMPONENTS: Schema = {
-    "schemas": {"Error": _ERROR, "TagRow": _TAG_ROW},
+    "schemas": {"Error": ERROR, "TagRow": TAG_ROW},
     "securitySchemes": {
         "bearer": {
             "type": "http",

@@ -12,22 +12,22 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import orjson
-
 from idpool.pool.claims import LedgerClaims
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.lease_store import LeaseStore
 from idpool.pool.preloader import Preloader
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.waste import WasteRecorder
 
-from . import metrics, openapi, status
+from . import metrics, status
 from .drain import DrainFlag
 from .errors import FailureLog
+from .health import StoreHealth
+from .kinds import rules_of
 from .node import Node, ShutdownReport, node_ttl
 from .source import RangeSource
 from .stats import NodeStats
@@ -50,7 +50,6 @@ class Runtime:
     pool: PoolStore
     preloader: Preloader
     store_reads: status.StoreReadsCache
-    api_document: bytes  # /openapi.json, built once
     failures: FailureLog = field(default_factory=FailureLog)
     # name -> (monotonic when rendered, body): /status and /metrics at most once a second
     rendered: dict[str, tuple[float, bytes]] = field(default_factory=dict)
@@ -59,6 +58,8 @@ class Runtime:
     # The node's drain, shared by its workers (None outside `idpool serve`)
     drain_flag: DrainFlag | None = field(default_factory=DrainFlag.from_env)
     _leases: LeaseStore | None = None
+    # The one clock of the preloader, the health probes, the snapshot and the render cache
+    clock: Clock = SYSTEM_CLOCK
 
     def lease_store(self) -> LeaseStore | None:
         """Where leases are recorded, made on the first lease; None in the
@@ -79,7 +80,7 @@ class Runtime:
         return self.drain_flag is not None and self.drain_flag.raised()
 
     async def snapshot(self) -> status.Snapshot:
-        return status.assemble(self.node, await self.store_reads.get())
+        return status.assemble(self.node, await self.store_reads.get(), clock=self.clock)
 
     async def render_once_a_second(
         self, name: str, render: Callable[[], Awaitable[bytes]]
@@ -89,8 +90,9 @@ class Runtime:
         tight loop rendering every time took most of it from /id. (/status.json
         is built fresh: tools account for IDs from it.)"""
         made = self.rendered.get(name)
-        if made is None or time.monotonic() - made[0] >= status.STORE_READS_SECONDS:
-            made = self.rendered[name] = (time.monotonic(), await render())
+        now = self.clock.monotonic()
+        if made is None or now - made[0] >= status.STORE_READS_SECONDS:
+            made = self.rendered[name] = (now, await render())
         return made[1]
 
     def start(self) -> None:
@@ -140,17 +142,22 @@ class Runtime:
         await self.ledger.close()
 
 
-async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
+async def open_runtime(
+    settings: Settings, stores: StoreOpener, clock: Clock = SYSTEM_CLOCK
+) -> Runtime:
     ledger, pool = await stores(settings)
     claims = LedgerClaims(ledger, pool)
     waste = WasteRecorder()  # one per process: the node's and the preloader's waste
-    preloader = Preloader(settings, ledger, pool, claims, waste)
+    preloader = Preloader(settings, ledger, pool, claims, waste, clock, rules_of=rules_of)
     stats = NodeStats()
-    source = RangeSource(claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste)
+    health = StoreHealth(ledger, pool, clock)
+    source = RangeSource(
+        claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste, health=health
+    )
     node = Node(
         source,
         prefetch_at=settings.prefetch_at,
-        tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl),
+        tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl, rules_of=rules_of),
         idle_seconds=settings.idle_seconds,
         reserve_seconds=settings.reserve_seconds,
         report_seconds=settings.report_seconds,
@@ -168,7 +175,8 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
     store_reads = status.StoreReadsCache(
         lambda: status.read_stores(
             ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
-        )
+        ),
+        clock,
     )
     return Runtime(
         settings=settings,
@@ -177,5 +185,5 @@ async def open_runtime(settings: Settings, stores: StoreOpener) -> Runtime:
         pool=pool,
         preloader=preloader,
         store_reads=store_reads,
-        api_document=orjson.dumps(openapi.document(settings.max_count)),
+        clock=clock,
     )

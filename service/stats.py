@@ -1,5 +1,6 @@
 """What a node counts, kept as plain numbers so counting costs almost nothing on
-the request path; `service/metrics.py` turns them into Prometheus series."""
+the request path; `service/metrics.py` turns them into Prometheus series. A
+request's ``route`` label comes from the route table (``routes.label_of``)."""
 
 from __future__ import annotations
 
@@ -54,30 +55,6 @@ class NodeStats:
         # (route, error code) -> error answers, e.g. ("id", "tag_exhausted")
         self.errors: Counter[tuple[str, str]] = Counter()
         self.started_at = time.time()
-
-
-_EXACT_ROUTES = {
-    "/healthz": "healthz",
-    "/readyz": "readyz",
-    "/status": "status",
-    "/status.json": "status_json",
-    "/metrics": "metrics",
-    "/openapi.json": "openapi",
-}
-
-
-def route_of(path: str) -> str:
-    """The ``route`` label of a request: a handful of names whatever the path
-    (a tag in a label would let any client grow the series without bound)."""
-    if path.startswith(("/id/", "/api/segment/get/")):
-        return "id"
-    if path.startswith("/ids/"):
-        return "ids"
-    if path.startswith("/admin/"):
-        return "admin"
-    if path.startswith("/lease/"):
-        return "lease"
-    return _EXACT_ROUTES.get(path, "other")
 
 
 def rates(history: Iterable[tuple[float, int]]) -> list[tuple[float, float]]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import StoreUnavailable
 from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.values import PoolSummary, TagRow
@@ -111,16 +111,19 @@ class StoreReadsCache:
     many scrapers call, the stores see at most one round a second. The node's
     own state (buffers, counters) is read fresh by every scrape."""
 
-    def __init__(self, read: Callable[[], Awaitable[StoreView]]) -> None:
+    def __init__(
+        self, read: Callable[[], Awaitable[StoreView]], clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._read = read
+        self._clock = clock
         self._task: asyncio.Task[StoreView] | None = None
         self._started_at = -STORE_READS_SECONDS
 
     async def get(self) -> StoreView:
         task = self._task
-        stale = time.monotonic() - self._started_at >= STORE_READS_SECONDS
+        stale = self._clock.monotonic() - self._started_at >= STORE_READS_SECONDS
         if task is None or (task.done() and stale):
-            self._started_at = time.monotonic()
+            self._started_at = self._clock.monotonic()
             task = self._task = asyncio.ensure_future(self._read())
         # shield: a scraper that hangs up must not cancel the reads others wait on
         return await asyncio.shield(task)
@@ -147,6 +150,7 @@ def assemble(
     node: Node,
     view: StoreView,
     tags: list[str] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Snapshot:
     """The snapshot from the node's own state now and what the stores said.
     Store health comes from the background probes, not from this call."""
@@ -173,14 +177,15 @@ def assemble(
         when, detail = health.last_mark_refused
         stores[health.pool_name]["last_mark_refused"] = {"at": when, "detail": detail}
     entries = tag_entries(node, view, names)
+    now = clock.now()
     return {
-        "updated_at": round(time.time(), 3),
-        "cluster": cluster(view, node.node_id),
+        "updated_at": round(now, 3),
+        "cluster": cluster(view, node.node_id, clock),
         "node": {
             "addr": node.identity.get("addr"),
             "pid": os.getpid(),
             "started_at": node.stats.started_at,
-            "uptime_s": round(time.time() - node.stats.started_at, 1),
+            "uptime_s": round(now - node.stats.started_at, 1),
             "draining": node.draining,
             "ready": node.not_ready() is None,
             "store_errors": dict(node.stats.store_errors),
@@ -206,10 +211,10 @@ def ledger_conflict_failures(node: Node) -> list[dict[str, Any]]:
     return [{"op": op, "count": n} for op, n in sorted(counts.items())]
 
 
-def cluster(view: StoreView, this_node: str = "") -> dict[str, Any]:
+def cluster(view: StoreView, this_node: str = "", clock: Clock = SYSTEM_CLOCK) -> dict[str, Any]:
     """Every live node and, per tag they serve, the cluster's figures from the
     ledger and the pool, each with the problems worth a colour."""
-    now = time.time()
+    now = clock.now()
     nodes = []
     for n in sorted(view.nodes, key=lambda n: n.get("addr", n["id"])):
         draining, ready = n.get("draining") == "1", n.get("ready") == "1"

@@ -87,7 +87,7 @@ class NewTag:
             start=self.start,
             description=self.description,
             end_id=self.end_id,
-            kind=self.kind,
+            rules=spec.rules,
             layout=self.layout,
             options=self.options,
             secret=self.secret,

@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from idpool_client.formats import TagFormat
 
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
+from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore
+from idpool.pool.tag_rules import name_fingerprint
 from idpool.pool.tokens import TokenRow
-from idpool.pool.values import TagRow, name_fingerprint
+from idpool.pool.values import TagRow
 
 from .formats import formats_of, parent_of
 
@@ -37,8 +39,13 @@ class TagDirectory:
         ledger: LedgerStore,
         min_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        rules_of: Callable[[str], KindRules],
     ) -> None:
         self.ledger = ledger
+        # a kind's name -> its rules (service/kinds' rules_of; given: the kinds read
+        # this directory, so it reads none of them)
+        self.rules_of = rules_of
         self.min_interval = min_interval
         self.rows: dict[str, TagRow] = {}
         # tag -> hashes of its tokens, for the tags that have any (pool/tokens.py);
@@ -120,7 +127,7 @@ class TagDirectory:
         format, and the fast path never runs it. So the tag is refused instead."""
         found = formats_of(list(rows))
         for row in rows:
-            fingerprint = name_fingerprint(row)
+            fingerprint = name_fingerprint(row, self.rules_of(row.kind))
             if self.fingerprints.setdefault(row.tag, fingerprint) != fingerprint:
                 self.changed.add(row.tag)
                 found[row.tag] = None  # in formats, so NodeApp never serves it plain

@@ -22,7 +22,6 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
 from idpool.pool.snowflake import WorkerLeaseLost
@@ -156,10 +155,3 @@ async def renew(request: Request) -> Response:
 
 async def release(request: Request) -> Response:
     return await _change(request, "release")
-
-
-ROUTES = [
-    Route("/worker/{tag}", grant, methods=["POST"]),
-    Route("/worker/{tag}/renew", renew, methods=["POST"]),
-    Route("/worker/{tag}/release", release, methods=["POST"]),
-]

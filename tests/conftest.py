@@ -17,6 +17,7 @@ import pymysql
 import pytest
 import redis
 
+from idpool.pool.clock import FakeClock
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
@@ -242,6 +243,14 @@ def drop_keys(prefix: str) -> None:
 
 
 @pytest.fixture
+def clock() -> FakeClock:
+    """Time that moves only when the test says (pool/clock.py): hand it to the
+    preloader, StoreHealth, StoreReadsCache or open_runtime, then
+    ``await clock.advance(seconds)`` instead of sleeping (docs/testing.md)."""
+    return FakeClock()
+
+
+@pytest.fixture
 def tag() -> str:
     return new_name("tag")
 
@@ -288,3 +297,22 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill9()
+    server.kill9()
+
+
+@pytest.fixture(autouse=True)
+def error_codes_match_the_route_table() -> Iterator[None]:
+    """Every error a route's handler answers in a test must be among its row's codes
+    in the route table (service/routes.py): a code raised but not declared would be
+    missing from /openapi.json and docs/api.md. Checked after each test."""
+    from idpool.service.errors import ANSWERS
+    from idpool.service.routes import unlisted
+
+    ANSWERS.seen.clear()
+    ANSWERS.recording = True
+    try:
+        yield
+    finally:
+        ANSWERS.recording = False
+    wrong = unlisted(ANSWERS.seen)
+    assert not wrong, f"answered with codes their route's row lacks: {wrong}"

@@ -21,6 +21,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 from idpool.service.app import NodeApp, create_app
 from idpool.service.health import PROBE_EVERY
+from idpool.service.kinds import rules_of
 from ops.toolkit import NodeProcess, RedisServer, TcpProxy, env_with
 
 from .conftest import TEST_DATABASE
@@ -567,7 +568,7 @@ def add_tag_of_kind(settings: Settings, tag: str, kind: str) -> None:
     async def go() -> None:
         ledger = await Ledger.connect(settings)
         try:
-            await ledger.add_tag(tag, step=10, start=1, kind=kind)
+            await ledger.add_tag(tag, step=10, start=1, rules=rules_of(kind))
         finally:
             await ledger.close()
 

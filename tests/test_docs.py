@@ -15,8 +15,8 @@ from pathlib import Path
 from starlette.routing import Route
 
 from idpool.pool.settings import ENV_ALIASES, ENV_PREFIX, Settings
-from idpool.service.app import ROUTES
 from idpool.service.errors import ERRORS
+from idpool.service.routes import starlette_routes
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [
@@ -70,7 +70,7 @@ def test_every_setting_is_in_the_settings_page() -> None:
 def test_every_route_and_error_is_in_the_api_page() -> None:
     page = re.sub(r"\{[^}/]*\}", "{}", _text("docs/api.md"))
     missing = []
-    for route in ROUTES:
+    for route in starlette_routes():
         assert isinstance(route, Route)
         path = re.sub(r"\{[^}]*\}", "{}", route.path)
         for method in sorted((route.methods or {"GET"}) - {"HEAD"}):

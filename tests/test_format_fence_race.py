@@ -31,7 +31,7 @@ from idpool.pool.errors import FormatChanged, TagExists
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from idpool.pool.values import format_fingerprint
+from idpool.pool.tag_rules import format_fingerprint
 from idpool.service.tag_fields import new_tag
 
 

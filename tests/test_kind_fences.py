@@ -4,7 +4,7 @@
    release (7717122, before the ``kind`` column) serve every row as a segment tag:
    they claimed plain ranges from strict and snowflake rows (out of order; a small
    snowflake layout's numbers repeated). A row of another kind now stores its bound
-   negated (``values.stored_end``): the old claim, run here verbatim, gets nothing.
+   negated (``tag_rules.stored_end``): the old claim, run here verbatim, gets nothing.
 5. A segment tag removed and added again as strict between two tag reloads of a
    node that held its buffer: the fast path went on serving that buffer, refilled
    by claims from the now-strict row, until it idled out. A name now keeps its
@@ -29,6 +29,7 @@ from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import Layout
 from idpool.service.app import create_app
+from idpool.service.kinds import rules_of
 
 from .test_kind_hand_edits import SMALL, _edit, _sql
 
@@ -96,6 +97,8 @@ def _add(settings: Settings, tag: str, **kw: object) -> None:
         ledger = await Ledger.connect(settings)
         pool = RedisPool.from_settings(settings)
         try:
+            if "kind" in kw:
+                kw["rules"] = rules_of(str(kw.pop("kind")))
             await claims.create_tag(ledger, pool, tag, **kw)  # type: ignore[arg-type]
         finally:
             await pool.close()

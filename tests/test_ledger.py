@@ -19,6 +19,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import MAX_ID, IdRange
 from idpool.pool.settings import Settings
 from idpool.pool.stores import LedgerStore, open_ledger
+from idpool.service.kinds import rules_of
 
 from .conftest import MYSQL_SERVER, new_name
 
@@ -425,7 +426,7 @@ async def test_a_removed_name_keeps_its_kind(ledger: LedgerStore, tag: str) -> N
     await ledger.claim(tag)
     await ledger.remove_tag(tag)
     with pytest.raises(KindKept):
-        await ledger.add_tag(tag, step=10, start=1, kind="strict")
+        await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     with pytest.raises(UnknownTag):
         await ledger.get_tag(tag)
     assert (await ledger.add_tag(tag, step=10, start=1)).max_id == 11

@@ -15,6 +15,7 @@ import redis
 
 from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
+from idpool.service.kinds import rules_of
 from ops.faultsuite.order import OrderLog
 from ops.faultsuite.recorder import Clients, IdBitmap
 from ops.toolkit import NodeProcess, RedisServer, env_with
@@ -98,7 +99,7 @@ def add_tag(settings: Settings, tag: str, kind: str = "segment") -> int:
     async def go() -> int:
         ledger = await Ledger.connect(settings)
         try:
-            return (await ledger.add_tag(tag, step=100, start=1, kind=kind)).start_id
+            return (await ledger.add_tag(tag, step=100, start=1, rules=rules_of(kind))).start_id
         finally:
             await ledger.close()
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from idpool.pool.claims import Claim, LedgerClaims
+from idpool.pool.clock import FakeClock
 from idpool.pool.errors import StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.preloader import Preloader
@@ -115,14 +116,14 @@ async def test_mysql_down_skips_the_tick(settings: Settings, redis_pool: RedisPo
 
 
 async def test_depth_follows_the_consumption_rate(
-    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str, clock: FakeClock
 ) -> None:
     """Enough ranges for pool_seconds of supply at the recent rate, at least pool_depth."""
     row = await ledger.add_tag(tag, step=100, start=1)
     s = settings.with_changes(pool_depth=2, pool_seconds=10, step_seconds=0, rate_window=0.5)
-    pre = Preloader(s, ledger, redis_pool)
+    pre = Preloader(s, ledger, redis_pool, clock=clock)
     assert len((await pre.refill_tag(row)).pushed) == 2  # no rate yet: the minimum
-    await asyncio.sleep(0.5)
+    await clock.advance(0.5)
     await redis_pool.report_issued({tag: 1000})  # nodes handed out 1,000 IDs in ~0.5 s
     report = await pre.refill_tag(row)
     stats = await redis_pool.read_stats(tag)
@@ -166,10 +167,10 @@ async def test_dynamic_step_doubles_halves_and_persists(
 
 
 async def test_refill_soon_fills_without_waiting_for_a_tick(
-    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str, clock: FakeClock
 ) -> None:
     await ledger.add_tag(tag, step=10, start=1)
-    pre = Preloader(settings.with_changes(pool_depth=3), ledger, redis_pool)
+    pre = Preloader(settings.with_changes(pool_depth=3), ledger, redis_pool, clock=clock)
     pre.refill_soon(tag)  # not the active preloader (yet): left to the one that is
     await asyncio.sleep(0.05)
     assert await redis_pool.depth(tag) == 0
@@ -177,10 +178,15 @@ async def test_refill_soon_fills_without_waiting_for_a_tick(
     assert pre.leading and (await ledger.get_tag(tag)).max_id == 31
     await redis_pool.pop(tag, 30)  # a surge empties it
     pre.refill_soon(tag)
-    pre.refill_soon(tag)  # rate-limited: one refill
+    await clock.advance(0.9)
+    pre.refill_soon(tag)  # rate-limited: one refill a second
+    await asyncio.wait(set(pre._urgent))
+    await redis_pool.pop(tag, 30)
+    await clock.advance(0.1)
+    pre.refill_soon(tag)  # a second later: refilled again
     await pre.close()  # waits for the urgent refill
     assert await redis_pool.depth(tag) == 3
-    assert (await ledger.get_tag(tag)).max_id == 61
+    assert (await ledger.get_tag(tag)).max_id == 91
 
 
 class CountingPool:
@@ -225,18 +231,18 @@ async def test_a_tick_visits_only_the_tags_that_moved(
 
 
 async def test_the_rate_is_ids_handed_out_not_ranges_taken(
-    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str, clock: FakeClock
 ) -> None:
     # Issue 11: 3 IDs served after a restart made it claim 484,000 and publish
     # "266 IDs/s": ranges taken were counted as consumption.
     await ledger.add_tag(tag, step=100_000, start=1)
     s = settings.with_changes(pool_depth=2, pool_seconds=600, step_seconds=0, rate_window=1.0)
-    pre = Preloader(s, ledger, redis_pool)
+    pre = Preloader(s, ledger, redis_pool, clock=clock)
     await pre.refill_all()
     for _ in range(3):
         await redis_pool.pop(tag)  # nodes take whole ranges of 100,000 ...
         await redis_pool.report_issued({tag: 1})  # ... and hand out one ID each
-        await asyncio.sleep(0.4)
+        await clock.advance(0.4)
         await pre.refill_all()
     stats = await redis_pool.read_stats(tag)
     assert float(stats["rate"]) < 10  # 3 IDs in about a second; ranges taken read 250,000/s

@@ -33,6 +33,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.strict import RedisStrict, StrictSequence
 from idpool.pool.values import PopResult
 from idpool.pool.waste import Reason
+from idpool.service.kinds import rules_of
 from idpool.service.node import Node
 from idpool.service.source import RangeSource
 from ops.toolkit import LocalCluster, RedisServer, free_port
@@ -189,9 +190,9 @@ async def test_strict_sequences_on_every_shard(
     pool = RedisPool.from_settings(cs)
     try:
         for tag in tags_over_shards(cluster, 1, "sc"):
-            await ledger.add_tag(tag, step=10, start=1, kind="strict")
+            await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
             claims = LedgerClaims(ledger, pool)
-            seq = StrictSequence(RedisStrict(pool), claims, step_of=lambda t: 10)
+            seq = StrictSequence(RedisStrict(pool), claims, kind="strict", step_of=lambda t: 10)
             firsts = [await seq.take(tag, 3) for _ in range(12)]  # refills on the way
             await seq.close()
             assert firsts == list(range(1, 36, 3))
@@ -568,8 +569,13 @@ async def test_a_strict_take_a_replica_did_not_acknowledge_is_never_answered(
     pool = RedisPool.from_settings(cs)
     try:
         tag = new_name("sw")
-        await ledger.add_tag(tag, step=100, start=1, kind="strict")
-        seq = StrictSequence(RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda t: 100)
+        await ledger.add_tag(tag, step=100, start=1, rules=rules_of("strict"))
+        seq = StrictSequence(
+            RedisStrict(pool),
+            LedgerClaims(ledger, pool),
+            kind="strict",
+            step_of=lambda t: 100,
+        )
         assert await seq.take(tag, 1) == 1
         replica = cluster.replicas_of(cluster.primary_of(pool.keys.strict(tag)))[0]
         replica.pause()  # known to its primary, not failed yet: it must acknowledge
@@ -597,8 +603,13 @@ async def test_a_replica_its_primary_flagged_failed_still_must_acknowledge(
     answered (before: answered with no WAIT at all)."""
     pool = RedisPool.from_settings(cs.with_changes(store_timeout=2.0))
     tag = new_name("sf")
-    await ledger.add_tag(tag, step=100, start=1, kind="strict")
-    seq = StrictSequence(RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda t: 100)
+    await ledger.add_tag(tag, step=100, start=1, rules=rules_of("strict"))
+    seq = StrictSequence(
+        RedisStrict(pool),
+        LedgerClaims(ledger, pool),
+        kind="strict",
+        step_of=lambda t: 100,
+    )
     primary = cluster.primary_of(pool.keys.strict(tag))
     replica = cluster.replicas_of(primary)[0]
     replica_id = replica.node_id()
@@ -634,14 +645,19 @@ async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the
     was sent after another node's answer from the promoted replica, so each must
     be above it, or refused (IDPOOL_REDIS_MARK_REPLICAS=0, the default)."""
     tag = new_name("sp")
-    await ledger.add_tag(tag, step=1000, start=1, kind="strict")
+    await ledger.add_tag(tag, step=1000, start=1, rules=rules_of("strict"))
     stale = RedisPool.from_settings(cs.with_changes(store_timeout=6.0))
     fresh: RedisPool | None = None
     primary = cluster.primary_of(stale.keys.strict(tag))
     replica = cluster.replicas_of(primary)[0]
 
     def node(pool: RedisPool) -> StrictSequence:
-        return StrictSequence(RedisStrict(pool), LedgerClaims(ledger, pool), step_of=lambda t: 1000)
+        return StrictSequence(
+            RedisStrict(pool),
+            LedgerClaims(ledger, pool),
+            kind="strict",
+            step_of=lambda t: 1000,
+        )
 
     stales = [node(stale) for _ in range(8)]
     try:

@@ -22,6 +22,7 @@ from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import check_layout, wall_ms
+from idpool.service.kinds import rules_of
 from idpool.service.kinds.snowflake import prepare_tag
 from ops.toolkit import NodeProcess, RedisServer, env_with
 
@@ -40,7 +41,7 @@ def add_snowflake(settings: Settings, tag: str, lease_ms: int = 0) -> None:
         ledger = await Ledger.connect(settings)
         layout = check_layout({}, wall_ms() - 60_000).to_text()
         layout += f".l{lease_ms}" if lease_ms else ""
-        row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
+        row = await ledger.add_tag(tag, step=1, start=1, rules=rules_of("snowflake"), layout=layout)
         pool = RedisPool.from_settings(settings)
         await prepare_tag(ledger, pool, row)
         await pool.close()

@@ -21,6 +21,7 @@ from idpool.pool.snowflake import check_layout, wall_ms
 from idpool.pool.values import TagRow
 from idpool.pool.worker_store import WorkerRefused, WorkerStore
 from idpool.service.app import create_app
+from idpool.service.kinds import rules_of
 from idpool.service.kinds.snowflake import prepare_tag
 from ops.toolkit import TcpProxy
 
@@ -444,7 +445,7 @@ async def added(ledger: Ledger, pool: RedisPool, tag: str, *, claim_first: bool)
     prepare_tag; with ``claim_first``, a node claims a generation in between (the
     add stalled after its row) and Redis loses the hash its grant made."""
     layout = check_layout({}, wall_ms() - 60_000).to_text() + ".l400"
-    row = await ledger.add_tag(tag, step=1, start=1, kind="snowflake", layout=layout)
+    row = await ledger.add_tag(tag, step=1, start=1, rules=rules_of("snowflake"), layout=layout)
     if claim_first:
         await ledger.claim(tag, 1, "snowflake")  # node B's generation; its grant ran, B serves
         await pool.client.delete(pool.keys.workers(tag))

@@ -18,11 +18,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from idpool.pool.clock import FakeClock
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
-from idpool.service.status import StoreReadsCache, StoreView
+from idpool.service.status import STORE_READS_SECONDS, StoreReadsCache, StoreView
 from idpool.service.status_page import render
 from ops.toolkit import NodeProcess, env_with
 
@@ -163,19 +164,25 @@ def test_a_scrape_reads_each_list_in_constant_time(
 
 
 @pytest.mark.anyio
-async def test_concurrent_scrapes_share_one_round_of_store_reads() -> None:
+async def test_concurrent_scrapes_share_one_round_of_store_reads(clock: FakeClock) -> None:
     reads = 0
+    answer = asyncio.Event()  # the stores answer when the test says
 
     async def read() -> StoreView:
         nonlocal reads
         reads += 1
-        await asyncio.sleep(0.05)
+        await answer.wait()
         return StoreView(errors={"redis": f"read {reads}"})
 
-    cache = StoreReadsCache(read)
-    answers = await asyncio.gather(*(cache.get() for _ in range(20)))
+    cache = StoreReadsCache(read, clock)
+    scrapes = asyncio.gather(*(cache.get() for _ in range(20)))
+    await clock.advance(0)  # turns of the loop, no time: every scrape waits on one round
+    answer.set()
+    answers = await scrapes
     assert reads == 1 and all(a.errors == {"redis": "read 1"} for a in answers)
     assert (await cache.get()).errors == {"redis": "read 1"}  # within a second: shared
+    await clock.advance(STORE_READS_SECONDS)
+    assert (await cache.get()).errors == {"redis": "read 2"}  # a second on: read again
 
 
 def test_runway_is_ids_left_below_the_max_over_the_cluster_rate(

@@ -17,6 +17,7 @@ from idpool.pool.settings import Settings
 from idpool.pool.sqlite_ledger import SqliteLedger
 from idpool.pool.strict import RedisStrict, SqliteStrict, StrictEvents, StrictSequence
 from idpool.pool.waste import Reason, WasteRecorder
+from idpool.service.kinds import rules_of
 from ops.toolkit import RedisServer
 
 from .conftest import TEST_DATABASE
@@ -65,7 +66,7 @@ def sequence(
     return StrictSequence(
         RedisStrict(pool),
         LedgerClaims(ledger, pool),
-        step_of=lambda tag: step,
+        kind="strict", step_of=lambda tag: step,
         events=events,
         waste=None if events is None else events.recorder,
     )
@@ -161,7 +162,7 @@ async def test_numbers_past_2_pow_53_are_exact(redis_pool: RedisPool, tag: str) 
 async def test_sequence_refills_from_the_ledger_and_increases(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     got = [await seq.take(tag, n) for n in (1, 3, 25, 1, 1)]
@@ -175,7 +176,7 @@ async def test_sequence_refills_from_the_ledger_and_increases(
 async def test_two_nodes_concurrent_takes_never_repeat_and_follow_real_time(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=7, start=1, kind="strict")
+    await ledger.add_tag(tag, step=7, start=1, rules=rules_of("strict"))
     a, b = sequence(redis_pool, ledger, step=7), sequence(redis_pool, ledger, step=7)
     seen: list[int] = []
     # one caller at a time alternating between the nodes: real-time order across them
@@ -200,7 +201,7 @@ async def test_two_nodes_concurrent_takes_never_repeat_and_follow_real_time(
 async def test_a_lost_take_is_waste_and_never_retried(
     ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     assert await seq.take(tag, 1) == 1
@@ -220,7 +221,7 @@ async def test_a_lost_take_is_waste_and_never_retried(
 async def test_a_lost_extension_wastes_its_claim(
     ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
 
@@ -238,7 +239,7 @@ async def test_a_lost_extension_wastes_its_claim(
 async def test_a_redis_restart_that_lost_everything_starts_above_all_issued(
     redis_server: RedisServer, ledger: Ledger, settings: Settings, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     s = settings.with_changes(redis_url=redis_server.url)
     pool = RedisPool.from_settings(s)
     seq = sequence(pool, ledger)
@@ -262,7 +263,7 @@ async def test_a_restored_snapshot_never_takes_again(
     """The snapshot's state still reads [next, limit) of IDs handed out since."""
     server = RedisServer(tmp_path / "rdb", "--save", "", "--appendonly", "no").start()
     try:
-        await ledger.add_tag(tag, step=100, start=1, kind="strict")
+        await ledger.add_tag(tag, step=100, start=1, rules=rules_of("strict"))
         s = settings.with_changes(redis_url=server.url)
         pool = RedisPool.from_settings(s)
         seq = sequence(pool, ledger, step=100)
@@ -286,7 +287,7 @@ async def test_a_restored_snapshot_never_takes_again(
 async def test_mysql_gone_back_is_refused_by_the_mark(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     handed = [await seq.take(tag, 10) for _ in range(3)]
@@ -303,7 +304,7 @@ async def test_a_node_that_only_took_remembers_the_state_limit_as_its_mark(
     """Two faults at once (Redis lost the state and the mark, MySQL went back): the
     only fence left is the mark in the nodes' memory. A node that never refilled
     but took from the state has seen its limit, and must refuse what it covers."""
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     a, b = sequence(redis_pool, ledger), sequence(redis_pool, ledger)
     handed = [await a.take(tag, 1), await b.take(tag, 1)]  # a claimed [1, 11); b only took
     assert handed == [1, 2]
@@ -317,7 +318,7 @@ async def test_a_node_that_only_took_remembers_the_state_limit_as_its_mark(
 async def test_refills_are_prefetched_before_the_state_runs_out(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     await seq.take(tag, 6)  # the first refill: one step
@@ -331,10 +332,10 @@ async def test_refills_are_prefetched_before_the_state_runs_out(
 async def test_embedded_strict_takes_are_one_transaction_each(sqlite_settings: Settings) -> None:
     ledger = await SqliteLedger.connect(sqlite_settings)
     try:
-        await ledger.add_tag("s", step=1000, start=5, end_id=40, kind="strict")
-        await ledger.add_tag("off", step=10, start=1, kind="strict")
+        await ledger.add_tag("s", step=1000, start=5, end_id=40, rules=rules_of("strict"))
+        await ledger.add_tag("off", step=10, start=1, rules=rules_of("strict"))
         await ledger.set_disabled("off", True)
-        strict = SqliteStrict(ledger.file)
+        strict = SqliteStrict(ledger.file, "strict")
         sizes = (1, 2, 3, 4)
         got = await asyncio.gather(*(strict.take("s", n) for n in sizes))
         ids = [i for first, n in zip(got, sizes, strict=True) for i in range(first, first + n)]
@@ -366,12 +367,12 @@ async def test_one_refill_at_a_time_for_the_cluster(redis_pool: RedisPool, tag: 
 async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = StrictSequence(
         RedisStrict(redis_pool),
         LedgerClaims(ledger, redis_pool),
-        step_of=lambda t: 10,
+        kind="strict", step_of=lambda t: 10,
         hold_seconds=1.0,
         events=events,
         waste=events.recorder,
@@ -391,7 +392,7 @@ async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
 async def test_ids_from_a_server_the_sentinels_left_are_never_answered(
     ledger: Ledger, redis_pool: RedisPool, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
     seq = sequence(redis_pool, ledger, events)
     assert await seq.take(tag, 1) == 1
@@ -416,7 +417,7 @@ async def test_a_promoted_replica_serves_only_claims_made_after_the_sentinels_na
     node can reach it). A refill on the replica then must not claim: the old master
     may still claim above that claim and answer its IDs, and once the Sentinels
     switch, the replica's state would answer IDs below them."""
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     server = RedisServer(tmp_path / "promoted", "--save", "", "--appendonly", "no").start()
     promoted = RedisPool.from_settings(settings.with_changes(redis_url=server.url))
     try:
@@ -454,7 +455,7 @@ async def test_a_refill_covers_the_batch_whatever_others_took_meanwhile(
     """The refill sized its claim by what the state held when it looked; other
     nodes taking before the extension landed left it short of the batch, again
     and again under load, until the take gave up (503) with IDs in plenty."""
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     a, b = sequence(redis_pool, ledger), sequence(redis_pool, ledger)
     assert await a.take(tag, 1) == 1  # the state: [2, 11)
     extend = a.store.extend
@@ -479,14 +480,14 @@ async def test_a_refill_that_fails_gives_its_grant_back(
     new and the Sentinels name the old one until they re-read its INFO. The node
     granted the refill was refused (nothing claimed) but kept the grant: every
     other node then waited for it to expire (4 s) on top. Now it gives it back."""
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     a = StrictSequence(
-        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
-        grant_seconds=600.0,
+        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), kind="strict",
+        step_of=lambda t: 10, grant_seconds=600.0,
     )  # fmt: skip
     b = StrictSequence(
-        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), step_of=lambda t: 10,
-        grant_seconds=600.0,
+        RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), kind="strict",
+        step_of=lambda t: 10, grant_seconds=600.0,
     )  # fmt: skip
 
     async def not_yet_named(incarnation: str) -> bool:

@@ -18,6 +18,7 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.service.app import NodeApp, create_app
+from idpool.service.kinds import rules_of
 from idpool.service.kinds.strict import StrictKind
 from ops.toolkit import TcpProxy
 
@@ -29,7 +30,7 @@ def add_strict(settings: Settings, tag: str, step: int = 10, kind: str = "strict
     async def go() -> None:
         ledger = await Ledger.connect(settings)
         try:
-            await ledger.add_tag(tag, step=step, start=1, kind=kind)
+            await ledger.add_tag(tag, step=step, start=1, rules=rules_of(kind))
         finally:
             await ledger.close()
 
@@ -153,7 +154,7 @@ def test_without_redis_a_strict_tag_is_503_naming_redis_then_comes_back(
 async def test_the_preloader_never_fills_a_strict_tag(
     settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=10, start=1, kind="strict")
+    await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     preloader = Preloader(settings, ledger, redis_pool, LedgerClaims(ledger, redis_pool))
     report = await preloader.refill_tag(await ledger.get_tag(tag))
     assert report.skipped == "kind strict" and report.pushed == []

@@ -9,6 +9,7 @@ from idpool.pool.errors import StoreSkipped, StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.strict import RedisStrict, StrictSequence
+from idpool.service.kinds import rules_of
 from idpool.service.kinds.strict import GroupCommit, NodeStrictEvents, StrictTags
 from idpool.service.stats import NodeStats
 
@@ -118,12 +119,12 @@ async def test_one_redis_skip_for_strict_takes_pops_and_claims() -> None:
 async def test_group_commit_on_real_redis_batches_and_never_repeats(
     ledger: Ledger, redis_pool: RedisPool, tag: str
 ) -> None:
-    await ledger.add_tag(tag, step=50, start=1, kind="strict")
+    await ledger.add_tag(tag, step=50, start=1, rules=rules_of("strict"))
     stats = NodeStats()
     seq = StrictSequence(
         RedisStrict(redis_pool),
         LedgerClaims(ledger, redis_pool),
-        step_of=lambda t: 50,
+        kind="strict", step_of=lambda t: 50,
         events=NodeStrictEvents(stats),
     )
     tags = StrictTags(seq.take, "redis")

@@ -25,7 +25,8 @@ from .errors import (
     IdPoolStrictTag,
     IdPoolUnavailable,
 )
-from .sync import CloseReport, IdPoolClient
+from .holding import CloseReport
+from .sync import IdPoolClient
 from .transport import Lease
 
 __version__ = "0.2.0"

@@ -23,43 +23,43 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import functools
 import sys
 import threading
 import time
 import types
 import weakref
-from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
-from .formats import within
-from .sync import _LIVE, RETRY_BACKOFF, CloseReport, _check_batch, close_at_child_exit
-from .transport import Lease, Tokens, Transport
+from .errors import IdPoolClosed, IdPoolError
+from .holding import (
+    RETRY_BACKOFF,
+    CloseReport,
+    HeldTag,
+    LeaseHolder,
+    Tail,
+    check_batch,
+    render_many,
+)
+from .transport import Lease
 
 EXIT_WAIT = 1.0  # seconds the atexit hook waits for takes under way in other threads
 
 
-@dataclass
-class _Tag:
-    tag: str
-    wish: int
-    lease: Lease | None = None
+@dataclass(eq=False)
+class _Tag(HeldTag):
+    """A tag's leases (``HeldTag``) and where the takes stand in ``lease``, read
+    and written on the loop."""
+
     cur: int = 0  # next ID to hand out from `lease`
     stop: int = 0  # lease.end
     limit: int = 0  # below this no check is needed (the prefetch trigger, or stop)
-    pending: deque[Lease] = field(default_factory=deque)
     fetch: asyncio.Task[None] | None = None
-    error: IdPoolError | None = None
-    retry_at: float = 0.0
-    started_at: float = 0.0
     formatted: bool = False  # leases carry a format: IDs are rendered in _take
-    ended: list[tuple[Lease, int]] = field(default_factory=list)  # tails of ended periods
 
 
-class AsyncIdPoolClient:
+class AsyncIdPoolClient(LeaseHolder):
     """``await client.next_id(tag)``; the same options as ``IdPoolClient`` (tokens,
     ``max_count`` bounding what it holds per tag to twice that, ``max_batch``)."""
 
@@ -77,40 +77,21 @@ class AsyncIdPoolClient:
         tokens: Mapping[str, str] | None = None,
         token: str | None = None,
     ) -> None:
-        if not 0.0 <= prefetch_at < 1.0:
-            raise ValueError("prefetch_at must be in [0, 1)")
-        if target_seconds <= 0 or min(max_count, max_batch, initial_count) < 1:
-            raise ValueError(
-                "target_seconds, max_count, max_batch and initial_count must be positive"
-            )
-        self.transport = Transport(
-            list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
-        )
-        self.target_seconds = target_seconds
-        self.prefetch_at = prefetch_at
-        self.initial_count = min(initial_count, max_count)
-        self.max_count = max_count
-        self.max_batch = max_batch
         self._tags: dict[str, _Tag] = {}
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it takes on
-        self.report = CloseReport()
-        self._report_lock = threading.Lock()
-        self._at_exit = functools.partial(_close_ref, weakref.ref(self))
-        self._return_at_exit = return_at_exit
-        if return_at_exit:
-            # At exit the loop may be gone: return tails with blocking calls.
-            atexit.register(self._at_exit)
-        _LIVE.add(self)
+        # At exit the loop may be gone: _close_ref returns tails with blocking calls.
+        super().__init__(
+            urls, timeout, target_seconds, prefetch_at, initial_count, max_count, max_batch,
+            return_at_exit, tokens, token, _close_ref,
+        )  # fmt: skip
 
     def _after_fork_in_child(self) -> None:
         """A forked child forgets the parent's leases (see IdPoolClient's): it
         leases its own, in its own event loop."""
         self._tags = {}
         self._loop = None
-        self.report = CloseReport()
-        if self._return_at_exit:
-            close_at_child_exit(self._at_exit)
+        self._forked()
 
     async def next_id(self, tag: str) -> Any:
         t = self._tags.get(tag)
@@ -124,7 +105,7 @@ class AsyncIdPoolClient:
     async def next_ids(self, tag: str, n: int) -> Sequence[Any]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
         list (of rendered IDs for a formatted tag)."""
-        _check_batch(n, self.max_batch)
+        check_batch(n, self.max_batch)
         return await self._rendered(tag, n)
 
     async def _rendered(self, tag: str, n: int) -> Sequence[Any]:
@@ -132,11 +113,8 @@ class AsyncIdPoolClient:
         parts = await self._take(tag, n, leases)
         now = time.time()
         if leases and leases[0].format is not None:
-            return [
-                v
-                for part, lease in zip(parts, leases, strict=True)
-                for v in lease.format.render_many(part, within(now, lease.since, lease.until))  # type: ignore[union-attr]
-            ]
+            pairs = zip(parts, leases, strict=True)
+            return [v for part, lease in pairs for v in render_many(lease, part, now)]
         if len(parts) == 1:
             return parts[0]
         return [i for part in parts for i in part]
@@ -180,8 +158,8 @@ class AsyncIdPoolClient:
                 self._switch(t)
                 continue
             if t.fetch is None:
-                if t.error is not None and time.monotonic() < t.retry_at:
-                    raise t.error
+                if (error := t.backing_off()) is not None:
+                    raise error
                 self._start_fetch(t)
             task = t.fetch
             assert task is not None
@@ -203,13 +181,7 @@ class AsyncIdPoolClient:
             self._loop = loop
 
     def _switch(self, t: _Tag) -> None:
-        if t.lease is not None:
-            lasted = time.monotonic() - t.started_at
-            size = len(t.lease)
-            if lasted < self.target_seconds:
-                t.wish = min(self.max_count, 2 * max(t.wish, size))
-            elif lasted > 2 * self.target_seconds:
-                t.wish = max(1, min(t.wish, size) // 2)
+        t.adapt_wish(self.target_seconds, self.max_count)
         lease = t.pending.popleft()
         t.lease, t.cur, t.stop = lease, lease.start, lease.end
         t.formatted = lease.format is not None
@@ -222,7 +194,7 @@ class AsyncIdPoolClient:
     def _prefetch(self, t: _Tag) -> None:
         if t.fetch is not None or t.pending or self._closed:
             t.limit = t.stop
-        elif t.error is None or time.monotonic() >= t.retry_at:
+        elif t.backing_off() is None:
             self._start_fetch(t)
             t.limit = t.stop
         else:
@@ -276,7 +248,7 @@ class AsyncIdPoolClient:
             await asyncio.wait(fetches, timeout=self.transport.timeout * 2 + 1)
         return self.report
 
-    def _cut(self) -> list[tuple[Lease, int]] | None:
+    def _cut(self) -> list[Tail] | None:
         """Stop serving; the unused tails (no await: atomic on the loop). None if closed."""
         if self._closed:
             return None
@@ -291,29 +263,20 @@ class AsyncIdPoolClient:
         for t in list(self._tags.values()):
             t.limit = 0
 
-    def _tails(self) -> list[tuple[Lease, int]]:
+    def _tails(self) -> list[Tail]:
         """The unused tails, once no take is under way (``_stop_taking`` first)."""
-        tails: list[tuple[Lease, int]] = []
+        tails: list[Tail] = []
         for t in list(self._tags.values()):
-            if t.lease is not None and t.cur < t.stop:
-                tails.append((t.lease, t.cur))
-            tails += [(x, x.start) for x in t.pending]
-            tails += t.ended
-            t.pending.clear()
-            t.ended.clear()
+            tails += t.unused(t.cur, t.stop)
             t.cur = t.stop = t.limit = 0
         return tails
 
-    def _give_back(self, tails: list[tuple[Lease, int]]) -> None:
+    def _give_back(self, tails: Iterable[Tail]) -> None:
         """Return tails (blocking: run in a thread). Two threads may: aclose's, and
-        a _Handoff's for a lease that landed after its loop ended."""
-        for lease, start in tails:
-            try:
-                count = self.transport.give_back(lease, start)
-                with self._report_lock:
-                    self.report.returned += count
-            except (IdPoolRequestError, IdPoolUnavailable) as e:
-                self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
+        a _Handoff's for a lease that landed after its loop ended. Defined here, not
+        only inherited, so a thread giving back is inside this class's code for the
+        exit hook (``_CLIENT_CODE``), as it always was."""
+        super()._give_back(tails)
 
     async def __aenter__(self) -> AsyncIdPoolClient:
         return self
@@ -327,10 +290,6 @@ class AsyncIdPoolClient:
         if t is None:
             return 0
         return max(0, t.stop - t.cur) + sum(map(len, t.pending))
-
-    @property
-    def lease_calls(self) -> int:
-        return self.transport.calls["lease"]
 
 
 class _Handoff:
@@ -377,7 +336,7 @@ def _close_ref(ref: weakref.ref[AsyncIdPoolClient]) -> None:
             client._give_back(tails)
 
 
-def _cut_at_exit(client: AsyncIdPoolClient) -> list[tuple[Lease, int]] | None:
+def _cut_at_exit(client: AsyncIdPoolClient) -> list[Tail] | None:
     """The client's tails, cut from whatever thread runs the hook, beside takes in
     other threads: new ones stopped first, those under way waited for (the module
     docstring). None when closed, or when a thread stayed inside the client."""

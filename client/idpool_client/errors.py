@@ -69,3 +69,8 @@ def request_error(url: str, status: int, code: str, message: str) -> IdPoolReque
 
 class IdPoolClosed(IdPoolError):
     """The client was closed; its unused IDs went back to the pool."""
+
+
+class SnowflakeStopped(IdPoolError):
+    """No snowflake ID now: the worker ID's lease is lost or about to expire, or
+    the clock is far behind the last time used. ``why`` says which."""

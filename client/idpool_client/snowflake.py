@@ -12,9 +12,10 @@ renewal was *sent*, and at once when a renewal is refused (409
 everything the old one used. So no worker ID is ever used by two holders, and
 no ID is made twice (docs/design/snowflake.md).
 
-The generator below mirrors the server's ``idpool.pool.snowflake.Generator``
-(this package depends on nothing of the server); tests/test_client_snowflake.py
-checks that both make the same IDs from the same clocks.
+The layout and the generator are ``generator.py``'s, the same the node makes
+its IDs with (``idpool.pool.snowflake`` subclasses them); this module is the
+client's holding of a worker ID: its grant, renewals, release and the runs of
+one time unit that ``next_id`` draws from without a lock.
 
     from idpool_client.snowflake import SnowflakeClient
     with SnowflakeClient(["http://10.0.0.1:8000"]) as ids:
@@ -34,13 +35,13 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from itertools import compress, takewhile
 from typing import Any
 from urllib.parse import quote
 
-from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
-from .sync import _LIVE, _close_ref, close_at_child_exit
+from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, SnowflakeStopped
+from .generator import _BOOTTIME, Generator, Layout, lease_clock
+from .holding import _LIVE, close_at_child_exit, close_ref
 from .transport import Transport
 
 try:  # built from _clockrun.c where a compiler was at hand (optional, see pyproject.toml)
@@ -48,15 +49,9 @@ try:  # built from _clockrun.c where a compiler was at hand (optional, see pypro
 except ImportError:  # pragma: no cover - a pure-Python install
     ClockRun = None  # type: ignore[assignment,misc]
 
-MAX_WAIT_BACK_MS = 1000  # as the server's: a larger step back stops the tag
 # A batch (next_ids) returns no ID made more than this before it returns, as a
 # node's /ids (service/snowflake.py BATCH_MS): time order at a second with others.
 BATCH_MS = 500
-
-
-class SnowflakeStopped(IdPoolError):
-    """No ID now: the worker ID's lease is lost or about to expire, or the clock
-    is far behind the last time used. ``why`` says which."""
 
 
 class SnowflakeBatchTooLarge(IdPoolError, ValueError):
@@ -75,142 +70,6 @@ class SnowflakeBatchTooLarge(IdPoolError, ValueError):
 def batch_limit(layout: Layout) -> int:
     """The most IDs one worker ID makes in BATCH_MS (as the server's)."""
     return (1 << layout.sequence_bits) * max(1, BATCH_MS // layout.unit_ms)
-
-
-@dataclass(frozen=True)
-class Layout:
-    time_bits: int
-    worker_bits: int
-    sequence_bits: int
-    unit_ms: int
-    epoch_ms: int
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-# The lease deadline's clock: monotonic, and on Linux counting while the machine
-# is suspended too (as the server's pool/snowflake.py lease_clock).
-_BOOTTIME: Callable[[], float] | None = (
-    functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
-    if hasattr(time, "CLOCK_BOOTTIME")
-    else None
-)
-lease_clock: Callable[[], float] = _BOOTTIME or time.monotonic
-
-
-class Generator:
-    """The IDs of one worker ID (see the server's ``pool/snowflake.py``)."""
-
-    def __init__(
-        self,
-        layout: Layout,
-        worker: int,
-        floor_ms: int,
-        stop_at: float,
-        clock_ms: Callable[[], int] = _wall_ms,
-        monotonic: Callable[[], float] = lease_clock,
-        ceiling_ms: int | None = None,
-    ) -> None:
-        self.layout = layout
-        self.worker = worker
-        self.stop_at = stop_at
-        self.lost: str | None = None
-        self._clock_ms = clock_ms
-        self._monotonic = monotonic
-        self.monotonic = monotonic  # the lease clock: a run ends by it too (take_unit)
-        self._epoch = layout.epoch_ms
-        self._unit = layout.unit_ms
-        self._max_seq = (1 << layout.sequence_bits) - 1
-        self._shift = layout.worker_bits + layout.sequence_bits
-        self._worker_part = worker << layout.sequence_bits
-        self.last = max(0, (floor_ms - self._epoch) // self._unit)  # unit 0 unused: no ID 0
-        self.sequence = self._max_seq
-        # No unit past the lease's expiry as the node answered it (the Redis
-        # server's clock; a later holder of the worker ID starts above it), nor
-        # past the time bits: a clock leaped forward beyond the lease stops here.
-        self._max_units = (1 << layout.time_bits) - 1
-        self.ceiling_ms: int | None = None
-        self._top = self._max_units
-        if ceiling_ms is not None:
-            self.cover(ceiling_ms)
-
-    def cover(self, ceiling_ms: int | None) -> None:
-        """Allow units up to ``ceiling_ms`` (never lowered). None: a node older
-        than ceilings answered the renewal; the expiry is unknown, so the
-        generator is unbounded again (as before: upgrade nodes first)."""
-        if ceiling_ms is None:
-            self.ceiling_ms, self._top = None, self._max_units
-        elif self.ceiling_ms is None or ceiling_ms > self.ceiling_ms:
-            self.ceiling_ms = ceiling_ms
-            self._top = min(self._max_units, (ceiling_ms - self._epoch) // self._unit)
-
-    @property
-    def last_ms(self) -> int:
-        return self._epoch + (self.last + 1) * self._unit - 1
-
-    def take(self) -> int | None:
-        """An ID, or None to wait for the next time unit; raises SnowflakeStopped."""
-        if self.lost is not None:
-            raise SnowflakeStopped(self.lost)
-        # The wall clock first, then the deadline (as the server's): a pause between
-        # the two only makes the check stricter, never an ID past the lease.
-        now = (self._clock_ms() - self._epoch) // self._unit
-        if self._monotonic() >= self.stop_at:
-            raise SnowflakeStopped("the worker ID's lease was not renewed in time")
-        if now > self.last:
-            if now > self._top:
-                if now > self._max_units:
-                    raise SnowflakeStopped("the layout's time bits are used up")
-                raise SnowflakeStopped(
-                    f"this machine's clock is {self._epoch + now * self._unit - self._top_ms()} "
-                    "ms past the worker lease's expiry by the Redis server's clock: no ID "
-                    "until the clock is set right (check NTP)"
-                )
-            self.last, self.sequence = now, 0
-        else:
-            if (self.last - now) * self._unit > MAX_WAIT_BACK_MS:
-                raise SnowflakeStopped(
-                    f"the clock is {(self.last - now) * self._unit} ms behind the last time "
-                    "used; no ID until it catches up (check NTP)"
-                )
-            if self.sequence >= self._max_seq:
-                return None
-            self.sequence += 1
-        return (self.last << self._shift) | self._worker_part | self.sequence
-
-    def _top_ms(self) -> int:
-        return self.ceiling_ms if self.ceiling_ms is not None else 0
-
-    def wait_seconds(self) -> float:
-        next_ms = self._epoch + (self.last + 1) * self._unit
-        return max(0.0005, (next_ms - self._clock_ms()) / 1000)
-
-    def take_unit(self) -> tuple[int, int, int, float] | None:
-        """An ID, the end of its unit's IDs, the unix ns at which its unit ends or
-        the lease's deadline comes (as the wall clock reads it), whichever is
-        first, and the time on this generator's lease clock by which the run ends
-        whatever the wall clock reads: the lease's deadline, or one unit from now.
-        The rest of the unit's sequence is the caller's to hand out until then
-        (this generator moves past it: no time and sequence is used twice, and
-        ``last_ms`` already counts the unit). None: wait for the next unit.
-
-        Both ends, since either clock alone can be wrong: the wall clock stepped
-        back kept a run going for the whole step (past the lease's deadline, and
-        handing out a unit long over while ``take`` says the clock is behind)."""
-        value = self.take()
-        if value is None:
-            return None
-        limit = value - self.sequence + self._max_seq + 1
-        self.sequence = self._max_seq
-        unit_end_ns = (self._epoch + (self.last + 1) * self._unit) * 1_000_000
-        # Nor past the lease's deadline, as the wall clock will read it (the clock in
-        # ms rounds down: the run ends no later than the deadline).
-        now = self._monotonic()
-        left_ns = int((self.stop_at - now) * 1e9)
-        until_ns = min(unit_end_ns, self._clock_ms() * 1_000_000 + left_ns)
-        return value, limit, until_ns, min(self.stop_at, now + self._unit / 1000)
 
 
 def _clock_run(
@@ -332,7 +191,7 @@ class SnowflakeClient:
         self._clock_ns = clock_ns  # the wall clock IDs are made from (a test passes its own)
         # At exit, the worker IDs go back (as close()): a process that ends without
         # closing held them for their lease's TTL, one per process of a pool.
-        self._at_exit = functools.partial(_close_ref, weakref.ref(self))
+        self._at_exit = functools.partial(close_ref, weakref.ref(self))
         self._release_at_exit = release_at_exit
         if release_at_exit:
             atexit.register(self._at_exit)
@@ -472,7 +331,8 @@ class SnowflakeClient:
                 int(grant["worker"]),
                 max(int(grant["floor_ms"]), self._floor_ms.get(tag, 0)),
                 stop_at,
-                clock_ms=lambda: clock() // 1_000_000,
+                # The real wall clock is the generator's own (time.time_ns, one C call).
+                clock_ms=None if clock is time.time_ns else lambda: clock() // 1_000_000,
                 ceiling_ms=_expiry(grant),
             )
             held = _Held(tag, grant, gen)

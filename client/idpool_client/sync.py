@@ -40,21 +40,28 @@ import atexit
 import functools
 import itertools
 import operator
-import os
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError, IdPoolUnavailable
+from .errors import IdPoolClosed, IdPoolError, IdPoolRequestError
 from .formats import within
-from .transport import Lease, Tokens, Transport
+from .holding import (
+    RETRY_BACKOFF,
+    CloseReport,
+    HeldTag,
+    LeaseHolder,
+    Tail,
+    check_batch,
+    close_ref,
+    render_many,
+)
+from .transport import Lease
 
-RETRY_BACKOFF = 0.5  # seconds between lease attempts after a failed one
 _NEVER = object()  # the refill sentinel: no refill returns it, so the chain never ends
 
 
@@ -101,23 +108,17 @@ class _Raising:
 
 
 @dataclass(eq=False)
-class _Tag:
-    tag: str
-    wish: int
+class _Tag(HeldTag):
+    """A tag's leases (``HeldTag``: ``lease`` is the one chunks are cut from) and
+    where the chunks stand in it, all under ``lock``."""
+
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: threading.Condition = field(init=False)
-    lease: Lease | None = None  # the lease chunks are cut from
     rest: int = 0  # first ID of `lease` in no chunk and no batch yet
     trigger: int = 0  # a chunk from here on starts the fetch of the next lease
     chunk: _Chunk = field(default_factory=lambda: _chunk(0, 0))  # the newest chunk
     chunk_stop: int = 0
-    pending: deque[Lease] = field(default_factory=deque)
     fetcher: threading.Thread | None = None
-    error: IdPoolError | None = None
-    retry_at: float = 0.0
-    started_at: float = 0.0  # when the current lease was installed
-    # tails of leases whose reset period ended (formats.py): returned at close
-    ended: list[tuple[Lease, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ready = threading.Condition(self.lock)
@@ -142,50 +143,7 @@ class _Tag:
         return ids + (0 if self.lease is None else self.lease.end - self.rest)
 
 
-@dataclass
-class CloseReport:
-    returned: int = 0  # IDs given back to the pool
-    # tails not returned, "fingerprint first-last: why" (unknown_lease: Redis restarted
-    # or the lease expired; the node unreachable): lost, never served twice
-    lost: list[str] = field(default_factory=list)
-
-
-# Every client of this process (this module's, asyncio's and SnowflakeClient),
-# for a forked child to reset: weak, so a client dropped is not kept.
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for client in list(_LIVE):
-        client._after_fork_in_child()
-
-
-def close_at_child_exit(close: Callable[[], None]) -> None:
-    """In a child multiprocessing forked: ``close`` runs when the child ends
-    normally. Its children end with os._exit, which runs no atexit handler, so a
-    client used in a Pool worker or a Process kept every lease it took (64k IDs
-    wasted by two Pool workers that drew 10 each); multiprocessing runs its own
-    finalizers first. A child forked otherwise has atexit, as any process.
-
-    Registered as one of multiprocessing's after-fork callbacks, which its child
-    runs after clearing the finalizers it inherited (a Finalize made here, in
-    os.fork's own hook, was cleared before the child's target ran)."""
-    util = sys.modules.get("multiprocessing.util")
-    if util is not None:
-        util.register_after_fork(close, _finalize_at_exit)
-
-
-def _finalize_at_exit(close: Callable[[], None]) -> None:
-    import multiprocessing.util
-
-    multiprocessing.util.Finalize(None, close, exitpriority=10)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-class IdPoolClient:
+class IdPoolClient(LeaseHolder):
     """Hands out IDs of idpool tags from leased ranges; safe to share between threads.
 
     ``urls``: idpool nodes, tried in turn on failure. ``max_count``: the most IDs
@@ -215,30 +173,14 @@ class IdPoolClient:
         tokens: Mapping[str, str] | None = None,
         token: str | None = None,
     ) -> None:
-        if not 0.0 <= prefetch_at < 1.0:
-            raise ValueError("prefetch_at must be in [0, 1)")
-        if target_seconds <= 0 or min(max_count, max_batch, initial_count) < 1:
-            raise ValueError(
-                "target_seconds, max_count, max_batch and initial_count must be positive"
-            )
-        self.transport = Transport(
-            list([urls] if isinstance(urls, str) else urls), timeout, Tokens(tokens, token)
-        )
-        self.target_seconds = target_seconds
-        self.prefetch_at = prefetch_at
-        self.initial_count = min(initial_count, max_count)
-        self.max_count = max_count
-        self.max_batch = max_batch
         self._ids: dict[str, Iterator[Any]] = {}  # tag -> its chain, for next_id
         self._tags: dict[str, _Tag] = {}
         self._tags_lock = threading.Lock()
         self._closed = False
-        self.report = CloseReport()  # filled by close()
-        self._at_exit = functools.partial(_close_ref, weakref.ref(self))
-        self._return_at_exit = return_at_exit
-        if return_at_exit:
-            atexit.register(self._at_exit)
-        _LIVE.add(self)
+        super().__init__(
+            urls, timeout, target_seconds, prefetch_at, initial_count, max_count, max_batch,
+            return_at_exit, tokens, token, close_ref,
+        )  # fmt: skip
 
     def _after_fork_in_child(self) -> None:
         """A child process (os.fork: multiprocessing's default start on Linux,
@@ -249,9 +191,7 @@ class IdPoolClient:
         self._tags_lock = threading.Lock()
         for t in self._tags.values():
             t.forget_after_fork(self.initial_count)
-        self.report = CloseReport()
-        if self._return_at_exit:
-            close_at_child_exit(self._at_exit)
+        self._forked()
 
     # -- the hot path -------------------------------------------------------
 
@@ -286,7 +226,7 @@ class IdPoolClient:
     def next_ids(self, tag: str, n: int) -> Sequence[Any]:
         """``n`` IDs of ``tag``: a ``range`` when they come from one lease, else a
         list (of rendered IDs for a formatted tag)."""
-        _check_batch(n, self.max_batch)
+        check_batch(n, self.max_batch)
         t = self._tag(tag)
         parts: list[tuple[Lease, range]] = []
         now = time.time()
@@ -312,7 +252,7 @@ class IdPoolClient:
             self._give_back(tails)  # taken from leases this tag finished: back to the pool
             raise failed
         if parts[0][0].format is not None:
-            return [v for lease, part in parts for v in _render_many(lease, part, now)]
+            return [v for lease, part in parts for v in render_many(lease, part, now)]
         if len(parts) == 1:
             return parts[0][1]
         return [i for _, part in parts for i in part]
@@ -389,15 +329,15 @@ class IdPoolClient:
             if lease is not None and t.rest < lease.end:
                 return lease
             if t.pending:
-                self._finished(t)
+                t.adapt_wish(self.target_seconds, self.max_count)
                 lease = t.lease = t.pending.popleft()
                 t.rest = lease.start
                 t.trigger = lease.start + int(len(lease) * self.prefetch_at)
                 t.started_at = time.monotonic()
                 continue
             if t.fetcher is None:
-                if t.error is not None and time.monotonic() < t.retry_at:
-                    raise t.error  # fail fast while the nodes are down
+                if (error := t.backing_off()) is not None:
+                    raise error  # fail fast while the nodes are down
                 self._start_fetch(t)
             elif t.error is not None:
                 raise t.error  # the fetcher is retrying in the background
@@ -411,7 +351,7 @@ class IdPoolClient:
         if left:
             t.rest = t.chunk_stop - left
 
-    def _undo(self, t: _Tag, parts: list[tuple[Lease, range]]) -> list[tuple[Lease, int]]:
+    def _undo(self, t: _Tag, parts: list[tuple[Lease, range]]) -> list[Tail]:
         """A batch that failed half-way hands nothing out: each part is the tail of
         its lease; the current lease's goes back to its rest, the others' (leases
         this tag finished) are answered, to go back to the pool."""
@@ -425,20 +365,8 @@ class IdPoolClient:
 
     def _prefetch(self, t: _Tag) -> None:
         if t.fetcher is None and not t.pending and not self._closed:
-            if t.error is None or time.monotonic() >= t.retry_at:
+            if t.backing_off() is None:
                 self._start_fetch(t)
-
-    def _finished(self, t: _Tag) -> None:
-        """The current lease is used up: adapt the size of the next lease asked for."""
-        lease = t.lease
-        if lease is None:
-            return
-        lasted = time.monotonic() - t.started_at
-        size = len(lease)
-        if lasted < self.target_seconds:
-            t.wish = min(self.max_count, 2 * max(t.wish, size))
-        elif lasted > 2 * self.target_seconds:
-            t.wish = max(1, min(t.wish, size) // 2)
 
     def _start_fetch(self, t: _Tag) -> None:
         thread = threading.Thread(
@@ -517,19 +445,14 @@ class IdPoolClient:
             self._closed = True
             tags = list(self._tags.values())
         atexit.unregister(self._at_exit)
-        tails: list[tuple[Lease, int]] = []
+        tails: list[Tail] = []
         fetchers = []
         for t in tags:
             with t.lock:
                 self._put_back(t)
-                lease = t.lease
-                if lease is not None and t.rest < lease.end:
-                    tails.append((lease, t.rest))
-                    t.rest = lease.end
-                tails += [(lease, lease.start) for lease in t.pending]
-                tails += t.ended
-                t.pending.clear()
-                t.ended.clear()
+                end = 0 if t.lease is None else t.lease.end
+                tails += t.unused(t.rest, end)
+                t.rest = max(t.rest, end)
                 if t.fetcher is not None:
                     fetchers.append(t.fetcher)
                 t.ready.notify_all()
@@ -538,50 +461,8 @@ class IdPoolClient:
             thread.join(self.transport.timeout * len(self.transport.servers) + 1)
         return self.report
 
-    def _give_back(self, tails: list[tuple[Lease, int]]) -> None:
-        for lease, start in tails:
-            try:
-                returned = self.transport.give_back(lease, start)
-            except (IdPoolRequestError, IdPoolUnavailable) as e:
-                with self._tags_lock:
-                    self.report.lost.append(f"{lease.fingerprint} {start}-{lease.end - 1}: {e}")
-                continue
-            with self._tags_lock:
-                self.report.returned += returned
-
     def __enter__(self) -> IdPoolClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def lease_calls(self) -> int:
-        """HTTP lease requests sent so far (failovers count each try)."""
-        return self.transport.calls["lease"]
-
-
-def _close_ref(ref: weakref.ref[Any]) -> None:
-    """close() of a client still alive (atexit, a multiprocessing finalizer)."""
-    client = ref()
-    if client is not None:
-        client.close()
-
-
-def _check_batch(n: int, max_batch: int) -> None:
-    """Refuse a ``next_ids`` count below 1 or above the client's ``max_batch``
-    before any lease: ``next_ids(tag, 10**9)`` leased a billion IDs (all wasted)
-    and built a list of them."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, not {n!r}")
-    if n > max_batch:
-        raise ValueError(
-            f"n is {n}: next_ids takes at most max_batch={max_batch} IDs per call "
-            "(ask in batches, or raise the client's max_batch)"
-        )
-
-
-def _render_many(lease: Lease, numbers: range, now: float) -> list[Any]:
-    fmt = lease.format
-    assert fmt is not None  # a tag's leases all carry its format
-    return fmt.render_many(numbers, within(now, lease.since, lease.until))

@@ -17,6 +17,7 @@ from idpool.pool.settings import HTTP_SERVERS, Settings
 from idpool.pool.stores import open_stores
 
 from ..drain import drain_flag_file
+from ..kinds import rules_of
 from .common import integer_up_to, port_number
 from .granian import run_granian
 from .logs import logging_config
@@ -142,7 +143,7 @@ async def _check_stores(settings: Settings) -> None:
 async def preload(settings: Settings, args: argparse.Namespace) -> int:
     ledger, pool = await open_stores(settings)
     try:
-        preloader = Preloader(settings, ledger, pool)
+        preloader = Preloader(settings, ledger, pool, rules_of=rules_of)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,7 +21,7 @@ from idpool.pool.kind_rules import KindRules
 from idpool.pool.ranges import MAX_ID
 from idpool.pool.snowflake import LAYOUT_FIELDS, Layout, check_layout, lease_ms_of, wall_ms
 from idpool.pool.stores import LedgerStore, StoreParts, parts_of
-from idpool.pool.values import SNOWFLAKE_RECORD, TagRow
+from idpool.pool.values import TagRow
 
 from .context import KindContext
 from .interface import Draft, IdKind, KindSpec, Spell
@@ -34,8 +34,9 @@ SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})
 class SnowflakeSpec(KindSpec):
     name = SNOWFLAKE
     rank = 2
+    # made only under a name that never issued IDs; recorded by its layout
     rules = KindRules(
-        SNOWFLAKE, new_name_only=True, needs_redis=True, record_prefix=SNOWFLAKE_RECORD
+        SNOWFLAKE, new_name_only=True, needs_redis=True, record_prefix=f"{SNOWFLAKE}:"
     )
     ranges = False  # its row's max_id counts worker-ID grants
     removable = False  # check_removable says why

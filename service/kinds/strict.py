@@ -247,13 +247,14 @@ def strict_supply(ctx: KindContext) -> StrictSupply:
         return StrictSequence(
             parts.redis_strict(),
             ctx.source.claims,
+            kind=SPEC.name,
             step_of=ctx.tags.step,
             hold_seconds=ctx.reserve_seconds,
             events=NodeStrictEvents(ctx.stats),
             waste=ctx.waste,
         )
     if parts.file_strict is not None:
-        return parts.file_strict()
+        return parts.file_strict(SPEC.name)
     return _NoSupply()
 
 
