@@ -347,7 +347,7 @@ class RedisStrict:
 class StrictEvents:
     """What a strict sequence reports besides its waste (which goes to the
     process's ``WasteRecorder``): the claims its refills made. The node logs and
-    counts them (``service/strict_tags.py``); this default drops them."""
+    counts them (``service/kinds/strict.py``); this default drops them."""
 
     def claimed(self, tag: str, claim: Claim, how: str) -> None:
         """A refill's claim, and what the extension did with it."""

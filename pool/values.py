@@ -46,7 +46,7 @@ class TagRow:
     max_step: int
     end_id: int = MAX_ID  # first ID never handed out; MAX_ID: no bound but 64 bits
     disabled: bool = False
-    kind: str = DEFAULT_KIND  # how its IDs are made (service/kinds.py)
+    kind: str = DEFAULT_KIND  # how its IDs are made (service/kinds/)
     layout: str = ""  # a snowflake tag's layout (pool/snowflake.py, Layout.to_text)
     # JSON of how its numbers are rendered (a format, a reset, obfuscation; "" for
     # none): read by idpool_client/formats.py through service/formats.py

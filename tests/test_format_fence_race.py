@@ -9,7 +9,7 @@ then INSERTs. When the caller that got 'set' loses the INSERT to the one that go
 'same', it "takes back" its fingerprint (compare-and-delete): but the fingerprint
 is byte-for-byte the winner's (a template without obfuscation has no key), so the
 live tag is left without one. A node that fenced the tag in between (once per
-process, FormattedTags.check_fence) never writes it again. The fence that the
+process, FormatFence.check_fence) never writes it again. The fence that the
 design promises for a row deleted by hand ("a formatted name never comes back
 plain") is then gone: the name comes back plain, and the plain tag's decimal
 strings repeat the old '{id:b}' strings ('1000' was binary 8).

@@ -1,4 +1,4 @@
-"""Strict tags through a node's HTTP API (service/strict_tags.py's StrictKind):
+"""Strict tags through a node's HTTP API (service/kinds/strict.py's StrictKind):
 real-time order across nodes, one Redis call per batch of requests, leases
 refused, the mode shown, honest 503s while Redis is away, the embedded mode."""
 

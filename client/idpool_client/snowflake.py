@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - a pure-Python install
     ClockRun = None  # type: ignore[assignment,misc]
 
 # A batch (next_ids) returns no ID made more than this before it returns, as a
-# node's /ids (service/snowflake.py BATCH_MS): time order at a second with others.
+# node's /ids (service/kinds/snowflake_leases.py BATCH_MS): time order at a second with others.
 BATCH_MS = 500
 
 
