@@ -44,7 +44,7 @@ from .errors import (
 )
 from .kind_rules import DEFAULT_KIND, DEFAULT_RULES, KindRules
 from .ranges import MAX_ID, IdRange
-from .stores import HighWaterMarks, LedgerStore, RangeLists
+from .roles import HighWaterMarks, LedgerStore, RangeLists
 from .tag_rules import (
     check_tombstone,
     fence_refused,

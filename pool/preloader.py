@@ -47,9 +47,9 @@ from .errors import (
 )
 from .kind_rules import KindRules, default_rules_of
 from .ranges import IdRange
+from .roles import LedgerStore, PoolStore
 from .settings import Settings
 from .sizing import RateMeter, next_step, target_depth
-from .stores import LedgerStore, PoolStore
 from .values import PoolSummary, PushResult, TagRow, period_over
 from .waste import Reason, WasteRecorder
 
