@@ -22,8 +22,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from . import admin, api_schemas, app, decode, leases, workers
+from . import admin, api_schemas, decode, leases, workers
 from .errors import ErrorCode
+from .node_routes import (
+    healthz,
+    many_ids,
+    metrics_text,
+    one_id,
+    openapi_json,
+    readyz,
+    status_html,
+    status_json,
+)
 from .openapi import TAG_ROW_REF, TEXT, Access, Ok, Param, Schema
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -75,35 +85,35 @@ def _text(description: str, media: str = "text/plain") -> Ok:
 
 TABLE: tuple[ApiRoute, ...] = (
     # IDs (NodeApp answers them first when it can)
-    ApiRoute("/id/{tag}", "GET", app.one_id, "id", "One ID", _ONE_ID, _ID_ERRORS, Access.TAG),
+    ApiRoute("/id/{tag}", "GET", one_id, "id", "One ID", _ONE_ID, _ID_ERRORS, Access.TAG),
     ApiRoute(
-        "/api/segment/get/{tag}", "GET", app.one_id, "id", "One ID (Meituan Leaf's path)",
+        "/api/segment/get/{tag}", "GET", one_id, "id", "One ID (Meituan Leaf's path)",
         _ONE_ID, _ID_ERRORS, Access.TAG,
     ),
     ApiRoute(
-        "/ids/{tag}", "GET", app.many_ids, "ids", "A batch of IDs, increasing within each range",
+        "/ids/{tag}", "GET", many_ids, "ids", "A batch of IDs, increasing within each range",
         Ok("the IDs", api_schemas.IDS), _ID_ERRORS, Access.TAG, (api_schemas.ids_count,),
     ),
     # The operator's pages
-    ApiRoute("/healthz", "GET", app.healthz, "healthz", "Liveness", _text("ok")),
+    ApiRoute("/healthz", "GET", healthz, "healthz", "Liveness", _text("ok")),
     ApiRoute(
-        "/readyz", "GET", app.readyz, "readyz",
+        "/readyz", "GET", readyz, "readyz",
         "Readiness: 503 while starting, draining, or with no IDs and no Redis",
         _text("ready"), (E.NOT_READY,),
     ),
     ApiRoute(
-        "/status", "GET", app.status_html, "status", "Status page",
+        "/status", "GET", status_html, "status", "Status page",
         _text("HTML page", "text/html"),
     ),
     ApiRoute(
-        "/status.json", "GET", app.status_json, "status_json", "The status page's data",
+        "/status.json", "GET", status_json, "status_json", "The status page's data",
         Ok("snapshot", api_schemas.STATUS),
     ),
     ApiRoute(
-        "/metrics", "GET", app.metrics_text, "metrics", "Prometheus metrics", _text("exposition"),
+        "/metrics", "GET", metrics_text, "metrics", "Prometheus metrics", _text("exposition"),
     ),
     ApiRoute(
-        "/openapi.json", "GET", app.openapi_json, "openapi", "This document",
+        "/openapi.json", "GET", openapi_json, "openapi", "This document",
         Ok("OpenAPI 3.0", {"type": "object"}),
     ),
     # The admin API (service/admin.py)
