@@ -25,10 +25,9 @@ from idpool.pool.errors import InvalidInput
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
-from . import auth
+from . import preamble
 from .errors import json_response
 from .kinds import names, spec_of
-from .tag_fields import check_tag
 
 
 async def decode_issued(ledger: LedgerStore, row: TagRow, value: str) -> dict[str, Any]:
@@ -54,12 +53,10 @@ def kind_fields(row: TagRow) -> dict[str, Any]:
 
 
 async def decode_id(request: Request) -> Response:
-    tag = check_tag(request.path_params["tag"])
-    tags = request.state.run.node.tags
     # A guarded tag's token first, as /id: its kind and its IDs' parts are the tag's
     # to tell (issue 28: decode answered them where every other route said 401).
-    await auth.check_token(tags, tag, request)
-    row = await tags.lookup(tag)
+    run, tag = await preamble.tag_request(request)
+    row = await run.node.tags.lookup(tag)
     if not spec_of(row.kind).public_decode:
         public = sorted(names(lambda spec: spec.public_decode))
         raise InvalidInput(

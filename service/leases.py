@@ -22,7 +22,6 @@ import logging
 import re
 from typing import Any
 
-import orjson
 from idpool_client.formats import period_of_row
 from starlette.requests import Request
 from starlette.responses import Response
@@ -40,7 +39,7 @@ from idpool.pool.lease_store import LeaseStore, fingerprint, new_lease
 from idpool.pool.ranges import MAX_ID, TAG_RULE, IdRange, is_valid_tag
 from idpool.pool.waste import Reason
 
-from . import auth
+from . import auth, preamble
 from .errors import HttpRefusal, json_response
 from .kinds import spec_of
 from .runtime import Runtime
@@ -117,13 +116,9 @@ async def _body(request: Request) -> dict[str, Any]:
         '{"lease": "<id>", "secret": "<secret>", "tag": "<tag>", "from": <first unused ID>}'
         " (lease, secret: from the answer of POST /lease/{tag})"
     )
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise InvalidInput("bad_body", f"send a JSON object: {example}") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("bad_body", f"the body must be a JSON object: {example}")
-    return body
+    return await preamble.json_object(
+        request, f"send a JSON object: {example}", f"the body must be a JSON object: {example}"
+    )
 
 
 def _lease_store(run: Runtime) -> LeaseStore:
@@ -136,17 +131,14 @@ def _lease_store(run: Runtime) -> LeaseStore:
 
 
 async def lease(request: Request) -> Response:
-    tag: str = request.path_params["tag"]
-    if not is_valid_tag(tag):
-        raise InvalidInput("bad_tag", f"tag {tag[:80]!r} is not valid: use {TAG_RULE}")
+    tag = preamble.path_tag(request)
     run: Runtime = request.state.run
     count = _parse_count(request, run.settings.client_max_count)
     store = _lease_store(run)
     if run.node.draining:
         raise Draining("node is shutting down")
     row = await run.node.tags.lookup(tag)  # its tokens are read with it
-    if not auth.allowed(run.node.tags, tag, request):
-        raise HttpRefusal("unauthorized", auth.refusal_message(tag), {"www-authenticate": "Bearer"})
+    await auth.check_token(run.node.tags, tag, request)
     refused = spec_of(row.kind).refuse_lease(tag)  # strict: only nodes keep its order
     if refused is not None:
         raise refused

@@ -23,7 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from idpool.pool.errors import Draining, InvalidInput, StoreUnavailable
+from idpool.pool.errors import InvalidInput, StoreUnavailable
 from idpool.pool.snowflake import WorkerLeaseLost
 from idpool.pool.worker_store import (
     MAX_LAST_MS,
@@ -33,12 +33,11 @@ from idpool.pool.worker_store import (
     WorkerRefused,
 )
 
-from . import auth
+from . import preamble
 from .errors import HttpRefusal, json_response
 from .kinds.snowflake_leases import SnowflakeKind
 from .leases import LEASE_ID
 from .runtime import Runtime
-from .tag_fields import check_tag
 
 logger = logging.getLogger("idpool.snowflake")
 
@@ -49,13 +48,8 @@ def _kind(run: Runtime) -> SnowflakeKind:
 
 
 async def _checked(request: Request) -> tuple[Runtime, str]:
-    tag = check_tag(request.path_params["tag"])
-    run: Runtime = request.state.run
-    if run.node.draining:
-        raise Draining("node is shutting down")
-    await run.node.tags.lookup(tag)  # its tokens are read with it (a fresh row: disabled?)
-    await auth.check_token(run.node.tags, tag, request)
-    return run, tag
+    # a fresh row: disabled since the node's last reload?
+    return await preamble.tag_request(request, refuse_draining=True, fresh=True)
 
 
 async def grant(request: Request) -> Response:
