@@ -91,7 +91,7 @@ tick's work, never an ID):
 ``idpool:preloader``  STRING with a TTL, the id of the one active preloader.
     Taken with SET NX PX and renewed each tick (and before each claim) by its
     holder; the other preloaders stand by, one SET NX a tick each, and take over
-    when it expires. A preloader's push lands only while it holds the lease:
+    when it expires. A preloader's push lands only while it holds the leadership:
     read by the push script on a single Redis; on a cluster (another slot than
     the tag's keys) by a GET right before the push.
 

@@ -2,7 +2,7 @@
 
 The pool names no kind: each kind's module (``service/kinds/<name>.py``) makes its
 one ``KindRules`` and the service hands it down (``create_tag``, the ledgers'
-``add_tag``, the preloader, the strict sequence). A row read back names its kind by
+``add_tag``, the preloader, the strict counter). A row read back names its kind by
 its ``kind`` column; ``rules_of`` there (service/kinds) turns the name into these
 rules. The one name the pool keeps is the schema's: ``DEFAULT_KIND``, what the
 ledger's ``kind`` column holds for a row made before kinds (or made here without a

@@ -32,7 +32,7 @@ from .ranges import MAX_ID, IdRange
 from .settings import MysqlParams, Settings
 from .tag_rules import NEW_ROW_COLUMNS, TOMBSTONE_COLUMNS, NewRow, check_kind
 from .tokens import TokenRow
-from .values import TagRow, cut, period_rows_between, read_end
+from .values import TagRow, next_range, period_rows_between, read_end
 
 T = TypeVar("T")
 TABLE = "idpool_tags"
@@ -166,8 +166,8 @@ def _tag_row(values: Sequence[Any]) -> TagRow:
 class Ledger:
     name = "mysql"  # in /status, /metrics and 503 messages
 
-    def __init__(self, pool: Any, timeout: float, *, galera: bool = False) -> None:
-        self._pool = pool
+    def __init__(self, connections: Any, timeout: float, *, galera: bool = False) -> None:
+        self._connections = connections  # aiomysql's pool of connections
         self._timeout = timeout
         self.galera = galera  # a Galera member: its sessions set wsrep_sync_wait
         # (operation, reason) -> transactions run again after a conflict (/metrics)
@@ -177,7 +177,7 @@ class Ledger:
 
     @classmethod
     async def connect(cls, settings: Settings, *, create: bool | None = None) -> Ledger:
-        """Open a connection pool; create the database and table if allowed.
+        """Open the connections (aiomysql's pool); create the database and table if allowed.
 
         Raises StoreUnavailable naming IDPOOL_MYSQL_URL when MySQL cannot be reached.
         """
@@ -185,42 +185,42 @@ class Ledger:
         create = settings.create_database if create is None else create
         try:
             try:
-                pool = await _open_pool(params, settings.store_timeout, params.database)
+                conns = await _open_connections(params, settings.store_timeout, params.database)
             except pymysql.err.OperationalError as e:
                 if e.args[0] != _UNKNOWN_DATABASE or not create:
                     raise
                 await _create_database(params, settings.store_timeout)
-                pool = await _open_pool(params, settings.store_timeout, params.database)
-            galera = await _is_galera(pool)
+                conns = await _open_connections(params, settings.store_timeout, params.database)
+            galera = await _is_galera(conns)
             if galera:  # again, each new connection setting wsrep_sync_wait first
-                pool.close()
-                await pool.wait_closed()
-                pool = await _open_pool(
+                conns.close()
+                await conns.wait_closed()
+                conns = await _open_connections(
                     params, settings.store_timeout, params.database, GALERA_SESSION
                 )
         except _CONNECTION_ERRORS as e:
             raise StoreUnavailable(
                 "mysql",
                 f"cannot open database {params.database!r} at {params.host}:{params.port} "
-                f"as {params.user!r} (check IDPOOL_MYSQL_URL): {_describe(e)}",
+                f"as {params.user!r} (check IDPOOL_MYSQL_URL): {_error_text(e)}",
             ) from e
-        ledger = cls(pool, settings.store_timeout, galera=galera)
+        ledger = cls(conns, settings.store_timeout, galera=galera)
         if create:
             await ledger.ensure_schema()
         return ledger
 
     async def close(self) -> None:
-        if self._pool is None:
+        if self._connections is None:
             return
-        pool, self._pool = self._pool, None
-        pool.close()
+        conns, self._connections = self._connections, None
+        conns.close()
         try:
             # A connection still held (a query stuck on the server) must not hold
             # up the stop: past the store timeout, close every connection at once.
-            await asyncio.wait_for(pool.wait_closed(), self._timeout)
+            await asyncio.wait_for(conns.wait_closed(), self._timeout)
         except TimeoutError:
-            pool.terminate()
-            await pool.wait_closed()
+            conns.terminate()
+            await conns.wait_closed()
 
     async def ensure_schema(self) -> None:
         async def op(cur: Any) -> None:
@@ -265,7 +265,7 @@ class Ledger:
                 raise UnknownTag(tag)
             check_kind(tag, kind, str(row[4]))
             start, step, stored, disabled = (int(v) for v in row[:4])
-            fresh = cut(tag, start, step * ranges, read_end(stored), bool(disabled))
+            fresh = next_range(tag, start, step * ranges, read_end(stored), bool(disabled))
             await cur.execute(f"UPDATE {TABLE} SET max_id = %s WHERE tag = %s", (fresh.end, tag))
             await cur.connection.commit()
             return fresh
@@ -581,9 +581,9 @@ class Ledger:
         exponential backoff, while the store timeout leaves time for another try: it
         was not applied, so running it again cannot claim a range twice. A lost
         answer is never retried (StoreUnavailable)."""
-        if self._pool is None:
+        if self._connections is None:
             raise StoreUnavailable("mysql", "ledger is closed")
-        pool = self._pool
+        conns = self._connections
         loop = asyncio.get_running_loop()
         last_start = loop.time() + self._timeout * (1 - CONFLICT_RESERVE)
         try:
@@ -592,7 +592,7 @@ class Ledger:
                 while True:
                     attempt += 1
                     try:
-                        return await self._run_once(pool, op, transaction)
+                        return await self._run_once(conns, op, transaction)
                     except pymysql.err.OperationalError as e:
                         if not (retry and _is_conflict(e)):
                             raise
@@ -606,16 +606,18 @@ class Ledger:
                                 "mysql",
                                 f"{retry} rolled back by {attempt} conflicts in a row within "
                                 f"the store timeout ({self._timeout} s; nothing applied): "
-                                f"{_describe(e)}",
+                                f"{_error_text(e)}",
                             ) from e
                         self.retries[retry, "certification" if self.galera else "deadlock"] += 1
                         await asyncio.sleep(wait)
         except _CONNECTION_ERRORS as e:
-            await self._drop_idle(pool)
-            raise StoreUnavailable("mysql", _describe(e)) from e
+            await self._drop_idle(conns)
+            raise StoreUnavailable("mysql", _error_text(e)) from e
 
-    async def _run_once(self, pool: Any, op: Callable[[Any], Awaitable[T]], transaction: bool) -> T:
-        conn = await pool.acquire()
+    async def _run_once(
+        self, conns: Any, op: Callable[[Any], Awaitable[T]], transaction: bool
+    ) -> T:
+        conn = await conns.acquire()
         try:
             if transaction:
                 await conn.begin()
@@ -633,15 +635,15 @@ class Ledger:
                 await conn.rollback()
             raise
         finally:
-            pool.release(conn)
+            conns.release(conn)
 
-    async def _drop_idle(self, pool: Any) -> None:
+    async def _drop_idle(self, conns: Any) -> None:
         """After a connection error, close the idle connections too: behind a virtual
         IP or proxy that moved to a promoted replica they lead to the old server, and
         one that hangs (no RST from a vanished host) would cost a call a timeout each."""
         with contextlib.suppress(*_CONNECTION_ERRORS):
             async with asyncio.timeout(self._timeout):
-                await pool.clear()
+                await conns.clear()
 
 
 _DomainErrors = (
@@ -696,21 +698,21 @@ def _is_conflict(e: BaseException) -> bool:
     return isinstance(e, pymysql.err.OperationalError) and bool(e.args) and e.args[0] == _DEADLOCK
 
 
-async def _is_galera(pool: Any) -> bool:
+async def _is_galera(conns: Any) -> bool:
     """Whether the server is a Galera member (``wsrep_on``); MySQL has no such variable."""
-    async with pool.acquire() as conn, conn.cursor() as cur:
+    async with conns.acquire() as conn, conn.cursor() as cur:
         await cur.execute("SHOW VARIABLES LIKE 'wsrep_on'")
         row = await cur.fetchone()
     return row is not None and str(row[1]).upper() == "ON"
 
 
-def _describe(e: BaseException) -> str:
+def _error_text(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "no answer in time"
     return f"{type(e).__name__}: {e}"
 
 
-async def _open_pool(
+async def _open_connections(
     params: MysqlParams, timeout: float, db: str, init_command: str | None = None
 ) -> Any:
     return await aiomysql.create_pool(

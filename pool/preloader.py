@@ -1,6 +1,6 @@
 """The preloader job: keep every tag's Redis list topped up from the ledger.
 
-One preloader is active at a time, cluster-wide: each holds the lease
+One preloader is active at a time, cluster-wide: each holds the leadership
 ``idpool:preloader`` (SET NX PX, renewed every tick) or stands by, trying to
 take it once a tick. The active one visits only the tags that moved: those a
 node popped from or reported IDs for since its last tick (the set
@@ -105,7 +105,7 @@ class Preloader:
         self.pool = pool
         self.claims = claims or LedgerClaims(ledger, pool)
         self.owner = owner_id()
-        self.leading = False  # held the preloader lease at the last tick
+        self.leading = False  # held the preloader leadership at the last tick
         self._scheduler: AsyncIOScheduler | None = None
         self._tick_task: asyncio.Task[list[RefillReport]] | None = None
         self._closing = False
@@ -138,7 +138,7 @@ class Preloader:
 
     async def close(self) -> None:
         """Wait for a tick under way, so its claims get pushed, then stop the schedule
-        and hand the lease on.
+        and hand the leadership on.
 
         In that order: a scheduler shut down mid-tick cancels the job, and
         apscheduler logs every cancelled job as an error.

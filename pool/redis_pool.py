@@ -122,7 +122,7 @@ return {dropped, taken, redis.call('LLEN', KEYS[2]), redis.call('HGET', KEYS[3],
 # ambiguous write.
 MAX_CONNECTIONS = 32
 
-# KEYS[1] = clean marker, KEYS[2] = pool list, KEYS[3] = the preloader lease and
+# KEYS[1] = clean marker, KEYS[2] = pool list, KEYS[3] = the preloader leadership and
 # KEYS[4] = the old list (single Redis only); ARGV[1] = tag, ARGV[2] = old clean
 # prefix, ARGV[3] = 'head' or 'tail', ARGV[4] = the pushing preloader's id to check
 # here ('' for a node, and on a cluster, where the lease is in another slot: checked
@@ -251,7 +251,7 @@ redis.call('HSET', KEYS[1], 'floor', floor)
 return floor
 """
 
-# KEYS[1] = preloader lease; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
+# KEYS[1] = preloader leadership; ARGV[1] = owner, ARGV[2] = ms. Take it, or renew our own.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
@@ -260,7 +260,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
-# KEYS[1] = preloader lease; ARGV[1] = owner. Delete only our own lease.
+# KEYS[1] = preloader leadership; ARGV[1] = owner. Delete only our own leadership.
 _RESIGN = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -498,7 +498,7 @@ class RedisPool:
         self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
     ) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order.
-        With ``leader`` (a preloader's id), only while it holds the preloader lease:
+        With ``leader`` (a preloader's id), only while it holds the preloader leadership:
         otherwise nothing is pushed and the result says ``lease_lost``.
 
         Called once per batch; never retried (an error means "maybe pushed").
@@ -925,8 +925,8 @@ class RedisPool:
                 with contextlib.suppress(*_ERRORS):
                     await self.client.connection_pool.disconnect(inuse_connections=False)
             if _never_sent(e):
-                raise StoreNotSent("redis", _describe(e)) from e
-            raise StoreUnavailable("redis", _describe(e)) from e
+                raise StoreNotSent("redis", _error_text(e)) from e
+            raise StoreUnavailable("redis", _error_text(e)) from e
         finally:
             self._slots.release()
 
@@ -1002,5 +1002,5 @@ def _never_sent(e: BaseException) -> bool:
     return isinstance(e, RedisClusterException | ClusterDownError | AskError | TryAgainError)
 
 
-def _describe(e: BaseException) -> str:
+def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -108,7 +108,7 @@ class HighWaterMarks(Protocol):
     async def unfence_format(self, tag: str, fingerprint: str) -> None: ...
 
     async def fence_strict(self, tag: str, floor: int) -> int:
-        """Before a strict tag's row is made: its name's strict sequence starts
+        """Before a strict tag's row is made: its name's strict counter starts
         again, above ``floor`` (a no-op where strict takes are the ledger's own)."""
         ...
 

@@ -170,7 +170,7 @@ def check_layout(
         raise InvalidInput(
             "bad_layout", f"{name('layout')} must be one of {', '.join(LAYOUTS)}, not {preset!r}"
         )
-    values: dict[str, int] = {**LAYOUTS[preset].describe(), "epoch_ms": now_ms}
+    values: dict[str, int] = {**LAYOUTS[preset].fields(), "epoch_ms": now_ms}
     for field, (low, high) in LAYOUT_RANGES.items():
         raw = fields.get(field)
         if raw is None:

@@ -22,7 +22,7 @@ from .settings import Settings
 from .sqlite_file import SqliteFile
 from .tag_rules import NEW_ROW_COLUMNS, TOMBSTONE_COLUMNS, NewRow, check_kind
 from .tokens import TokenRow
-from .values import TagRow, cut, period_rows_between
+from .values import TagRow, next_range, period_rows_between
 
 _COLUMNS = (
     "tag, max_id, step, start_id, description, updated_at, min_step, max_step, end_id, disabled, "
@@ -68,7 +68,7 @@ class SqliteLedger:
             # COMMIT, so two claims (from any process) can never overlap.
             row = _select(conn, tag)
             check_kind(tag, kind, row.kind)  # see Ledger.claim
-            fresh = cut(tag, row.max_id, row.step * ranges, row.end_id, row.disabled)
+            fresh = next_range(tag, row.max_id, row.step * ranges, row.end_id, row.disabled)
             conn.execute(
                 "UPDATE idpool_tags SET max_id = ?, updated_at = ? WHERE tag = ?",
                 (fresh.end, time.time(), tag),

@@ -94,7 +94,7 @@ class SqlitePool:
         self, tag: str, ranges: Sequence[IdRange], *, head: bool, leader: str = ""
     ) -> PushResult:
         """Append fresh ranges (tail) or return remainders (head), in serving order;
-        with ``leader``, only while that preloader holds the lease (as in Redis)."""
+        with ``leader``, only while that preloader holds the leadership (as in Redis)."""
 
         def op(conn: sqlite3.Connection) -> PushResult:
             # In the push's transaction: a preloader frozen past its lease pushes nothing.

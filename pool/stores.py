@@ -102,16 +102,16 @@ async def open_stores(settings: Settings) -> tuple[LedgerStore, PoolStore]:
 class StoreParts:
     """The optional roles of a ledger and pool pair, by what the backends can do:
     a part is None where they cannot hold it (the embedded SQLite mode has no
-    Redis: no client leases, no worker IDs, no Redis strict sequences). The
+    Redis: no client leases, no worker IDs, no Redis strict counters). The
     service asks for a part instead of testing a store's class."""
 
     # snowflake worker IDs, leased in Redis (pool/worker_store.py)
     workers: WorkerStore | None = None
     # client leases, recorded in Redis for their TTL in seconds (pool/lease_store.py)
     leases: Callable[[int], LeaseStore] | None = None
-    # strict sequences in Redis, refilled from ledger claims (pool/strict.py)
+    # strict counters in Redis, refilled from ledger claims (pool/strict.py)
     redis_strict: Callable[[], RedisStrict] | None = None
-    # embedded: strict sequences in the SQLite ledger's own file (pool/strict.py), for
+    # embedded: strict counters in the SQLite ledger's own file (pool/strict.py), for
     # the tags of one kind (a take from a row of another is refused)
     file_strict: Callable[[str], SqliteStrict] | None = None
 

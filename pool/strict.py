@@ -70,7 +70,7 @@ from .sentinel import named_master_by_majority
 from .sqlite_file import SqliteFile
 from .sqlite_ledger import _select
 from .tag_rules import check_kind
-from .values import cut
+from .values import next_range
 from .waste import Reason, WasteRecorder
 
 # Decimal strings without leading zeros: compare by length, then by text; add
@@ -345,7 +345,7 @@ class RedisStrict:
 
 
 class StrictEvents:
-    """What a strict sequence reports besides its waste (which goes to the
+    """What a strict counter reports besides its waste (which goes to the
     process's ``WasteRecorder``): the claims its refills made. The node logs and
     counts them (``service/kinds/strict.py``); this default drops them."""
 
@@ -367,7 +367,7 @@ class StrictSupply(Protocol):
     async def close(self) -> None: ...
 
 
-class StrictSequence:
+class StrictCounter:
     """Strict takes from Redis, refilled from the ledger (fenced by the mark).
 
     The state is refilled before it runs out: when a take leaves less than half
@@ -422,7 +422,7 @@ class StrictSequence:
                 refills += 1
                 if refills > _ATTEMPTS:
                     raise StrictRaced(
-                        f"tag {tag!r}: {_ATTEMPTS} refills of its strict sequence in a row "
+                        f"tag {tag!r}: {_ATTEMPTS} refills of its strict counter in a row "
                         "lost a race or met a new Redis incarnation; retry"
                     )
                 answer = await self._refill(tag, answer, n)
@@ -569,7 +569,7 @@ class StrictSequence:
 class SqliteStrict:
     """The embedded mode's strict take: one transaction on the ledger row.
 
-    ``max_id`` is the sequence: a take of ``n`` moves it up by ``n`` under the
+    ``max_id`` is the counter: a take of ``n`` moves it up by ``n`` under the
     file's write lock, fsynced before it returns, so takes are ordered by the
     lock and every later one starts where the last ended.
     """
@@ -587,7 +587,7 @@ class SqliteStrict:
             # BEGIN IMMEDIATE: the write lock from the read to the COMMIT.
             row = _select(conn, tag)
             check_kind(tag, self.kind, row.kind)  # see Ledger.claim
-            fresh = cut(tag, row.max_id, n, row.end_id, row.disabled)
+            fresh = next_range(tag, row.max_id, n, row.end_id, row.disabled)
             if len(fresh) < n:
                 raise TagExhausted(
                     f"tag {tag!r} has {len(fresh)} IDs left below its max, fewer than the {n} asked"

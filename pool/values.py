@@ -123,7 +123,7 @@ def row_named(name: str) -> str:
     return f"tag {tag!r}, in {_PERIOD_NAMES[len(key)]} period {key} (ledger row {name!r}),"
 
 
-def cut(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
+def next_range(tag: str, start: int, ids: int, end_id: int, disabled: bool) -> IdRange:
     """The range a claim of ``ids`` IDs from ``start`` gets: cut short at the
     tag's bound, never past it. Shared by both ledgers so they agree."""
     if disabled:

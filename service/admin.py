@@ -25,7 +25,7 @@ from idpool.pool.waste import Reason
 from . import preamble
 from .decode import decode_issued, kind_fields
 from .errors import error, json_response
-from .formats import describe, split_periods
+from .formats import public_format, split_periods
 from .tag_fields import check_int, check_range_change, check_removable, check_tag, new_tag
 
 _CHANGE_FIELDS = frozenset({"step", "start", "disabled"})
@@ -47,7 +47,7 @@ def tag_fields(row: TagRow) -> dict[str, Any]:
         "disabled": row.disabled,
         "description": row.description,
         **kind_fields(row),
-        "format": describe(row),  # null for a plain tag; never the obfuscation key
+        "format": public_format(row),  # null for a plain tag; never the obfuscation key
     }
 
 

@@ -92,7 +92,7 @@ def format_of(row: TagRow) -> TagFormat | None:
     return TagFormat(options.get("format"), options.get("reset"), ob, period_keys=per_period)
 
 
-def describe(row: TagRow) -> dict[str, Any] | None:
+def public_format(row: TagRow) -> dict[str, Any] | None:
     """A tag's format as lists and pages show it: never the key."""
     if not row.options:
         return None
@@ -129,7 +129,7 @@ def formats_of(rows: list[TagRow] | tuple[TagRow, ...]) -> dict[str, TagFormat |
 
 def tag_list_entry(row: TagRow) -> str:
     """The format column of ``idpool tag list``."""
-    shown = describe(row)
+    shown = public_format(row)
     if shown is None:
         return ""
     parts = [repr(shown["format"])] if shown["format"] else []

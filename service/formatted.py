@@ -159,8 +159,8 @@ class FormattedTags:
             # a midnight passed while waiting takes from the new period's buffer.
             await buf.wait_for(max(1, count) - buf.in_memory)
 
-    async def sequence(self, tag: str, fmt: TagFormat) -> tuple[str, float, float]:
-        """(row name, from, until) of the sequence a lease of ``tag`` comes from now."""
+    async def lease_row(self, tag: str, fmt: TagFormat) -> tuple[str, float, float]:
+        """(row name, from, until) of the ledger row a lease of ``tag`` comes from now."""
         await self.fence.check_fence(tag)
         if fmt.reset is None:
             return tag, float("-inf"), float("inf")

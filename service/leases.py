@@ -78,7 +78,7 @@ def merge(ranges: list[IdRange]) -> list[IdRange]:
     return merged
 
 
-def cut(ranges: list[IdRange], count: int) -> tuple[list[IdRange], list[IdRange]]:
+def split(ranges: list[IdRange], count: int) -> tuple[list[IdRange], list[IdRange]]:
     """(the first ``count`` IDs of ``ranges``, the rest), both in serving order."""
     leased: list[IdRange] = []
     rest: list[IdRange] = []
@@ -146,7 +146,7 @@ async def lease(request: Request) -> Response:
     # the format (with the obfuscation key: only to a holder of the tag's token).
     # With a reset the numbers come from the period's row, named in each lease.
     fmt = run.node.formatted.format_for(tag)
-    sequence, since, until = tag, 0.0, 0.0
+    row_name, since, until = tag, 0.0, 0.0
     if fmt is not None:
         await run.node.fence.check_fence(tag)  # a row edited by hand: its 503 first
         if fmt.obfuscation is not None and not run.node.tags.tokens.get(tag):
@@ -158,17 +158,17 @@ async def lease(request: Request) -> Response:
                 f"a holder of one of its tokens: add one (`idpool tag token add {tag}`) and "
                 f"give it to the client, or ask a node for each ID (GET /id/{tag})",
             )
-        sequence, since, until = await run.node.formatted.sequence(tag, fmt)
+        row_name, since, until = await run.node.formatted.lease_row(tag, fmt)
     else:  # a plain row: its name must not be a formatted tag's
         await run.node.fence.check_fence(tag)
-    taken = merge(await lease_ranges(run, sequence, 1 if count is None else count))
+    taken = merge(await lease_ranges(run, row_name, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.
     # Without a count, one range: cut too (a tag's dynamic step may exceed the cap).
-    ranges, rest = cut(taken, run.settings.client_max_count if count is None else count)
-    leases = [(*new_lease(sequence), r) for r in ranges]  # in the slot of the row it returns to
+    ranges, rest = split(taken, run.settings.client_max_count if count is None else count)
+    leases = [(*new_lease(row_name), r) for r in ranges]  # in the slot of the row it returns to
     try:
-        recorded = await store.record(sequence, leases, rest)
+        recorded = await store.record(row_name, leases, rest)
     except (StoreUnavailable, LeaseClash) as e:
         # Not recorded, or not known to be: a lease that could not be returned
         # (or, if half-known, returned twice) is never handed out, and the rest
@@ -176,15 +176,15 @@ async def lease(request: Request) -> Response:
         unsent = isinstance(e, StoreNotSent | LeaseClash)
         rest_reason = Reason.PUSH_NOT_SENT if unsent else Reason.PUSH_OUTCOME_UNKNOWN
         for _, _, r in leases:
-            run.node.waste.record(sequence, [r], Reason.LEASE_NOT_RECORDED, str(e))
+            run.node.waste.record(row_name, [r], Reason.LEASE_NOT_RECORDED, str(e))
         for r in rest:
-            run.node.waste.record(sequence, [r], rest_reason, str(e))
+            run.node.waste.record(row_name, [r], rest_reason, str(e))
         raise HttpRefusal("unavailable", f"could not record the lease in Redis: {e}") from e
     run.node.waste.dropped(recorded.dropped)
     for lease_id, _, r in leases:
         logger.info(
             "event=range_leased tag=%s range=%s lease=%s",
-            sequence,
+            row_name,
             r.to_text(),
             fingerprint(lease_id),
         )
@@ -196,12 +196,12 @@ async def lease(request: Request) -> Response:
     if fmt is not None:
         # With period keys, the key of the lease's period only (its numbers are
         # rendered in it alone), never the tag's.
-        period = period_of_row(sequence)
+        period = period_of_row(row_name)
         body["format"] = fmt.to_json(secret=True, period=None if period is None else period[1])
-        if sequence != tag:
-            body["period"] = {"key": sequence.rpartition("@")[2], "from": since, "until": until}
+        if row_name != tag:
+            body["period"] = {"key": row_name.rpartition("@")[2], "from": since, "until": until}
             for one in answer:
-                one["sequence"] = sequence  # the row its tail goes back to
+                one["sequence"] = row_name  # the row its tail goes back to
     return json_response(body)
 
 
@@ -226,7 +226,7 @@ def _return_fields(body: dict[str, Any]) -> tuple[str, str, int, str]:
 
 
 def _tag_of(name: str) -> str:
-    """The tag of a lease's sequence: itself, or the tag of a period's row."""
+    """The tag of a lease's row (its ``sequence`` field): itself, or the tag of a period's row."""
     found = period_of_row(name)
     return name if found is None else found[0]
 

@@ -221,11 +221,11 @@ class Node:
         except KindChanged:
             return await (await self.kind_of(tag)).next_ids(tag, count)
 
-    def describe(self, tag: str) -> Mapping[str, Any] | None:
+    def holding(self, tag: str) -> Mapping[str, Any] | None:
         """What this node holds for the tag, as its kind shows it (/status.json)."""
         row = self.tags.rows.get(tag)
         kind = self.kinds.get(self.buffered if row is None else row.kind)
-        return None if kind is None else kind.describe(tag)
+        return None if kind is None else kind.holding(tag)
 
     async def take(self, tag: str) -> int:
         """One ID from the tag's segment buffer (made on first use)."""

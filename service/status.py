@@ -296,7 +296,7 @@ def _tag(
     history = () if counters is None else counters.history
     points = [{"t": round(t, 1), "ids_per_s": round(r, 2)} for t, r in rates(history)]
     wasted = Counter[str]() if node is None else node.waste.of(tag)  # and its preloader's
-    described = None if node is None else node.describe(tag)
+    described = None if node is None else node.holding(tag)
     entry: dict[str, Any] = {
         "tag": tag,
         "kind": None if row is None else row.kind,

@@ -75,7 +75,7 @@ async def grant(request: Request) -> Response:
             # clock reads; each renewal answers the new one.
             "expires_ms": given.expires_ms,
             "margin_ms": int(kind.margin * 1000),
-            "layout": layout.describe(),
+            "layout": layout.fields(),
         }
     )
 

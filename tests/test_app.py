@@ -601,7 +601,7 @@ def test_a_tag_is_served_by_the_object_of_its_kind(
         async def next_ids(self, tag: str, count: int) -> list[int]:
             return [await self.next_id(tag) for _ in range(count)]
 
-        def describe(self, tag: str) -> dict[str, int]:
+        def holding(self, tag: str) -> dict[str, int]:
             return {"last": self.last}
 
         def not_ready(self) -> None:

@@ -40,7 +40,7 @@ def test_a_formatted_tags_kind_edited_by_hand_to_strict_is_not_served_plain(
     `options` entirely. So editing only the row's `kind` to 'strict' (options and
     secret untouched: the fingerprint is the same) makes every node (a fresh one,
     and one that already served the tag) hand out the sequence as bare numbers.
-    An obfuscated tag (`--max 200`) handed out P(1..20); the strict sequence then
+    An obfuscated tag (`--max 200`) handed out P(1..20); the strict counter then
     hands out 41..200 as plain numbers: with real processes 17 of the 20 values
     came out a second time. A `{id:b}` tag edited to strict with options='' does
     the same (binary strings "10000"... are decimal numbers the sequence reaches).
@@ -91,7 +91,7 @@ def test_a_binary_formatted_tag_edited_to_strict_without_its_format_is_not_serve
         conn.close()
     with TestClient(create_app(node_settings)) as c:
         again: list[str] = []
-        for _ in range(3):  # the strict sequence, bare, up to past 10100
+        for _ in range(3):  # the strict counter, bare, up to past 10100
             got = c.get(f"/ids/{tag}?count=5000")
             if got.status_code != 200:
                 break

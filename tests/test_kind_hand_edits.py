@@ -13,7 +13,7 @@ Against the real MariaDB and Redis. What the attack found:
    - snowflake -> segment: a fresh node serves ``max_id``.. (2, 3, 4...) over the
      generator's 400-odd values, on ``/ids`` and in leases; with real processes
      ``/ids?count=40`` handed out 8, 9, 12, 16, 17, 20, 40 again;
-   - snowflake -> strict: the same from the strict sequence;
+   - snowflake -> strict: the same from the strict counter;
    - segment -> snowflake (``kind`` and a ``layout``): worker grants pass, and the
      generator makes numbers the segment tag handed out (creation refuses such a
      name, ``NameUsedBefore``; the grant does not);

@@ -30,7 +30,7 @@ from idpool.pool.preloader import Preloader
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
-from idpool.pool.strict import RedisStrict, StrictSequence
+from idpool.pool.strict import RedisStrict, StrictCounter
 from idpool.pool.values import PopResult
 from idpool.pool.waste import Reason
 from idpool.service.kinds import rules_of
@@ -192,7 +192,7 @@ async def test_strict_sequences_on_every_shard(
         for tag in tags_over_shards(cluster, 1, "sc"):
             await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
             claims = LedgerClaims(ledger, pool)
-            seq = StrictSequence(RedisStrict(pool), claims, kind="strict", step_of=lambda t: 10)
+            seq = StrictCounter(RedisStrict(pool), claims, kind="strict", step_of=lambda t: 10)
             firsts = [await seq.take(tag, 3) for _ in range(12)]  # refills on the way
             await seq.close()
             assert firsts == list(range(1, 36, 3))
@@ -570,7 +570,7 @@ async def test_a_strict_take_a_replica_did_not_acknowledge_is_never_answered(
     try:
         tag = new_name("sw")
         await ledger.add_tag(tag, step=100, start=1, rules=rules_of("strict"))
-        seq = StrictSequence(
+        seq = StrictCounter(
             RedisStrict(pool),
             LedgerClaims(ledger, pool),
             kind="strict",
@@ -604,7 +604,7 @@ async def test_a_replica_its_primary_flagged_failed_still_must_acknowledge(
     pool = RedisPool.from_settings(cs.with_changes(store_timeout=2.0))
     tag = new_name("sf")
     await ledger.add_tag(tag, step=100, start=1, rules=rules_of("strict"))
-    seq = StrictSequence(
+    seq = StrictCounter(
         RedisStrict(pool),
         LedgerClaims(ledger, pool),
         kind="strict",
@@ -651,8 +651,8 @@ async def test_a_primary_paused_past_its_failover_answers_no_strict_id_below_the
     primary = cluster.primary_of(stale.keys.strict(tag))
     replica = cluster.replicas_of(primary)[0]
 
-    def node(pool: RedisPool) -> StrictSequence:
-        return StrictSequence(
+    def node(pool: RedisPool) -> StrictCounter:
+        return StrictCounter(
             RedisStrict(pool),
             LedgerClaims(ledger, pool),
             kind="strict",

@@ -15,7 +15,7 @@ from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.sqlite_ledger import SqliteLedger
-from idpool.pool.strict import RedisStrict, SqliteStrict, StrictEvents, StrictSequence
+from idpool.pool.strict import RedisStrict, SqliteStrict, StrictCounter, StrictEvents
 from idpool.pool.waste import Reason, WasteRecorder
 from idpool.service.kinds import rules_of
 from ops.toolkit import RedisServer
@@ -61,9 +61,9 @@ class RecordedWaste(WasteRecorder):
 
 def sequence(
     pool: RedisPool, ledger: Ledger, events: Recorded | None = None, step: int = 10
-) -> StrictSequence:
-    """A node's strict sequence: its own claims (in-memory mark), the shared Redis."""
-    return StrictSequence(
+) -> StrictCounter:
+    """A node's strict counter: its own claims (in-memory mark), the shared Redis."""
+    return StrictCounter(
         RedisStrict(pool),
         LedgerClaims(ledger, pool),
         kind="strict", step_of=lambda tag: step,
@@ -187,7 +187,7 @@ async def test_two_nodes_concurrent_takes_never_repeat_and_follow_real_time(
     # concurrent callers on both nodes: no ID twice
     many: list[int] = []
 
-    async def burst(seq: StrictSequence, n: int) -> None:
+    async def burst(seq: StrictCounter, n: int) -> None:
         for _ in range(30):
             first = await seq.take(tag, n)
             many.extend(range(first, first + n))
@@ -369,7 +369,7 @@ async def test_a_refill_claims_what_the_tag_uses_in_hold_seconds(
 ) -> None:
     await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
     events = Recorded()
-    seq = StrictSequence(
+    seq = StrictCounter(
         RedisStrict(redis_pool),
         LedgerClaims(ledger, redis_pool),
         kind="strict", step_of=lambda t: 10,
@@ -481,11 +481,11 @@ async def test_a_refill_that_fails_gives_its_grant_back(
     granted the refill was refused (nothing claimed) but kept the grant: every
     other node then waited for it to expire (4 s) on top. Now it gives it back."""
     await ledger.add_tag(tag, step=10, start=1, rules=rules_of("strict"))
-    a = StrictSequence(
+    a = StrictCounter(
         RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), kind="strict",
         step_of=lambda t: 10, grant_seconds=600.0,
     )  # fmt: skip
-    b = StrictSequence(
+    b = StrictCounter(
         RedisStrict(redis_pool), LedgerClaims(ledger, redis_pool), kind="strict",
         step_of=lambda t: 10, grant_seconds=600.0,
     )  # fmt: skip

@@ -8,7 +8,7 @@ from idpool.pool.claims import LedgerClaims, RedisSkip
 from idpool.pool.errors import StoreSkipped, StoreUnavailable
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
-from idpool.pool.strict import RedisStrict, StrictSequence
+from idpool.pool.strict import RedisStrict, StrictCounter
 from idpool.service.kinds import rules_of
 from idpool.service.kinds.strict import GroupCommit, NodeStrictEvents, StrictTags
 from idpool.service.stats import NodeStats
@@ -121,7 +121,7 @@ async def test_group_commit_on_real_redis_batches_and_never_repeats(
 ) -> None:
     await ledger.add_tag(tag, step=50, start=1, rules=rules_of("strict"))
     stats = NodeStats()
-    seq = StrictSequence(
+    seq = StrictCounter(
         RedisStrict(redis_pool),
         LedgerClaims(ledger, redis_pool),
         kind="strict", step_of=lambda t: 50,

@@ -85,7 +85,7 @@ class Layout:
         units = value >> (self.worker_bits + self.sequence_bits)
         return units, worker, sequence
 
-    def describe(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, Any]:
         return {
             "time_bits": self.time_bits,
             "worker_bits": self.worker_bits,

@@ -35,7 +35,7 @@ class IdKind(Protocol):
         """``count`` IDs of ``tag``, in the order handed out."""
         ...
 
-    def describe(self, tag: str) -> Mapping[str, Any] | None:
+    def holding(self, tag: str) -> Mapping[str, Any] | None:
         """What this node holds for the tag, shown as ``buffer`` in /status.json
         (None: nothing held here). Every kind's has the key ``kind``."""
         ...

@@ -20,8 +20,7 @@ from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
 
-from ..formats import describe as describe_format
-from ..formats import format_of
+from ..formats import format_of, public_format
 from ..formatted import FormattedTags
 from .context import KindContext
 from .interface import IdKind, KindSpec
@@ -70,7 +69,7 @@ class SegmentKind:
             return many
         return await self.ctx.buffers.take_many(tag, count)
 
-    def describe(self, tag: str) -> SegmentHeld | None:
+    def holding(self, tag: str) -> SegmentHeld | None:
         buf = self.ctx.buffers.buffers.get(tag)
         if buf is None:
             return None
@@ -109,7 +108,7 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
             "bad_value", f"{value[:80]!r} is not an ID of tag {row.tag!r}: {e}"
         ) from None
     found: dict[str, Any] = {"tag": row.tag, "kind": row.kind, "value": value, "sequence": number}
-    shown = describe_format(row)
+    shown = public_format(row)
     if shown is not None:
         found["format"] = shown
         if shown["reset"]:

@@ -147,7 +147,7 @@ class SnowflakeSpec(KindSpec):
         if not row.layout:
             return {}
         layout = Layout.from_text(row.layout)
-        return {"layout": layout.describe(), "bits": layout.bits}
+        return {"layout": layout.fields(), "bits": layout.bits}
 
     def cli_added(self, row: TagRow) -> str | None:
         return f"added {row.tag}: kind snowflake, {self._layout_text(row)}"

@@ -469,7 +469,7 @@ class SnowflakeKind:
             )
         return None
 
-    def describe(self, tag: str) -> Unheld | WorkerHeld | None:
+    def holding(self, tag: str) -> Unheld | WorkerHeld | None:
         held = self.held.get(tag)
         refusals = {why: n for (t, why), n in self.refusals.items() if t == tag}
         if held is None:
@@ -493,5 +493,5 @@ class SnowflakeKind:
             "clock_behind_ms": gen.behind_ms,
             "clock_behind_events": self.clock_behind[tag],
             "clock_ahead_ms": gen.ahead_ms(),
-            "layout": gen.layout.describe(),
+            "layout": gen.layout.fields(),
         }

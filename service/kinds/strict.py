@@ -1,7 +1,7 @@
 """The ``strict`` kind of ID on a node, and group commit.
 
 A strict tag's IDs increase in real time across every node (docs/design/strict.md,
-"Strict tags"): every request needs the shared sequence in Redis
+"Strict tags"): every request needs the shared counter in Redis
 (``pool/strict.py``), since a node cannot be strict from memory. Concurrent
 requests for one tag share one call: while a call is in flight, new requests
 queue for the next; the next call takes the sum of the queue, and its IDs are
@@ -35,7 +35,7 @@ from idpool.pool.errors import (
     TooFewReplicas,
 )
 from idpool.pool.kind_rules import KindRules
-from idpool.pool.strict import StrictEvents, StrictSequence, StrictSupply
+from idpool.pool.strict import StrictCounter, StrictEvents, StrictSupply
 
 from ..errors import HttpRefusal
 from ..stats import NodeStats
@@ -105,7 +105,7 @@ def _stopping() -> Draining:
 
 class StrictTags:
     """A node's strict tags: one group commit per tag, over one supply; fails
-    fast for a second after the sequence's store failed, like the segment path
+    fast for a second after the counter's store failed, like the segment path
     (on Redis, the process's one RedisSkip: a failed pop or claim skips strict
     takes too, and a failed strict take skips pops and claims)."""
 
@@ -119,11 +119,11 @@ class StrictTags:
         skip: RedisSkip | None = None,
     ) -> None:
         self._take = take
-        self.store = store  # the sequence's store: "redis", or "sqlite" embedded
+        self.store = store  # the counter's store: "redis", or "sqlite" embedded
         self._on_error = on_error  # the node's store health and error counts
         self._also_down = also_down  # the other stores the health probe finds down
         self.queues: dict[str, GroupCommit] = {}
-        self._skip = skip or RedisSkip(clock)  # after the sequence's store failed
+        self._skip = skip or RedisSkip(clock)  # after the counter's store failed
 
     async def take(self, tag: str, n: int) -> int:
         queue = self.queues.get(tag)
@@ -148,7 +148,7 @@ class StrictTags:
             others = "" if self._also_down is None else await self._also_down(e.store)
             detail = f"strict tags need {e.store}: {e.detail}{others}"
             named = StoreUnavailable(e.store, detail)
-            # The sequence's own store: fail fast for a moment. Not after a raise
+            # The counter's own store: fail fast for a moment. Not after a raise
             # too few replicas took: Redis answers, and takes need no claim. Nor after
             # a take a cluster shard's replicas did not confirm: other shards serve.
             quiet = StoreSkipped | MarkNotReplicated | TooFewReplicas | StrictNotConfirmed
@@ -167,7 +167,7 @@ class StrictHeld(TypedDict):
 
 
 class StrictKind:
-    """The ``strict`` kind: every request goes to the shared sequence (Redis, or
+    """The ``strict`` kind: every request goes to the shared counter (Redis, or
     the embedded ledger's file), group-committed per tag."""
 
     def __init__(self, ctx: KindContext) -> None:
@@ -224,7 +224,7 @@ class StrictKind:
         requests 503 by itself, and its readiness is the stores' (service/health.py)."""
         return None
 
-    def describe(self, tag: str) -> StrictHeld | None:
+    def holding(self, tag: str) -> StrictHeld | None:
         queue = self.tags.queues.get(tag)
         if queue is None:
             return None
@@ -240,11 +240,11 @@ class StrictKind:
 
 
 def strict_supply(ctx: KindContext) -> StrictSupply:
-    """Where a node's strict takes go: the Redis sequence, refilled from the
+    """Where a node's strict takes go: the Redis counter, refilled from the
     node's fenced ledger claims; or, embedded, the SQLite ledger itself."""
     parts = ctx.parts
     if parts.redis_strict is not None:
-        return StrictSequence(
+        return StrictCounter(
             parts.redis_strict(),
             ctx.source.claims,
             kind=SPEC.name,
@@ -259,7 +259,7 @@ def strict_supply(ctx: KindContext) -> StrictSupply:
 
 
 class _NoSupply:
-    """Stores that can hold no strict sequence (test doubles): every take is a 503."""
+    """Stores that can hold no strict counter (test doubles): every take is a 503."""
 
     name = "redis"
 
@@ -271,7 +271,7 @@ class _NoSupply:
 
 
 class NodeStrictEvents(StrictEvents):
-    """Logs a strict sequence's refills as the segment path logs its claims, and
+    """Logs a strict counter's refills as the segment path logs its claims, and
     counts them in the node's stats (its waste goes to the node's WasteRecorder)."""
 
     def __init__(self, stats: NodeStats) -> None:
@@ -290,7 +290,7 @@ class StrictSpec(KindSpec):
     rank = 1
     # Its state in Redis is fenced before its row is made (claims.create_tag).
     rules = KindRules("strict", fences_state=True, needs_redis=True)
-    direct = True  # no memory to answer from: NodeApp awaits its sequence
+    direct = True  # no memory to answer from: NodeApp awaits its counter
     api_flag = True  # {"strict": true}, as it was asked for before kinds
     cli_flag_help = (
         "kind strict: IDs strictly increasing in real time across every node "
