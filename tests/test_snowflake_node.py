@@ -13,16 +13,20 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
+from idpool.pool.clock import FakeClock
 from idpool.pool.keys import Keys
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import check_layout, wall_ms
+from idpool.pool.stores import open_stores
 from idpool.pool.values import TagRow
 from idpool.pool.worker_store import WorkerRefused, WorkerStore
 from idpool.service.app import create_app
 from idpool.service.kinds import rules_of
 from idpool.service.kinds.snowflake import prepare_tag
+from idpool.service.kinds.snowflake_leases import SnowflakeKind
+from idpool.service.runtime import open_runtime
 from ops.toolkit import TcpProxy
 
 TOKEN = "admin-secret"
@@ -477,6 +481,41 @@ async def test_a_late_tag_add_keeps_the_quarantine_once_a_generation_was_claimed
     with pytest.raises(WorkerRefused) as q:
         await grant_now(redis_pool, tag, 2)  # B may still hold worker 0
     assert q.value.why == "quarantine"
+
+
+@pytest.mark.anyio
+async def test_renewals_run_on_the_nodes_clock_and_the_first_to_find_the_lease_gone_stops(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str, clock: FakeClock
+) -> None:
+    """A snowflake tag's renewals wait a quarter of the lease on the node's clock
+    (KindContext.clock), not the lease clock: moved by hand, one renews the lease,
+    and the next, after a new Redis incarnation, stops the holder at once."""
+    lease_ms = int(settings.worker_lease_seconds * 1000)
+    layout = check_layout({}, wall_ms() - 60_000).to_text() + f".l{lease_ms}"
+    row = await ledger.add_tag(tag, step=1, start=1, rules=rules_of("snowflake"), layout=layout)
+    await prepare_tag(ledger, redis_pool, row)
+    run = await open_runtime(settings, open_stores, clock)
+    try:
+        kind = run.node.kinds["snowflake"]
+        assert isinstance(kind, SnowflakeKind)
+        gen = await kind.generator(tag)  # granted: its renewer waits on the clock
+        await clock.until_sleeping()
+        assert clock.next_due() == pytest.approx(lease_ms / 4000)
+        deadline = gen.stop_at
+        await clock.advance(lease_ms / 4000)  # a renewal: the deadline moves on
+        await clock.until_sleeping()
+        assert gen.lost is None and gen.stop_at > deadline
+        hash_key = redis_pool.keys.workers(tag)
+        await redis_pool.client.hset(hash_key, "inc", "0:0")  # as after a failover
+        await clock.advance(lease_ms / 4000)
+        renewer = kind.held[tag].renewer
+        assert renewer is not None
+        await asyncio.wait_for(renewer, 10.0)  # it ended: the lease is lost
+        assert gen.lost is not None and "lease was lost" in gen.lost
+        assert tag not in kind.generators  # the next request asks for a new worker ID
+    finally:
+        await run.stop()
+        await run.close()
 
 
 def test_a_clock_leaped_past_the_lease_makes_no_id_a_later_holder_makes_again(
