@@ -135,6 +135,26 @@ def test_a_segment_id_is_not_decodable(node: TestClient, tag: str) -> None:
     assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
 
 
+def test_a_kind_without_a_decoder_says_its_ids_cannot_be_decoded(
+    node: TestClient, tag: str
+) -> None:
+    # strict has no decoder: the operator's calls refuse its IDs too, so /decode
+    # says so plainly instead of sending the caller to them.
+    made = node.post("/admin/tags", json={"tag": tag, "kind": "strict"}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    value = node.get(f"/id/{tag}").text
+    answer = node.get(f"/decode/{tag}/{value}")
+    assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
+    assert "cannot be decoded" in answer.json()["message"]
+    assert "idpool tag decode" not in answer.json()["message"]
+    admin = node.get(f"/admin/tags/{tag}/decode", params={"value": value}, headers=AUTH)
+    assert admin.status_code == 400 and "cannot be decoded" in admin.json()["message"]
+    segment = node.post("/admin/tags", json={"tag": tag + "s"}, headers=AUTH)
+    assert segment.status_code == 201
+    kept = node.get(f"/decode/{tag}s/5").json()["message"]  # decoded for an operator
+    assert "idpool tag decode" in kept and "cannot be decoded" not in kept
+
+
 def test_one_decoders_table_serves_snowflake_and_obfuscated_tags(
     node: TestClient, tag: str
 ) -> None:
@@ -637,9 +657,7 @@ def test_clients_cannot_take_every_worker_id_of_a_tag_and_nodes_keep_serving(
         shown = [t for t in status["tags"] if t["tag"] == tag][0]["buffer"]
         assert shown["refusals"] == {"capped": 4}
         metrics = node.get("/metrics").text
-        assert (
-            f'idpool_snowflake_worker_refusals_total{{tag="{tag}",why="capped"}} 4.0' in metrics
-        )
+        assert f'idpool_snowflake_worker_refusals_total{{tag="{tag}",why="capped"}} 4.0' in metrics
         body = {k: mine[0].json()[k] for k in ("worker", "generation", "secret")}
         node.post(f"/worker/{tag}/release", json={**body, "last_ms": mine[0].json()["server_ms"]})
         assert node.post(f"/worker/{tag}?holder=greedy").status_code == 200  # room again
