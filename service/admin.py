@@ -123,7 +123,8 @@ async def decode_id(request: Request) -> Response:
     values = request.query_params.getlist("value")
     if len(values) != 1:
         raise InvalidInput("bad_value", "give value exactly once: ?value=<an ID of the tag>")
-    return json_response(await decode_issued(run.ledger, await run.ledger.get_tag(tag), values[0]))
+    row = await run.ledger.get_tag(tag)
+    return json_response(await decode_issued(run.ledger, row, values[0], run.clock))
 
 
 async def remove(request: Request) -> Response:

@@ -23,6 +23,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import InvalidInput
 from idpool.pool.stores import LedgerStore
 from idpool.pool.values import TagRow
@@ -32,11 +33,13 @@ from .errors import json_response
 from .kinds import names, spec_of
 
 
-async def decode_issued(ledger: LedgerStore, row: TagRow, value: str) -> dict[str, Any]:
+async def decode_issued(
+    ledger: LedgerStore, row: TagRow, value: str, clock: Clock = SYSTEM_CLOCK
+) -> dict[str, Any]:
     """``decode``, and for a segment tag the ledger's word that the number was issued
     (``check_issued``): what ``idpool tag decode`` and the admin call answer."""
     found = decode(row, value)
-    await spec_of(row.kind).check_issued(ledger, row, found)
+    await spec_of(row.kind).check_issued(ledger, row, found, clock)
     return found
 
 

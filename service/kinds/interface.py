@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NotRequired, Protocol, TypedDict, runtime_checkable
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import InvalidInput
 from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore, StoreParts
@@ -201,7 +202,9 @@ class KindSpec:
         sending the caller to the operator's calls, which refuse them too."""
         return type(self).decode is not KindSpec.decode
 
-    async def check_issued(self, ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
+    async def check_issued(
+        self, ledger: LedgerStore, row: TagRow, found: dict[str, Any], clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         """Refuse (InvalidInput) a decoded ID its tag never handed out."""
 
     def row_fields(self, row: TagRow) -> dict[str, Any]:

@@ -188,8 +188,10 @@ class SegmentSpec(KindSpec):
     def decode(self, row: TagRow, value: str) -> dict[str, Any] | None:
         return decode_segment(row, value)
 
-    async def check_issued(self, ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
-        await check_issued(ledger, row, found)
+    async def check_issued(
+        self, ledger: LedgerStore, row: TagRow, found: dict[str, Any], clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        await check_issued(ledger, row, found, clock)
 
 
 SPEC = SegmentSpec()
