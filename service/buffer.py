@@ -287,8 +287,8 @@ def _consume_exception(task: asyncio.Task[None]) -> None:
 
 
 class Buffers(Protocol):
-    """A node's segment buffers, as the kinds and formats reach them (the Node
-    holds them and their housekeeping): one per segment tag (or period row)."""
+    """A node's segment buffers as the formats converter reaches them
+    (``segment_buffers.SegmentBuffers``, which imports the converter's fence)."""
 
     buffers: dict[str, SegmentBuffer]
 

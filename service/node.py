@@ -24,7 +24,6 @@ from idpool.pool.errors import (
     KindNotServed,
     StoreNotSent,
     StoreUnavailable,
-    UnknownTag,
 )
 from idpool.pool.ranges import IdRange
 from idpool.pool.stores import parts_of
@@ -44,6 +43,7 @@ from .kinds import (
     rules_of,
     spec_of,
 )
+from .segment_buffers import SegmentBuffers
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
@@ -91,12 +91,25 @@ class Node:
         )
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
-        self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
         self.draining = False
         # every name's format fence (formats.py), checked before a tag is first served
         self.fence = FormatFence(
             self.tags, source.claims, lambda kind: spec_of(kind).formats, rules_of
         )
+        # The segment buffers: the kinds and the converter take from them, the
+        # housekeeping below releases, drops and returns them.
+        self.segments = SegmentBuffers(
+            self.tags,
+            source,
+            self.fence,
+            prefetch_at=prefetch_at,
+            reserve_seconds=reserve_seconds,
+            clock=self._clock,
+            draining=lambda: self.draining,
+            other_kind=self._drop_other_kind,
+            stats=self.stats,
+        )
+        self.buffers = self.segments.buffers  # segment tags served here (the fast path reads it)
         # What the kinds may reach: built before them, never the Node itself.
         self.context = KindContext(
             tags=self.tags,
@@ -105,7 +118,7 @@ class Node:
             health=self.health,
             stats=self.stats,
             waste=self.waste,
-            buffers=self,
+            buffers=self.segments,
             fence=self.fence,
             draining=lambda: self.draining,
             clock=clock,
@@ -170,35 +183,6 @@ class Node:
             held.update(getattr(kind, "generators", {}))
         return held
 
-    async def buffer(self, tag: str) -> SegmentBuffer:
-        """The tag's buffer, created on first use for a tag the ledger has."""
-        buf = self.buffers.get(tag)
-        if buf is not None:
-            return buf
-        if self.draining:
-            raise Draining("node is shutting down")
-        await self.tags.lookup(tag)  # raises UnknownTag: no buffer, no pop, no claim
-        if tag not in self.tags.formats:
-            # A plain tag, first served here: its name must not be a formatted tag's
-            # (a format removed from the row by hand would serve numbers the old
-            # strings may read as). A formatted tag and its periods' rows were checked
-            # by FormattedTags.take. Once per tag and process, off the fast path.
-            await self.fence.check_fence(tag)
-        buf = self.buffers.get(tag)  # another request may have made it meanwhile
-        if buf is None:
-            if self.draining:
-                raise Draining("node is shutting down")
-            buf = SegmentBuffer(
-                tag,
-                self.source.fetch,
-                self.prefetch_at,
-                self.source.report_finished,
-                self.reserve_seconds,
-                clock=self._clock,
-            )
-            self.buffers[tag] = buf
-        return buf
-
     async def kind_of(self, tag: str) -> IdKind:
         """The object of the tag's kind; raises UnknownTag, TagDisabled, Draining."""
         if tag in self.buffers:
@@ -229,29 +213,6 @@ class Node:
         kind = self.kinds.get(self.buffered if row is None else row.kind)
         return None if kind is None else kind.holding(tag)
 
-    async def take(self, tag: str) -> int:
-        """One ID from the tag's segment buffer (made on first use)."""
-        buf = await self.buffer(tag)
-        try:
-            return await buf.take_waiting()
-        except KindChanged:
-            await self._drop_other_kind(tag, buf)
-            raise
-        except UnknownTag:
-            self._forget(tag, buf)
-            raise
-
-    async def take_many(self, tag: str, count: int) -> list[int]:
-        buf = await self.buffer(tag)
-        try:
-            return await buf.take_many_waiting(count)
-        except KindChanged:
-            await self._drop_other_kind(tag, buf)
-            raise
-        except UnknownTag:
-            self._forget(tag, buf)
-            raise
-
     async def _drop_other_kind(self, tag: str, buf: SegmentBuffer) -> None:
         """The buffer's claim found the name's row of another kind (removed and
         added again, e.g. as strict, since this node's last reload): what the buffer
@@ -274,13 +235,6 @@ class Node:
             logger.warning("event=undelivered_unread tag=%s ids=%d", tag, len(ids))
             return
         self.waste.undelivered(tag, numbers)
-
-    def _forget(self, tag: str, buf: SegmentBuffer) -> None:
-        # The ledger lost the row (deleted by hand): drop a buffer that holds nothing.
-        if buf.current is None and self.buffers.get(tag) is buf:
-            del self.buffers[tag]
-            self.stats.tags.pop(tag, None)
-        self.tags.rows.pop(tag, None)
 
     def sample(self, now: float | None = None, mono: float | None = None) -> None:
         """Record IDs issued per tag (the consumption chart); let idle buffers go."""

@@ -3,8 +3,8 @@
 A kind gets this, never the Node: the tag directory, the claims (through the
 range source), the stores' optional parts, health, stats, waste, the node's
 clock (``pool/clock.py``) and the node's settings for kinds, the format fence;
-and, for a kind served from segment buffers, the buffers (``buffer.Buffers``:
-the Node holds them and their housekeeping).
+and, for a kind served from segment buffers, the buffers (``segment_buffers.py``;
+the Node does their housekeeping).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from idpool.pool.clock import Clock
 from idpool.pool.stores import StoreParts
 from idpool.pool.waste import WasteRecorder
 
-from ..buffer import Buffers
 from ..formatted import FormatFence
 from ..health import StoreHealth
+from ..segment_buffers import SegmentBuffers
 from ..source import RangeSource
 from ..stats import NodeStats
 from ..tags import TagDirectory
@@ -34,7 +34,7 @@ class KindContext:
     health: StoreHealth
     stats: NodeStats
     waste: WasteRecorder
-    buffers: Buffers
+    buffers: SegmentBuffers
     fence: FormatFence  # every name's format fence, checked before a tag is first served
     draining: Callable[[], bool]  # the node is shutting down
     # the node's one clock (pool/clock.py): a kind's sleeps and plain time reads go
