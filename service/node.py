@@ -44,6 +44,7 @@ from .kinds import (
     rules_of,
     spec_of,
 )
+from .kinds.snowflake import LeasesWorkers
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
@@ -162,10 +163,11 @@ class Node:
 
     @property
     def snowflakes(self) -> dict[str, object]:
-        """What the kinds that serve from memory hold, by tag (tests read it)."""
+        """What the kinds that make IDs from leased worker IDs hold, by tag (tests read it)."""
         held: dict[str, object] = {}
-        for kind in self.from_memory:
-            held.update(getattr(kind, "generators", {}))
+        for kind in self.kinds.values():
+            if isinstance(kind, LeasesWorkers):
+                held.update(kind.generators)
         return held
 
     async def buffer(self, tag: str) -> SegmentBuffer:
