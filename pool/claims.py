@@ -21,10 +21,10 @@ read): claims stop, and nodes serve the pool and their buffers.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .clock import SYSTEM_CLOCK
 from .errors import (
     FormatChanged,
     KindKept,
@@ -66,8 +66,8 @@ class RedisSkip:
     """The one-second Redis skip of a process: after a Redis error (a node's pop,
     a claim's mark), neither pops nor claims try Redis for REDIS_SKIP_SECONDS."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float] = SYSTEM_CLOCK.monotonic) -> None:
+        self._clock = clock  # monotonic seconds (the runtime's Clock.monotonic)
         self._until = 0.0
         self._error: StoreUnavailable | None = None
 
@@ -94,7 +94,7 @@ class LedgerClaims:
         self,
         ledger: LedgerStore,
         marks: HighWaterMarks | None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,  # the runtime's, for its skips
     ) -> None:
         self.ledger = ledger
         self.marks = marks  # the shared high-water marks (the pool); None: this process only

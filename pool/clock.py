@@ -1,15 +1,21 @@
 """One clock for the server's own timing: the wall time, a monotonic time, and sleep.
 
-The preloader (its schedule, its sweeps, its refill-soon limit), the health
-probes, the status snapshot and the runtime's render cache read time only
-through a ``Clock``, handed to them by ``service/runtime.py``. In production it is
-``SYSTEM_CLOCK`` (``time.time``, ``time.monotonic``, ``asyncio.sleep``); a test
+``service/runtime.py`` makes one ``Clock`` and hands it to every part that
+keeps time: the preloader (its schedule, sweeps, refill-soon limit), the health
+probes, the node (its housekeeping loop, the consumption chart, idle release,
+tag reloads, its buffers), the kinds (``KindContext.clock``: strict's store
+skip, snowflake's waits), the claims' Redis skips, the waste and failure logs'
+once-a-second limits, the drain's looks, the status snapshot and the render
+cache. A part that only reads monotonic time takes ``clock.monotonic`` (bound
+once: ``time.monotonic`` itself in production). Each takes ``SYSTEM_CLOCK``
+(``time.time``, ``time.monotonic``, ``asyncio.sleep``) by default; a test
 passes a ``FakeClock`` and moves time itself, so it waits on nothing.
 
 What stays on the real clock, on purpose: a bound on a call to a real store
-(``IDPOOL_STORE_TIMEOUT``, a probe's wait) guards against a real server, and the
-kinds' own time (a snowflake tag's lease clock, the client's) has its own
-injection where it is made.
+(``IDPOOL_STORE_TIMEOUT``, a probe's wait, the stores' own retries and row
+times) guards against or records a real server, the request timings of
+``/metrics`` measure real latency, and the kinds' own time (a snowflake tag's
+lease clock and ID time, the client's) has its own injection where it is made.
 """
 
 from __future__ import annotations
@@ -38,16 +44,13 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The machine's clocks and asyncio's sleep."""
+    """The machine's clocks and asyncio's sleep. The functions themselves, not
+    wrappers: a part that binds ``SYSTEM_CLOCK.monotonic`` once reads
+    ``time.monotonic`` at the same cost as before the clock was injected."""
 
-    def now(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+    now = staticmethod(time.time)
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(asyncio.sleep)
 
 
 SYSTEM_CLOCK: Clock = SystemClock()

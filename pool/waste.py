@@ -10,11 +10,11 @@ strict take that may have run) go through ``WasteRecorder.lost``.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 
+from .clock import SYSTEM_CLOCK
 from .ranges import IdRange, TaggedRange
 
 logger = logging.getLogger("idpool.waste")
@@ -63,9 +63,9 @@ _ERRORS = {
 class WasteRecorder:
     """One per process: logs each range given up and counts its IDs."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = SYSTEM_CLOCK.monotonic) -> None:
         self._by_tag: dict[str, Counter[str]] = {}  # tag -> reason -> IDs
-        self._clock = clock
+        self._clock = clock  # monotonic seconds (the runtime's Clock.monotonic)
         # answer_undelivered: logged at most once a second, with what the line stands for
         self._undelivered_next = 0.0
         self._undelivered_answers = self._undelivered_ids = 0

@@ -8,7 +8,8 @@ Operators get ``/healthz``, ``/readyz``, ``/metrics``, ``/status`` (HTML),
 ``/status.json``, ``/openapi.json`` and, with ``IDPOOL_ADMIN_TOKEN`` set, ``/admin/...``.
 
 ``NodeApp`` answers ``/id`` and ``/ids`` requests it can serve from memory
-before Starlette's routing (the fast path); the routes answer everything else.
+before Starlette's routing (the fast path), and hands those of a tag of a
+``direct`` kind straight to the kind; the routes answer everything else.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from .errors import (
     message_of,
     row_of,
 )
-from .kinds import spec_of
+from .kinds import IdKind, spec_of
 from .node import Node
-from .node_routes import CLIENT_GONE
+from .node_routes import CLIENT_GONE, many_ids, one_id
 from .runtime import Runtime, StoreOpener, open_runtime
 
 
@@ -101,6 +102,8 @@ _TEXT_PLAIN = (b"content-type", b"text/plain; charset=utf-8")  # as PlainTextRes
 _JSON = (b"content-type", b"application/json")  # as Response(media_type=...) sends it
 Answer = tuple[str, bytes, tuple[bytes, bytes]]  # latency route, body, content-type header
 _OK = {"id": ("id", 200), "ids": ("ids", 200)}  # the fast path's request-count keys
+# The handler whose row of the route table (service/routes.py) a direct answer stands for
+_HANDLER = {"id": one_id, "ids": many_ids}
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -117,7 +120,10 @@ class NodeApp(Starlette):
     than everything else in such a request (BENCHMARKS.md, "the fast path").
     Every other request, and every one that must wait for a range, fail, or be
     validated (a tag with no buffer), goes through the routes in create_app,
-    which answer it the same way (they read the node from ``request.state.run``).
+    which answer it the same way (they read the node from ``request.state.run``),
+    except those of a tag of a ``direct`` kind (``KindSpec.direct``: no memory
+    to answer from), handed to its kind here without the routing
+    (``_direct``, ``_answer_direct``).
     """
 
     def __init__(
@@ -145,6 +151,8 @@ class NodeApp(Starlette):
         self.settings = settings
         self.stores = stores
         self.node: Node | None = None  # the runtime's node, set by the lifespan while it serves
+        # its kinds whose spec says ``direct``, by name (``serve``); empty: the routes answer them
+        self.direct: dict[str, IdKind] = {}
         self.max_count = settings.max_count  # the largest /ids count the fast path answers
         self.max_body = settings.max_body_bytes  # the largest request body read
         self.body_seconds = settings.body_seconds  # how long a body may take to arrive
@@ -176,9 +184,9 @@ class NodeApp(Starlette):
                     raise
                 node.stats.requests[_OK[route]] += 1
                 return
-            strict = self._strict(node, scope["path"], scope["query_string"])
-            if strict is not None:
-                await self._answer_strict(node, scope, receive, send, started, *strict)
+            direct = self._direct(node, scope["path"], scope["query_string"])
+            if direct is not None:
+                await self._answer_direct(node, scope, receive, send, started, *direct)
                 return
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
@@ -261,10 +269,21 @@ class NodeApp(Starlette):
                 return None  # the route answers it (e.g. 503 naming the cause), and logs it
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
-    def _strict(self, node: Node, path: str, query: bytes) -> tuple[str, str, int] | None:
-        """(route, tag, count) for a GET of a tag of a ``direct`` kind (strict) that
-        the routes would hand straight to its kind (the same forms the memory path takes: a known,
-        enabled tag without tokens, on a node not draining); else None."""
+    def serve(self, node: Node | None) -> None:
+        """Answer from ``node`` before routing (None: leave every request to the
+        routes), and hand its ``direct`` kinds' tags to them (found once here,
+        from the registry's flags, so a request asks one dict)."""
+        self.node = node
+        kinds = {} if node is None else node.kinds
+        self.direct = {name: kind for name, kind in kinds.items() if spec_of(name).direct}
+
+    def _direct(self, node: Node, path: str, query: bytes) -> tuple[str, IdKind, str, int] | None:
+        """(route, kind, tag, count) for a GET of a tag of a ``direct`` kind that the
+        routes would hand straight to its kind (the same forms the memory path
+        takes: a known, enabled tag without tokens, on a node not draining); else None."""
+        direct = self.direct
+        if not direct:
+            return None
         if path.startswith("/ids/"):
             tag, route, digits = path[5:], "ids", query[6:]
             if not query.startswith(b"count=") or not (digits.isdigit() and len(digits) <= 6):
@@ -279,14 +298,14 @@ class NodeApp(Starlette):
         else:
             return None
         row = node.tags.rows.get(tag)  # "/id/a/b" finds none
+        if row is None or row.disabled or (kind := direct.get(row.kind)) is None:
+            return None
         guarded = node.tags.tokens
-        if row is None or not spec_of(row.kind).direct or row.disabled:
+        if (guarded and tag in guarded) or node.draining:
             return None
-        if (guarded and tag in guarded) or row.kind not in node.kinds:
-            return None
-        return None if node.draining else (route, tag, count)
+        return route, kind, tag, count
 
-    async def _answer_strict(
+    async def _answer_direct(
         self,
         node: Node,
         scope: Scope,
@@ -294,14 +313,15 @@ class NodeApp(Starlette):
         send: Send,
         started: float,
         route: str,
+        kind: IdKind,
         tag: str,
         n: int,
     ) -> None:
-        """A strict tag's request, answered as the routes would, without their
-        routing: the IDs come from the shared sequence (group-committed), so the
-        answer waits for it; an error is answered from the same table, and the
-        IDs of a client that hung up meanwhile are waste, as on the fast path."""
-        kind = node.kinds[node.tags.rows[tag].kind]  # as _strict found it, in this step
+        """A request for a tag of a ``direct`` kind, answered as the routes would,
+        without their routing: the answer waits for the kind (strict's shared
+        counter, group-committed); an error is answered from the same table (and
+        recorded for the route-table check, as the routes' are), and the IDs of a
+        client that hung up meanwhile are waste, as on the fast path."""
         try:
             ids: Sequence[int | str]
             if route == "id":
@@ -317,6 +337,8 @@ class NodeApp(Starlette):
                 scope["state"]["run"].failures.log(tag, message)
             node.stats.requests[(route, row.status)] += 1
             node.stats.errors[(route, row.code)] += 1
+            if ANSWERS.recording:  # tests: is the code in its route's row?
+                ANSWERS.seen.append((_HANDLER[route], "GET", row.code))
             body = orjson.dumps({"error": row.code, "message": message})
             await _send(send, body, _JSON, row.status, [(ERROR_HEADER_RAW, row.code.encode())])
             return
@@ -401,16 +423,16 @@ async def _send(
 @asynccontextmanager
 async def open_runtime_while_serving(app: Starlette) -> AsyncIterator[dict[str, Runtime]]:
     """Open the runtime, hand it to the handlers (``request.state.run``) and to
-    the fast path (``app.node``); close it in reverse."""
+    the fast path (``app.serve``); close it in reverse."""
     assert isinstance(app, NodeApp)
     run = await open_runtime(app.settings, app.stores)
     try:
         run.start()
-        app.node = run.node
+        app.serve(run.node)
         yield {"run": run}
         await run.stop()
     finally:
-        app.node = None
+        app.serve(None)
         await run.close()
 
 

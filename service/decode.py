@@ -10,8 +10,10 @@ obfuscated one too).
 The public ``GET /decode/{tag}/{id}`` answers only for kinds whose spec says
 ``public_decode``: a snowflake layout hides nothing, while decoding an
 obfuscated ID is what its key keeps from anyone but an operator (400
-``not_decodable`` for the others). A tag with tokens needs one of them here
-too (401 before anything about the tag).
+``not_decodable`` for the others, sending a kind that decodes to the operator's
+calls, and saying plainly that a kind without a decoder, strict, cannot be
+decoded at all). A tag with tokens needs one of them here too (401 before
+anything about the tag).
 """
 
 from __future__ import annotations
@@ -57,12 +59,19 @@ async def decode_id(request: Request) -> Response:
     # to tell (issue 28: decode answered them where every other route said 401).
     run, tag = await preamble.tag_request(request)
     row = await run.node.tags.lookup(tag)
-    if not spec_of(row.kind).public_decode:
-        public = sorted(names(lambda spec: spec.public_decode))
+    spec = spec_of(row.kind)
+    if not spec.public_decode:
+        public = ", ".join(sorted(names(lambda spec: spec.public_decode)))
+        if not spec.decodes:  # no decoder: an operator would be refused as well
+            raise InvalidInput(
+                "not_decodable",
+                f"tag {row.tag!r} is a {row.kind} tag: its IDs cannot be decoded, "
+                f"not even by an operator; decoded here: {public} tags",
+            )
         raise InvalidInput(
             "not_decodable",
             f"tag {row.tag!r} is a {row.kind} tag: its IDs are decoded only for an operator "
             f"(`idpool tag decode {row.tag} ID`, GET /admin/tags/{row.tag}/decode?value=ID); "
-            f"here: {', '.join(public)} tags",
+            f"here: {public} tags",
         )
     return json_response(decode(row, request.path_params["id"]))

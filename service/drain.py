@@ -12,12 +12,13 @@ between workers, and the embedded mode has no Redis.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 
 ENV = "IDPOOL_DRAIN_FILE"
 LOOK_EVERY = 0.1  # seconds between a worker's looks for the flag
@@ -42,11 +43,15 @@ class DrainFlag:
         return os.path.exists(self.path)
 
     async def watch(
-        self, is_draining: Callable[[], bool], drain: Callable[[], Awaitable[object]]
+        self,
+        is_draining: Callable[[], bool],
+        drain: Callable[[], Awaitable[object]],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """Drain this worker once another raised the flag."""
+        """Drain this worker once another raised the flag (looking on ``clock``, the
+        runtime's)."""
         while not self.raised():  # noqa: ASYNC110 (a file has no event to wait on)
-            await asyncio.sleep(LOOK_EVERY)
+            await clock.sleep(LOOK_EVERY)
         # A worker that looked just before the flag was made serves on until its next
         # look (0.1 s): IDs from its own buffer, never another's; then it drains as
         # the first did. A drain under way already (its own request, or the stop)

@@ -11,7 +11,6 @@ always ``{"error": code, "message": what to fix}``.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -21,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import (
     Draining,
     IdPoolError,
@@ -421,12 +421,13 @@ class FailureLog:
     """event=request_failed at most once a second, with how many it stands for: a
     flood of requests while a store is down must not become a flood of log lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._monotonic = clock.monotonic  # the runtime's clock (pool/clock.py)
         self._next = 0.0
         self._suppressed = 0
 
     def log(self, tag: str, reason: str) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         if now < self._next:
             self._suppressed += 1
             return

@@ -22,7 +22,7 @@ import logging
 import re
 from typing import Any
 
-from idpool_client.formats import period_of_row
+from idpool_client.formats import TagFormat, period_of_row
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -142,31 +142,61 @@ async def lease(request: Request) -> Response:
     refused = spec_of(row.kind).refuse_lease(tag)  # strict: only nodes keep its order
     if refused is not None:
         raise refused
-    # A formatted tag: the client renders as the node does, so the answer carries
-    # the format (with the obfuscation key: only to a holder of the tag's token).
-    # With a reset the numbers come from the period's row, named in each lease.
     fmt = run.node.formatted.format_for(tag)
-    row_name, since, until = tag, 0.0, 0.0
-    if fmt is not None:
-        await run.node.fence.check_fence(tag)  # a row edited by hand: its 503 first
-        if fmt.obfuscation is not None and not run.node.tags.tokens.get(tag):
-            # Anyone may lease a tag without tokens: its key would undo the
-            # obfuscation of every ID of the tag for whoever asked.
-            raise HttpRefusal(
-                "key_needs_token",
-                f"tag {tag!r} is obfuscated and a lease carries its key, which goes only to "
-                f"a holder of one of its tokens: add one (`idpool tag token add {tag}`) and "
-                f"give it to the client, or ask a node for each ID (GET /id/{tag})",
-            )
-        row_name, since, until = await run.node.formatted.lease_row(tag, fmt)
-    else:  # a plain row: its name must not be a formatted tag's
-        await run.node.fence.check_fence(tag)
+    row_name, since, until = await _lease_row(run, tag, fmt)
     taken = merge(await lease_ranges(run, row_name, 1 if count is None else count))
     # A client asks for what it may hold (its max_count bounds its holdings): a
     # longer range is cut, and its rest goes back to the pool with the record.
     # Without a count, one range: cut too (a tag's dynamic step may exceed the cap).
     ranges, rest = split(taken, run.settings.client_max_count if count is None else count)
     leases = [(*new_lease(row_name), r) for r in ranges]  # in the slot of the row it returns to
+    await _record(run, store, row_name, leases, rest)
+    answer: list[dict[str, Any]] = [
+        {"lease": i, "secret": secret, "first": r.start, "last": r.end - 1}
+        for i, secret, r in leases
+    ]
+    body: dict[str, Any] = {"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer}
+    if fmt is not None:
+        # With period keys, the key of the lease's period only (its numbers are
+        # rendered in it alone), never the tag's.
+        period = period_of_row(row_name)
+        body["format"] = fmt.to_json(secret=True, period=None if period is None else period[1])
+        if row_name != tag:
+            body["period"] = {"key": row_name.rpartition("@")[2], "from": since, "until": until}
+            for one in answer:
+                one["sequence"] = row_name  # the row its tail goes back to
+    return json_response(body)
+
+
+async def _lease_row(run: Runtime, tag: str, fmt: TagFormat | None) -> tuple[str, float, float]:
+    """(row name, from, until) of the ledger row a lease of ``tag`` draws from, once
+    the name's format fence holds. A formatted tag: the client renders as the node
+    does, so the answer carries the format (with the obfuscation key: only to a
+    holder of the tag's token); with a reset the numbers come from the period's
+    row, named in each lease."""
+    await run.node.fence.check_fence(tag)  # a row edited by hand: its 503 first
+    if fmt is None:  # a plain row: its name must not be a formatted tag's (the fence)
+        return tag, 0.0, 0.0
+    if fmt.obfuscation is not None and not run.node.tags.tokens.get(tag):
+        # Anyone may lease a tag without tokens: its key would undo the
+        # obfuscation of every ID of the tag for whoever asked.
+        raise HttpRefusal(
+            "key_needs_token",
+            f"tag {tag!r} is obfuscated and a lease carries its key, which goes only to "
+            f"a holder of one of its tokens: add one (`idpool tag token add {tag}`) and "
+            f"give it to the client, or ask a node for each ID (GET /id/{tag})",
+        )
+    return await run.node.formatted.lease_row(tag, fmt)
+
+
+async def _record(
+    run: Runtime,
+    store: LeaseStore,
+    row_name: str,
+    leases: list[tuple[str, str, IdRange]],
+    rest: list[IdRange],
+) -> None:
+    """Record the leases and push the rest back; on a failure, waste both."""
     try:
         recorded = await store.record(row_name, leases, rest)
     except (StoreUnavailable, LeaseClash) as e:
@@ -188,21 +218,6 @@ async def lease(request: Request) -> Response:
             r.to_text(),
             fingerprint(lease_id),
         )
-    answer: list[dict[str, Any]] = [
-        {"lease": i, "secret": secret, "first": r.start, "last": r.end - 1}
-        for i, secret, r in leases
-    ]
-    body: dict[str, Any] = {"tag": tag, "count": sum(len(r) for r in ranges), "leases": answer}
-    if fmt is not None:
-        # With period keys, the key of the lease's period only (its numbers are
-        # rendered in it alone), never the tag's.
-        period = period_of_row(row_name)
-        body["format"] = fmt.to_json(secret=True, period=None if period is None else period[1])
-        if row_name != tag:
-            body["period"] = {"key": row_name.rpartition("@")[2], "from": since, "until": until}
-            for one in answer:
-                one["sequence"] = row_name  # the row its tail goes back to
-    return json_response(body)
 
 
 def _return_fields(body: dict[str, Any]) -> tuple[str, str, int, str]:

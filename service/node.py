@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import (
     Draining,
     KindChanged,
@@ -73,12 +73,12 @@ class Node:
         identity: dict[str, str] | None = None,
         worker_lease_seconds: float = 10.0,
         worker_margin_seconds: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self._clock = clock  # monotonic seconds, for idleness and reloads
-        self._wall_clock = wall_clock  # seconds since the epoch, for the consumption chart
-        self.wall_clock = wall_clock  # the same, for the dates of formatted IDs
+        self.clock = clock  # the runtime's one clock (pool/clock.py): its sleeps too
+        self._clock = clock.monotonic  # monotonic seconds, for idleness and reloads
+        self._wall_clock = clock.now  # seconds since the epoch, for the consumption chart
+        self.wall_clock = clock.now  # the same, for the dates of formatted IDs (tests set it)
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
         self.tag_reload_seconds = tag_reload_seconds
@@ -87,7 +87,9 @@ class Node:
         self.waste = source.waste
         self.health = source.health
         self.prefetch_at = prefetch_at
-        self.tags = tags or TagDirectory(source.claims.ledger, clock=clock, rules_of=rules_of)
+        self.tags = tags or TagDirectory(
+            source.claims.ledger, clock=clock.monotonic, rules_of=rules_of
+        )
         source.step_of = self.tags.step
         self.idle_seconds = idle_seconds  # 0: buffers are kept until shutdown
         self.buffers: dict[str, SegmentBuffer] = {}  # segment tags served here
@@ -466,7 +468,7 @@ class Node:
             await self.report()
             await self.report_totals()
             await self.heartbeat()
-            await asyncio.sleep(self.report_seconds)
+            await self.clock.sleep(self.report_seconds)
 
     async def shutdown(self) -> ShutdownReport:
         """Stop serving, then push every unused remainder back to the pool, once.

@@ -58,7 +58,9 @@ class Runtime:
     # The node's drain, shared by its workers (None outside `idpool serve`)
     drain_flag: DrainFlag | None = field(default_factory=DrainFlag.from_env)
     _leases: LeaseStore | None = None
-    # The one clock of the preloader, the health probes, the snapshot and the render cache
+    # The one clock of every part: the preloader, the health probes, the node (its
+    # housekeeping, tags, kinds, stats), the claims, waste, failures, the drain's
+    # looks, the snapshot and the render cache
     clock: Clock = SYSTEM_CLOCK
 
     def lease_store(self) -> LeaseStore | None:
@@ -102,7 +104,7 @@ class Runtime:
         ]
         if self.drain_flag is not None:
             is_draining = lambda: self.node.draining  # noqa: E731
-            watch = self.drain_flag.watch(is_draining, self.node.shutdown)
+            watch = self.drain_flag.watch(is_draining, self.node.shutdown, self.clock)
             self.background.append(asyncio.ensure_future(watch))
         if self.settings.preload:
             self.preloader.start()
@@ -146,10 +148,12 @@ async def open_runtime(
     settings: Settings, stores: StoreOpener, clock: Clock = SYSTEM_CLOCK
 ) -> Runtime:
     ledger, pool = await stores(settings)
-    claims = LedgerClaims(ledger, pool)
-    waste = WasteRecorder()  # one per process: the node's and the preloader's waste
+    # One clock for every part (pool/clock.py); a part that reads only monotonic
+    # time takes the bound ``clock.monotonic`` (time.monotonic itself in production).
+    claims = LedgerClaims(ledger, pool, clock.monotonic)
+    waste = WasteRecorder(clock.monotonic)  # one per process: the node's and the preloader's
     preloader = Preloader(settings, ledger, pool, claims, waste, clock, rules_of=rules_of)
-    stats = NodeStats()
+    stats = NodeStats(clock)
     health = StoreHealth(ledger, pool, clock)
     source = RangeSource(
         claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste, health=health
@@ -157,7 +161,12 @@ async def open_runtime(
     node = Node(
         source,
         prefetch_at=settings.prefetch_at,
-        tags=TagDirectory(ledger, min_interval=settings.unknown_tag_ttl, rules_of=rules_of),
+        tags=TagDirectory(
+            ledger,
+            min_interval=settings.unknown_tag_ttl,
+            clock=clock.monotonic,
+            rules_of=rules_of,
+        ),
         idle_seconds=settings.idle_seconds,
         reserve_seconds=settings.reserve_seconds,
         report_seconds=settings.report_seconds,
@@ -171,6 +180,7 @@ async def open_runtime(
             "version": metrics.VERSION,
             "started_at": f"{stats.started_at:.0f}",
         },
+        clock=clock,
     )
     store_reads = status.StoreReadsCache(
         lambda: status.read_stores(
@@ -185,5 +195,6 @@ async def open_runtime(
         pool=pool,
         preloader=preloader,
         store_reads=store_reads,
+        failures=FailureLog(clock),
         clock=clock,
     )

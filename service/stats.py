@@ -5,10 +5,11 @@ request's ``route`` label comes from the route table (``routes.label_of``)."""
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 
 # Upper bounds, in seconds, of the request latency buckets.
 LATENCY_BUCKETS = (
@@ -46,7 +47,7 @@ class TagCounters:
 
 
 class NodeStats:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.tags: defaultdict[str, TagCounters] = defaultdict(TagCounters)
         self.store_errors: Counter[str] = Counter()
         self.latency: defaultdict[str, LatencyHistogram] = defaultdict(LatencyHistogram)
@@ -54,7 +55,7 @@ class NodeStats:
         self.requests: Counter[tuple[str, int]] = Counter()
         # (route, error code) -> error answers, e.g. ("id", "tag_exhausted")
         self.errors: Counter[tuple[str, str]] = Counter()
-        self.started_at = time.time()
+        self.started_at = clock.now()  # the runtime's clock (pool/clock.py)
 
 
 def rates(history: Iterable[tuple[float, int]]) -> list[tuple[float, float]]:

@@ -280,7 +280,8 @@ def _cluster_tag(
 
 
 def _issued(described: Mapping[str, Any] | None) -> int:
-    """IDs a kind without buffers (strict) handed out here, as it describes itself."""
+    """IDs a kind without segment buffers handed out here: the ``issued`` of its
+    ``holding`` (``Held``, kinds/interface.py), 0 where it counts none."""
     return 0 if described is None else int(described.get("issued", 0))
 
 

@@ -18,7 +18,7 @@ from idpool.pool.stores import HighWaterMarks, LedgerStore, parts_of
 from idpool.pool.values import TagRow
 
 from .formats import options_for
-from .kinds import DEFAULT_KIND, KINDS, SPECS, Draft, names, spec_of
+from .kinds import DEFAULT_KIND, KINDS, SPECS, Draft, KindSpec, names, spec_of
 
 Spell = Callable[[str], str]
 FORMAT_FIELDS = frozenset({"format", "reset", "obfuscate"})  # a format (formats.py)
@@ -122,18 +122,7 @@ def new_tag(
         raise InvalidInput(
             "bad_description", f"{name('description')} must be a string of at most 255"
         )
-    kind = check_kind(fields.get("kind", DEFAULT_KIND), name)
-    for flagged in sorted(KIND_FLAGS):  # "strict": true is kind strict
-        asked = fields.get(flagged, False)
-        if not isinstance(asked, bool):
-            raise InvalidInput("bad_kind", f"{name(flagged)} must be true or false")
-        if asked:
-            if "kind" in fields and kind != flagged:
-                raise InvalidInput(
-                    "bad_kind",
-                    f"{name(flagged)} asks for kind {flagged}, {name('kind')} for {kind}",
-                )
-            kind = flagged
+    kind = _asked_kind(fields, name)
     end_id = MAX_ID if top is None else top + 1
     try:
         options, secret = options_for(
@@ -146,18 +135,7 @@ def new_tag(
     except InvalidInput as e:
         raise InvalidInput(e.code, _spelled(str(e), name)) from None
     spec = spec_of(kind)
-    if options and not spec.formats:
-        # A format renders a segment tag's sequence (service/formats.py); another
-        # kind would store it and hand out bare IDs.
-        raise InvalidInput(
-            "bad_format",
-            f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
-            f"{', '.join(names(lambda s: s.formats))} tags only, not to kind {kind!r}",
-        )
-    given = sorted(f for f in KIND_FIELDS - spec.fields if fields.get(f) is not None)
-    if given:  # another kind's field (a layout given to a segment tag)
-        owner = next(s for s in SPECS.values() if given[0] in s.fields)
-        raise InvalidInput(owner.fields_code, f"{name(given[0])} is for {owner.name} tags only")
+    _check_kind_fields(spec, fields, options, name)
     draft = spec.shape(fields, Draft(tag, step, start, end_id, top), name, lease_ms)
     return NewTag(
         tag,
@@ -170,6 +148,42 @@ def new_tag(
         options=options,
         secret=secret,
     )
+
+
+def _asked_kind(fields: Mapping[str, object], name: Spell) -> str:
+    """The kind the fields ask for: ``kind``, or a kind's flag (``"strict": true``
+    is kind strict); both only when they agree."""
+    kind = check_kind(fields.get("kind", DEFAULT_KIND), name)
+    for flagged in sorted(KIND_FLAGS):
+        asked = fields.get(flagged, False)
+        if not isinstance(asked, bool):
+            raise InvalidInput("bad_kind", f"{name(flagged)} must be true or false")
+        if asked:
+            if "kind" in fields and kind != flagged:
+                raise InvalidInput(
+                    "bad_kind",
+                    f"{name(flagged)} asks for kind {flagged}, {name('kind')} for {kind}",
+                )
+            kind = flagged
+    return kind
+
+
+def _check_kind_fields(
+    spec: KindSpec, fields: Mapping[str, object], options: str, name: Spell
+) -> None:
+    """No format on a kind that renders none, no other kind's own field."""
+    if options and not spec.formats:
+        # A format renders a segment tag's numbers (service/formatted.py); another
+        # kind would store it and hand out bare IDs.
+        raise InvalidInput(
+            "bad_format",
+            f"{name('format')}, {name('reset')} and {name('obfuscate')} apply to "
+            f"{', '.join(names(lambda s: s.formats))} tags only, not to kind {spec.name!r}",
+        )
+    given = sorted(f for f in KIND_FIELDS - spec.fields if fields.get(f) is not None)
+    if given:  # another kind's field (a layout given to a segment tag)
+        owner = next(s for s in SPECS.values() if given[0] in s.fields)
+        raise InvalidInput(owner.fields_code, f"{name(given[0])} is for {owner.name} tags only")
 
 
 def check_removable(row: TagRow) -> None:

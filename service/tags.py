@@ -14,12 +14,12 @@ bounded amount of memory, and requests for real tags nothing.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from idpool_client.formats import TagFormat
 
+from idpool.pool.clock import SYSTEM_CLOCK
 from idpool.pool.errors import StoreBusy, StoreUnavailable, TagDisabled, UnknownTag
 from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore
@@ -38,7 +38,7 @@ class TagDirectory:
         self,
         ledger: LedgerStore,
         min_interval: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,  # the runtime's Clock.monotonic
         *,
         rules_of: Callable[[str], KindRules],
     ) -> None:

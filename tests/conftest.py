@@ -244,9 +244,9 @@ def drop_keys(prefix: str) -> None:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    """Time that moves only when the test says (pool/clock.py): hand it to the
-    preloader, StoreHealth, StoreReadsCache or open_runtime, then
-    ``await clock.advance(seconds)`` instead of sleeping (docs/testing.md)."""
+    """Time that moves only when the test says (pool/clock.py): hand it to
+    open_runtime or to any part that takes a clock (docs/testing.md lists them), then
+    ``await clock.advance(seconds)`` instead of sleeping."""
     return FakeClock()
 
 

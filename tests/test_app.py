@@ -14,14 +14,18 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
+from idpool.pool.errors import InvalidInput
+from idpool.pool.kind_rules import KindRules
 from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import MAX_ID, IdRange
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 from idpool.service.app import NodeApp, create_app
+from idpool.service.errors import ANSWERS
 from idpool.service.health import PROBE_EVERY
-from idpool.service.kinds import rules_of
+from idpool.service.kinds import KINDS, SPECS, IdKind, KindContext, KindSpec, rules_of
+from idpool.service.routes import unlisted
 from ops.toolkit import NodeProcess, RedisServer, TcpProxy, env_with
 
 from .conftest import TEST_DATABASE
@@ -617,6 +621,82 @@ def test_a_tag_is_served_by_the_object_of_its_kind(
     assert client.get(f"/ids/{tag}?count=2").json() == {"tag": tag, "ids": [2, 3]}
     assert tag not in node.buffers  # not a segment tag: no buffer, no fast path
     assert ledger_max_id(settings, tag) == 1  # and no range claimed
+
+
+class Toy(KindSpec):
+    """A new kind that declares itself ``direct`` (no memory to answer from)."""
+
+    name = "toy"
+    rules = KindRules("toy")
+    direct = True
+
+    def make(self, ctx: KindContext) -> IdKind:
+        return ToyKind()
+
+
+class ToyKind:
+    last = 0
+
+    def __init__(self) -> None:
+        self.tags: set[str] = set()
+
+    async def next_id(self, tag: str) -> int:
+        self.tags.add(tag)
+        self.last += 1
+        return self.last
+
+    def served(self) -> set[str]:  # KeepsTags: shown in /status
+        return self.tags
+
+    async def next_ids(self, tag: str, count: int) -> list[int]:
+        return [await self.next_id(tag) for _ in range(count)]
+
+    def holding(self, tag: str) -> dict[str, object]:
+        return {"kind": "toy", "issued": self.last}
+
+    def not_ready(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def test_the_direct_path_serves_every_kind_whose_spec_says_direct(
+    settings: Settings, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(SPECS, "toy", Toy())
+    monkeypatch.setitem(KINDS, "toy", Toy().make)
+    add_tag_of_kind(settings, tag, "toy")
+    with TestClient(create_app(settings)) as c:
+        app = c.app
+        assert isinstance(app, NodeApp) and app.node is not None
+        # found from the registry's flags: the toy beside strict, never a segment tag's kind
+        assert sorted(app.direct) == ["strict", "toy"]
+        assert app.direct["toy"] is app.node.kinds["toy"]
+        assert c.get(f"/id/{tag}").text == "1"
+        assert c.get(f"/ids/{tag}?count=2").json() == {"tag": tag, "ids": [2, 3]}
+        entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
+        assert entry["counters"]["ids_issued"] == 3  # its holding's "issued" (Held)
+    assert app.direct == {}  # stopped: every request left to the routes
+
+
+def test_an_error_of_the_direct_path_is_checked_against_the_route_table(
+    settings: Settings, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_tag_of_kind(settings, tag, "strict")
+
+    async def refuse(tag: str) -> int:
+        raise InvalidInput("wrong_secret", "a code no /id row lists")
+
+    with TestClient(create_app(settings)) as c:
+        app = c.app
+        assert isinstance(app, NodeApp)
+        monkeypatch.setattr(app.direct["strict"], "next_id", refuse)
+        answer = c.get(f"/id/{tag}")
+        assert answer.json()["error"] == "wrong_secret", answer.text
+    # recorded as the routes' errors are: the conftest check would have failed the test
+    assert unlisted(ANSWERS.seen) == ["GET /id/{tag}: wrong_secret"]
+    ANSWERS.seen.clear()
 
 
 def test_a_wrong_method_on_an_id_route_names_only_get(client: TestClient, tag: str) -> None:

@@ -5,7 +5,10 @@ package folder (from the repository root), and each bullet under it starts with
 one module's file name in that folder (``- `ledger.py`: ...`` under
 ``### `pool/` ``). Every ``.py`` file of the mapped trees has exactly one bullet;
 a bullet for a file that is gone fails too. Paths with a folder written anywhere
-else in the page (`pool/settings.py` in a recipe) must exist as well.
+else in the page (`pool/settings.py` in a recipe) must exist as well. A kind's
+module (``service/kinds/<kind>.py`` with a ``SPEC``) may instead be mapped by its
+section ``## <Kind>`` in docs/kinds.md, which every kind must have: adding a kind
+is one module, its tests and its doc section (ARCHITECTURE.md, "A new kind of ID").
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from idpool.service.kinds import SPECS
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "ARCHITECTURE.md"
+KINDS_PAGE = ROOT / "docs" / "kinds.md"
 TREES = ["idpool", "pool", "service", "client/idpool_client", "ops"]
 MAX_LINES = 300
 FOLDER = re.compile(r"^### `([\w/]+/)`$")
@@ -55,10 +61,26 @@ def on_disk() -> set[str]:
     }
 
 
+def kind_modules() -> dict[str, str]:
+    """Each kind's module (a path from the root) -> the heading of its section."""
+    return {
+        "service/kinds/" + type(spec).__module__.rsplit(".", 1)[1] + ".py": (
+            "## " + spec.name.capitalize()
+        )
+        for spec in SPECS.values()
+    }
+
+
+def test_every_kind_has_its_section_in_docs_kinds() -> None:
+    headings = set(KINDS_PAGE.read_text().splitlines())
+    lacking = sorted(h for h in kind_modules().values() if h not in headings)
+    assert not lacking, f"docs/kinds.md has no section for these kinds: {lacking}"
+
+
 def test_the_map_names_every_module_once_and_no_other() -> None:
     names = mapped()
     doubled = sorted({n for n in names if names.count(n) > 1})
-    missing = sorted(on_disk() - set(names))
+    missing = sorted(on_disk() - set(names) - set(kind_modules()))
     gone = sorted(set(names) - on_disk())
     assert not doubled, f"ARCHITECTURE.md maps these twice: {doubled}"
     assert not missing, f"ARCHITECTURE.md's map does not name {missing}"

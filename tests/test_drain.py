@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from idpool.pool.clock import FakeClock
 from idpool.pool.settings import Settings
-from idpool.service.drain import ENV, drain_flag_file
+from idpool.service.drain import ENV, LOOK_EVERY, DrainFlag, drain_flag_file
 from ops.processes import NodeProcess, env_with
 
 from .test_cli import idpool
@@ -106,6 +108,34 @@ def test_a_drain_flag_is_this_runs_only(monkeypatch: pytest.MonkeyPatch) -> None
     assert not Path(first).exists()
     with drain_flag_file() as second:
         assert second != first and not DrainFlag(second).raised()
+
+
+@pytest.mark.anyio
+async def test_a_worker_drains_at_its_next_look_on_the_runtimes_clock(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A worker looks for the flag every LOOK_EVERY on its runtime's clock, and
+    drains at the first look that finds it; a drain under way is not started twice."""
+    flag = DrainFlag(str(tmp_path / "drain"))
+    drained: list[float] = []
+
+    async def drain() -> None:
+        drained.append(clock.monotonic())
+
+    watch = asyncio.ensure_future(flag.watch(lambda: False, drain, clock))
+    await clock.until_sleeping()
+    start = clock.monotonic()
+    await clock.advance(LOOK_EVERY * 3.5)  # three looks, no flag
+    assert not drained and not watch.done()
+    flag.raise_()
+    await clock.advance(LOOK_EVERY / 4)  # no look yet: it serves on
+    assert not drained and not watch.done()
+    await clock.advance(LOOK_EVERY / 2)  # its fourth look finds the flag
+    await asyncio.wait_for(watch, 5.0)
+    assert drained == [pytest.approx(start + LOOK_EVERY * 4)]
+    # this worker drains already (its own request, or the stop): not a second time
+    await asyncio.wait_for(flag.watch(lambda: True, drain, clock), 5.0)
+    assert len(drained) == 1
 
 
 def test_a_run_removes_the_flag_directories_of_runs_killed_before(

@@ -7,14 +7,21 @@ and Redis.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pymysql
 import pytest
 from starlette.testclient import TestClient
 
+from idpool.pool.clock import FakeClock
+from idpool.pool.errors import InvalidInput
+from idpool.pool.ledger import Ledger
 from idpool.pool.settings import Settings
 from idpool.service.app import create_app
+from idpool.service.kinds.segment import DATE_AHEAD_SECONDS, check_issued, decode_segment
+from idpool.service.tag_fields import new_tag
 
 from .test_formats import AUTH, TOKEN, add
 
@@ -129,6 +136,21 @@ def test_decode_refuses_a_date_no_id_of_the_tag_was_ever_handed_out_with(
         month = c.get(f"/id/{tag}m").text
         decoded = c.get(f"/admin/tags/{tag}m/decode", params={"value": month}, headers=AUTH)
         assert decoded.status_code == 200, decoded.text
+
+
+@pytest.mark.anyio
+async def test_the_date_check_reads_the_nodes_clock(ledger: Ledger, tag: str) -> None:
+    """Over a day ahead of the node's clock (pool/clock.py) a date was never handed
+    out; within the day it may have been (a client's clock a little ahead)."""
+    spec = new_tag({"tag": tag, "step": 10, "format": "D-{date:%Y}-{id}"}, 10)
+    row = await ledger.add_tag(tag, step=10, start=1, options=spec.options)
+    row = dataclasses.replace(row, max_id=100)  # numbers below 100 claimed
+    found = decode_segment(row, "D-2099-5")
+    new_year = datetime(2099, 1, 1, tzinfo=UTC).timestamp()
+    ahead = FakeClock(now=new_year - DATE_AHEAD_SECONDS - 1)
+    with pytest.raises(InvalidInput, match=r"\(not issued yet\): its date is 2099-01-01"):
+        await check_issued(ledger, row, found, ahead)
+    await check_issued(ledger, row, found, FakeClock(now=new_year - DATE_AHEAD_SECONDS + 1))
 
 
 def test_a_strict_tag_given_a_format_by_hand_is_not_served(

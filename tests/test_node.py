@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from idpool.pool.claims import LedgerClaims
+from idpool.pool.clock import FakeClock
 from idpool.pool.ledger import Ledger
 from idpool.pool.ranges import IdRange
 from idpool.pool.redis_pool import RedisPool
@@ -18,6 +19,7 @@ from idpool.pool.settings import Settings
 from idpool.service.app import create_app
 from idpool.service.node import Node
 from idpool.service.source import RangeSource
+from idpool.service.stats import SAMPLE_EVERY
 from ops.toolkit import TcpProxy
 
 from .conftest import TEST_DATABASE
@@ -183,6 +185,43 @@ async def test_an_idle_tag_goes_back_to_the_pool_and_is_dropped(
         await node.shutdown()
         await node.report()
         assert (await pool.read_stats(tag))["issued"] == "2"  # both buffers' IDs reported
+    finally:
+        await pool.close()
+        await ledger.close()
+
+
+@pytest.mark.anyio
+async def test_housekeeping_samples_reports_and_lets_idle_tags_go_on_the_nodes_clock(
+    settings: Settings, tag: str, clock: FakeClock
+) -> None:
+    """The node's loop (the consumption chart, idle release, reports) sleeps on the
+    clock the runtime gives it: a minute of idleness passes in no time."""
+    ledger = await Ledger.connect(settings)
+    pool = RedisPool.from_settings(settings)
+    try:
+        await ledger.add_tag(tag, step=100, start=1)
+        source = RangeSource(LedgerClaims(ledger, pool, clock.monotonic), pool)
+        node = Node(
+            source, prefetch_at=0.5, idle_seconds=60, report_seconds=SAMPLE_EVERY, clock=clock
+        )
+        assert await node.next_id(tag) == 1
+        housekeeping = asyncio.ensure_future(node.run_housekeeping())
+        try:
+            await clock.until_sleeping()  # its first round: sampled, reported
+            assert list(node.stats.tags[tag].history) == [(clock.now(), 1)]
+            assert (await pool.read_stats(tag))["issued"] == "1"
+            for _ in range(5):  # 50 s without a request: kept
+                await clock.advance(SAMPLE_EVERY)
+                await clock.until_sleeping()
+            assert tag in node.buffers and len(node.stats.tags[tag].history) == 6
+            await clock.advance(SAMPLE_EVERY)  # 60 s: returned to the pool, dropped
+            await clock.until_sleeping()
+            assert tag not in node.buffers
+        finally:
+            housekeeping.cancel()
+            await asyncio.gather(housekeeping, return_exceptions=True)
+        await source.close()  # the remainder's push
+        assert await pool.ranges(tag) == [IdRange(2, 101)]
     finally:
         await pool.close()
         await ledger.close()

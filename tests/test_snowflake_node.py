@@ -13,16 +13,20 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
+from idpool.pool.clock import FakeClock
 from idpool.pool.keys import Keys
 from idpool.pool.ledger import Ledger
 from idpool.pool.redis_pool import RedisPool
 from idpool.pool.settings import Settings
 from idpool.pool.snowflake import check_layout, wall_ms
+from idpool.pool.stores import open_stores
 from idpool.pool.values import TagRow
 from idpool.pool.worker_store import WorkerRefused, WorkerStore
 from idpool.service.app import create_app
 from idpool.service.kinds import rules_of
 from idpool.service.kinds.snowflake import prepare_tag
+from idpool.service.kinds.snowflake_leases import SnowflakeKind
+from idpool.service.runtime import open_runtime
 from ops.toolkit import TcpProxy
 
 TOKEN = "admin-secret"
@@ -129,6 +133,26 @@ def test_a_segment_id_is_not_decodable(node: TestClient, tag: str) -> None:
     assert node.post("/admin/tags", json={"tag": tag}, headers=AUTH).status_code == 201
     answer = node.get(f"/decode/{tag}/5")
     assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
+
+
+def test_a_kind_without_a_decoder_says_its_ids_cannot_be_decoded(
+    node: TestClient, tag: str
+) -> None:
+    # strict has no decoder: the operator's calls refuse its IDs too, so /decode
+    # says so plainly instead of sending the caller to them.
+    made = node.post("/admin/tags", json={"tag": tag, "kind": "strict"}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    value = node.get(f"/id/{tag}").text
+    answer = node.get(f"/decode/{tag}/{value}")
+    assert answer.status_code == 400 and answer.json()["error"] == "not_decodable"
+    assert "cannot be decoded" in answer.json()["message"]
+    assert "idpool tag decode" not in answer.json()["message"]
+    admin = node.get(f"/admin/tags/{tag}/decode", params={"value": value}, headers=AUTH)
+    assert admin.status_code == 400 and "cannot be decoded" in admin.json()["message"]
+    segment = node.post("/admin/tags", json={"tag": tag + "s"}, headers=AUTH)
+    assert segment.status_code == 201
+    kept = node.get(f"/decode/{tag}s/5").json()["message"]  # decoded for an operator
+    assert "idpool tag decode" in kept and "cannot be decoded" not in kept
 
 
 def test_one_decoders_table_serves_snowflake_and_obfuscated_tags(
@@ -479,6 +503,41 @@ async def test_a_late_tag_add_keeps_the_quarantine_once_a_generation_was_claimed
     assert q.value.why == "quarantine"
 
 
+@pytest.mark.anyio
+async def test_renewals_run_on_the_nodes_clock_and_the_first_to_find_the_lease_gone_stops(
+    settings: Settings, ledger: Ledger, redis_pool: RedisPool, tag: str, clock: FakeClock
+) -> None:
+    """A snowflake tag's renewals wait a quarter of the lease on the node's clock
+    (KindContext.clock), not the lease clock: moved by hand, one renews the lease,
+    and the next, after a new Redis incarnation, stops the holder at once."""
+    lease_ms = int(settings.worker_lease_seconds * 1000)
+    layout = check_layout({}, wall_ms() - 60_000).to_text() + f".l{lease_ms}"
+    row = await ledger.add_tag(tag, step=1, start=1, rules=rules_of("snowflake"), layout=layout)
+    await prepare_tag(ledger, redis_pool, row)
+    run = await open_runtime(settings, open_stores, clock)
+    try:
+        kind = run.node.kinds["snowflake"]
+        assert isinstance(kind, SnowflakeKind)
+        gen = await kind.generator(tag)  # granted: its renewer waits on the clock
+        await clock.until_sleeping()
+        assert clock.next_due() == pytest.approx(lease_ms / 4000)
+        deadline = gen.stop_at
+        await clock.advance(lease_ms / 4000)  # a renewal: the deadline moves on
+        await clock.until_sleeping()
+        assert gen.lost is None and gen.stop_at > deadline
+        hash_key = redis_pool.keys.workers(tag)
+        await redis_pool.client.hset(hash_key, "inc", "0:0")  # as after a failover
+        await clock.advance(lease_ms / 4000)
+        renewer = kind.held[tag].renewer
+        assert renewer is not None
+        await asyncio.wait_for(renewer, 10.0)  # it ended: the lease is lost
+        assert gen.lost is not None and "lease was lost" in gen.lost
+        assert tag not in kind.generators  # the next request asks for a new worker ID
+    finally:
+        await run.stop()
+        await run.close()
+
+
 def test_a_clock_leaped_past_the_lease_makes_no_id_a_later_holder_makes_again(
     settings: Settings, tag: str
 ) -> None:
@@ -598,9 +657,7 @@ def test_clients_cannot_take_every_worker_id_of_a_tag_and_nodes_keep_serving(
         shown = [t for t in status["tags"] if t["tag"] == tag][0]["buffer"]
         assert shown["refusals"] == {"capped": 4}
         metrics = node.get("/metrics").text
-        assert (
-            f'idpool_snowflake_worker_refusals_total{{tag="{tag}",why="capped"}} 4.0' in metrics
-        )
+        assert f'idpool_snowflake_worker_refusals_total{{tag="{tag}",why="capped"}} 4.0' in metrics
         body = {k: mine[0].json()[k] for k in ("worker", "generation", "secret")}
         node.post(f"/worker/{tag}/release", json={**body, "last_ms": mine[0].json()["server_ms"]})
         assert node.post(f"/worker/{tag}?holder=greedy").status_code == 200  # room again

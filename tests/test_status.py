@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,19 @@ def test_status_json_shows_buffers_pool_and_stores(
         "target_depth": None,
         "minutes_of_supply": None,
     }
+
+
+def test_every_kinds_holding_has_the_keys_the_status_reads(client: TestClient) -> None:
+    """The ``Held`` contract (kinds/interface.py): ``kind`` in every answer a kind's
+    ``holding`` may give, ``issued`` (read as counters.ids_issued) an int where present."""
+    node = client.app.node  # type: ignore[attr-defined]
+    for name, kind in node.kinds.items():
+        answer = typing.get_type_hints(type(kind).holding)["return"]
+        shapes = [t for t in typing.get_args(answer) if t is not type(None)] or [answer]
+        for shape in shapes:
+            keys = typing.get_type_hints(shape)
+            assert keys.get("kind") is str, (name, shape)
+            assert keys.get("issued", int) is int, (name, shape)
 
 
 def test_metrics_parse_with_prometheus_parser(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NotRequired, Protocol, TypedDict, runtime_checkable
 
 from prometheus_client.core import Metric
 
@@ -24,6 +24,16 @@ from idpool.pool.values import TagRow
 from .context import KindContext
 
 Spell = Callable[[str], str]  # a field's name the caller's way: "step", or "--step"
+
+
+class Held(TypedDict):
+    """The keys of a kind's ``holding(tag)`` that the node reads (its own
+    TypedDict adds the rest, shown as they are in /status.json)."""
+
+    kind: str  # the kind's name (every kind's answer has it)
+    # IDs of the tag this node handed out: /status.json's ``counters.ids_issued`` for a
+    # tag without a segment buffer (service/status.py), 0 where a kind leaves it out
+    issued: NotRequired[int]
 
 
 class IdKind(Protocol):
@@ -39,7 +49,8 @@ class IdKind(Protocol):
 
     def holding(self, tag: str) -> Mapping[str, Any] | None:
         """What this node holds for the tag, shown as ``buffer`` in /status.json
-        (None: nothing held here). Every kind's has the key ``kind``."""
+        (None: nothing held here). The node reads the keys of ``Held``: ``kind``
+        (always) and ``issued`` (a kind without segment buffers that counts them)."""
         ...
 
     def not_ready(self) -> str | None:
@@ -189,6 +200,13 @@ class KindSpec:
     def decode(self, row: TagRow, value: str) -> dict[str, Any] | None:
         """What ``value`` was made from; None: the kind's IDs cannot be decoded."""
         return None
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the kind has a decoder at all (overrides ``decode``): GET
+        /decode tells one without it that none can decode its IDs, rather than
+        sending the caller to the operator's calls, which refuse them too."""
+        return type(self).decode is not KindSpec.decode
 
     async def check_issued(self, ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
         """Refuse (InvalidInput) a decoded ID its tag never handed out."""

@@ -9,12 +9,12 @@ shows in /status.json, and how its IDs decode (through their format, if any).
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from idpool_client.formats import TagFormat, period_row
 
+from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import InvalidInput, UnknownTag
 from idpool.pool.kind_rules import KindRules
 from idpool.pool.stores import LedgerStore
@@ -119,7 +119,9 @@ def decode_segment(row: TagRow, value: str) -> dict[str, Any]:
     return found
 
 
-async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) -> None:
+async def check_issued(
+    ledger: LedgerStore, row: TagRow, found: dict[str, Any], clock: Clock = SYSTEM_CLOCK
+) -> None:
     """Refuse (400 ``bad_value``) a decoded segment ID whose number its sequence never
     handed out: at or above the ``max_id`` of the row it comes from (the tag's own,
     or with a reset its period's ``TAG@KEY``, which must exist), or dated over a
@@ -134,7 +136,7 @@ async def check_issued(ledger: LedgerStore, row: TagRow, found: dict[str, Any]) 
     earliest = None if fmt is None else fmt.earliest(value)
     # A client renders a dated template with its own clock: one ahead of this one
     # (by less than a day: any more is a clock no ID service should be given) made it
-    if earliest is not None and earliest > time.time() + DATE_AHEAD_SECONDS:
+    if earliest is not None and earliest > clock.now() + DATE_AHEAD_SECONDS:
         raise InvalidInput(
             "bad_value",
             f"{value[:80]!r} was never issued by tag {row.tag!r} (not issued yet): its date "

@@ -12,6 +12,13 @@ moment the last successful renewal was *sent*; a lost lease stops it at once.
 Either way requests get 503 naming the cause, and the task asks for a new
 worker ID (whose time floor is above what the old one used).
 
+The kind's time is its own, on purpose: a lease's deadline is on the lease
+clock (``lease_clock``: CLOCK_BOOTTIME, which counts a suspend) and the IDs'
+time on the wall clock (``wall_ms``), both the client generator's, injected here
+as ``monotonic`` and ``clock_ms``. Only the waits (for the next time unit, a
+quarter of the TTL between renewals) sleep on the node's clock
+(``KindContext.clock``).
+
 ``SnowflakeKind.generators`` (tag -> Generator) is what NodeApp's fast path
 takes from (``take_now``).
 """
@@ -183,7 +190,7 @@ class SnowflakeKind:
             value = self._take(gen)
             if value is not None:
                 return value
-            await asyncio.sleep(gen.wait_seconds())  # the next time unit
+            await self.ctx.clock.sleep(gen.wait_seconds())  # the next time unit
 
     async def next_ids(self, tag: str, count: int) -> list[int]:
         """``count`` IDs, none made more than BATCH_MS before the answer.
@@ -201,7 +208,7 @@ class SnowflakeKind:
             gen = await self.generator(tag)
             value = self._take(gen)
             if value is None:
-                await asyncio.sleep(gen.wait_seconds())
+                await self.ctx.clock.sleep(gen.wait_seconds())
                 continue
             made = self._monotonic()
             found.append((made, value))
@@ -396,7 +403,7 @@ class SnowflakeKind:
         gen = held.generator
         ttl = held.grant.ttl_ms / 1000  # the lease's own, as Redis recorded it
         while gen.lost is None:
-            await asyncio.sleep(ttl / 4)
+            await self.ctx.clock.sleep(ttl / 4)
             sent = self._monotonic()
             row = self.ctx.tags.rows.get(tag)
             _, quarantine_ms = self.lease_ms(row) if row else (0, int(self.ttl * 1000))

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypedDict
 
 from idpool.pool.claims import Claim, RedisSkip
+from idpool.pool.clock import SYSTEM_CLOCK
 from idpool.pool.errors import (
     Draining,
     MarkNotReplicated,
@@ -113,7 +113,7 @@ class StrictTags:
         self,
         take: Take,
         store: str,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,  # the node's (KindContext.clock)
         on_error: Callable[[StoreUnavailable], None] = lambda e: None,
         also_down: Callable[[str], Awaitable[str]] | None = None,
         skip: RedisSkip | None = None,
@@ -177,6 +177,7 @@ class StrictKind:
         self.tags = StrictTags(
             self.supply.take,
             self.supply.name,
+            clock=ctx.clock.monotonic,
             on_error=ctx.health.failed,
             also_down=self._also_down,
             skip=claims.redis_skip if self.supply.name == "redis" else None,
