@@ -260,7 +260,7 @@ async def create_tag(
                 # (strict, removed, maybe a segment life since) is never served from;
                 # the first refill claims from the new row, above its start and
                 # every ID the name issued (the mark, the tombstone).
-                await pool.fence_strict(tag, max(start, floor))
+                await pool.fence_state(tag, max(start, floor))
         except StoreUnavailable as e:
             if options or rules.needs_redis:
                 what = "formatted" if options else rules.name
@@ -403,6 +403,17 @@ async def disable_tag(
     return row, drained
 
 
+class ListNotEmptied(StoreUnavailable):
+    """``remove_tag`` removed the tag's row, but the pool did not answer: its ready
+    ranges may still be in its list (``pool.take_all(tag)`` empties it). Says what
+    the pool's error said (``error``), so a caller answers it as that one."""
+
+    def __init__(self, row: TagRow, error: StoreUnavailable) -> None:
+        super().__init__(error.store, error.detail)
+        self.row = row
+        self.error = error
+
+
 async def remove_tag(
     ledger: LedgerStore, pool: RangeLists | None, tag: str
 ) -> tuple[TagRow, list[IdRange]]:
@@ -414,10 +425,13 @@ async def remove_tag(
     The ledger first: a claim after it finds no row, so no new range can reach
     the list once it is drained (one claimed just before and pushed just after
     stays there unissued). Raises UnknownTag, StoreUnavailable (the ledger:
-    nothing changed; the pool: removed but its list not emptied: `pool.take_all(tag)`).
+    nothing changed), ListNotEmptied (the pool: removed but its list not emptied).
     """
     row = await ledger.remove_tag(tag)
-    drained = [] if pool is None else await pool.take_all(tag)
+    try:
+        drained = [] if pool is None else await pool.take_all(tag)
+    except StoreUnavailable as e:
+        raise ListNotEmptied(row, e) from e
     return row, drained
 
 

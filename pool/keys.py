@@ -50,7 +50,7 @@ With the default prefix ``idpool`` and the tag ``orders``:
     ``refill_until`` and ``refill_by`` (the one node granted the next refill,
     until when, in Redis ``TIME`` ms) and ``since_ms``, ``since_next`` (where the
     consumption rate that sizes a refill is measured from), and ``floor``: set when a
-    strict tag is made (again) under the name (``RedisPool.fence_strict``, which
+    strict tag is made (again) under the name (``RedisPool.fence_state``, which
     drops the rest of the hash first), never lowered; a refill whose claim starts
     below it is refused. Every strict script
     touches this one key: on a cluster it runs on the tag's shard, and the

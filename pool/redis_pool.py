@@ -239,7 +239,7 @@ return 0
 # starts below it: one an earlier life's node claimed before the removal and
 # lands only now. One script: a take or extension runs wholly before or after.
 # Returns the floor kept.
-_FENCE_STRICT = """
+_FENCE_STATE = """
 local function lt(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
@@ -374,7 +374,7 @@ class RedisPool:
         self._read_hwm = Lua.of(_READ_HWM)
         self._fence_format = Lua.of(_FENCE_FORMAT)
         self._unfence_format = Lua.of(_UNFENCE_FORMAT)
-        self._fence_strict = Lua.of(_FENCE_STRICT)
+        self._fence_state = Lua.of(_FENCE_STATE)
         self._lead = Lua.of(_LEAD)
         self._resign = Lua.of(_RESIGN)
         self._take_moved = Lua.of(_TAKE_MOVED)
@@ -636,11 +636,12 @@ class RedisPool:
         record = format_record(fingerprint)
         await self._call(self._unfence_format, [self.keys.format(tag)], [record])
 
-    async def fence_strict(self, tag: str, floor: int) -> int:
-        """Before a strict tag's row is made: drop the strict state an earlier tag of
-        the name left, and refuse any later refill whose claim starts below
-        ``floor`` (the new start, the mark). Returns the floor kept (never lowered)."""
-        return int(await self._call(self._fence_strict, [self.keys.strict(tag)], [str(floor)]))
+    async def fence_state(self, tag: str, floor: int) -> int:
+        """Before the row of a tag whose kind's rules say ``fences_state`` (strict) is
+        made: drop the state (the counter, pool/strict.py) an earlier tag of the name
+        left, and refuse any later refill whose claim starts below ``floor`` (the new
+        start, the mark). Returns the floor kept (never lowered)."""
+        return int(await self._call(self._fence_state, [self.keys.strict(tag)], [str(floor)]))
 
     async def raise_high_water(self, tag: str, value: int) -> int:
         """Raise the tag's mark to ``value`` (never lower it). With replicas to wait

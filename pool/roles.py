@@ -107,9 +107,10 @@ class HighWaterMarks(Protocol):
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None: ...
 
-    async def fence_strict(self, tag: str, floor: int) -> int:
-        """Before a strict tag's row is made: its name's strict counter starts
-        again, above ``floor`` (a no-op where strict takes are the ledger's own)."""
+    async def fence_state(self, tag: str, floor: int) -> int:
+        """Before the row of a tag whose kind's rules say ``fences_state`` (strict) is
+        made: its name's counter starts again, above ``floor`` (a no-op where the
+        counter is the ledger's own)."""
         ...
 
 

@@ -202,7 +202,7 @@ class SqlitePool:
 
         return await self.file.write(op)
 
-    async def fence_strict(self, tag: str, floor: int) -> int:
+    async def fence_state(self, tag: str, floor: int) -> int:
         """Nothing to fence: the embedded mode's strict take is the ledger row's own
         (pool/strict.py, SqliteStrict), made again with the row."""
         return floor

@@ -24,7 +24,7 @@ incarnation, then one script extends the state, only if the incarnation is still
 - a range below ``limit`` is refused (waste): another node extended first;
 - a range below ``floor`` is refused (waste): the state was fenced when the tag
   was made (again) under its name, and the range was claimed for an earlier tag
-  of that name (``RedisPool.fence_strict``).
+  of that name (``RedisPool.fence_state``).
 
 Under Sentinel a take is answered only if most Sentinels name its server as the
 master; on a Redis Cluster only once every replica its primary knows of
@@ -170,7 +170,7 @@ local how, lost_next, lost_limit = 'moved', false, false
 if inc == ARGV[1] then
   local s = redis.call('HMGET', KEYS[1], 'next', 'limit', 'inc', 'floor')
   if s[3] ~= inc and s[4] and lt(ARGV[2], s[4]) then
-    -- below the floor the tag's (re-)creation set (RedisPool.fence_strict): claimed
+    -- below the floor the tag's (re-)creation set (RedisPool.fence_state): claimed
     -- for an earlier tag of the name, before its removal
     how = 'fenced'
   elseif s[3] ~= inc then

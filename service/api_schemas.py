@@ -10,9 +10,8 @@ from __future__ import annotations
 from idpool_client.formats import MAX_TEMPLATE, RESETS
 
 from idpool.pool.ranges import MAX_ID, MAX_STEP, TAG_PATTERN
-from idpool.pool.snowflake import LAYOUT_RANGES, LAYOUTS
 
-from .kinds import DEFAULT_KIND, KINDS
+from .kinds import DEFAULT_KIND, KINDS, SPECS
 from .openapi import TAG_ROW_REF, Schema
 
 # An ID: an integer, or a string for a tag with a format template
@@ -242,23 +241,8 @@ NEW_TAG: Schema = {
         "max": {"type": "integer", "minimum": 1, "maximum": MAX_ID - 1, "nullable": True},
         "description": {"type": "string", "maxLength": 255},
         "kind": {"type": "string", "enum": list(KINDS), "default": DEFAULT_KIND},
-        "strict": {
-            "type": "boolean",
-            "default": False,
-            "description": "true: kind strict (IDs strictly increasing in real time "
-            "across every node; no client leases)",
-        },
-        "layout": {
-            "type": "string",
-            "enum": list(LAYOUTS),
-            "description": "snowflake tags: default (41 bits of ms, 10 worker, 12 "
-            "sequence) or js53 (37 bits of 10 ms, 8 worker, 8 sequence; below 2^53); "
-            "the fields below override it",
-        },
-        **{
-            field: {"type": "integer", "minimum": low, "maximum": high}
-            for field, (low, high) in LAYOUT_RANGES.items()
-        },
+        # each kind's own fields and flag (its module's api_fields), in the registry's order
+        **{field: schema for spec in SPECS.values() for field, schema in spec.api_fields.items()},
         "format": {
             "type": "string",
             "nullable": True,

@@ -111,6 +111,9 @@ class ErrorRow:
     status: int
     why: str  # for the OpenAPI description
     raised_by: type[Exception] | None = None  # the error type answered with this row
+    # The kinds "{kinds}" in ``why`` stands for, by a flag of their KindSpec ("": every
+    # kind): openapi.py names them from the registry, which imports this module
+    kinds: str | None = None
 
 
 ERRORS: tuple[ErrorRow, ...] = (
@@ -130,7 +133,8 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow(
         ErrorCode.BAD_KIND,
         400,
-        "kind is not a kind of ID this node knows (segment, strict, snowflake)",
+        "kind is not a kind of ID this node knows ({kinds})",
+        kinds="",
     ),
     ErrorRow(
         ErrorCode.BAD_LAYOUT,
@@ -147,7 +151,8 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow(
         ErrorCode.NOT_DECODABLE,
         400,
-        "GET /decode decodes snowflake IDs only (others: admin decode)",
+        "GET /decode decodes {kinds} IDs only (others: admin decode)",
+        kinds="public_decode",
     ),
     ErrorRow(
         ErrorCode.WRONG_KIND,

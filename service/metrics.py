@@ -15,6 +15,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from .kinds import SPECS
 from .stats import LATENCY_BUCKETS, NodeStats
 from .status import Snapshot
 
@@ -112,49 +113,18 @@ class _SnapshotCollector:
         yield from (issued, taken, returned, wasted, depth, pool_ids, target, supply, step, rate)
         yield runway
         yield disabled
-        yield from self._snowflake_metrics()
+        yield from self._kind_metrics()
 
-    def _snowflake_metrics(self) -> Iterator[Metric]:
-        """Per snowflake tag served here: its worker ID, lease and clock."""
-        worker = GaugeMetricFamily(
-            "idpool_snowflake_worker", "Worker ID this process holds for the tag", labels=["tag"]
-        )
-        lease = GaugeMetricFamily(
-            "idpool_snowflake_lease_seconds",
-            "Seconds until this process stops issuing unless the lease is renewed",
-            labels=["tag"],
-        )
-        behind = GaugeMetricFamily(
-            "idpool_snowflake_clock_behind_ms",
-            "How far the clock is behind the last time used (0: not; above 0: not issuing)",
-            labels=["tag"],
-        )
-        episodes = CounterMetricFamily(
-            "idpool_snowflake_clock_behind_events",
-            "Large steps back of the clock that stopped the tag here",
-            labels=["tag"],
-        )
-        refusals = CounterMetricFamily(
-            "idpool_snowflake_worker_refusals",
-            "Worker-ID grants refused here, by why: full (every worker ID of the tag held), "
-            "capped (a client over IDPOOL_WORKER_CLIENT_SHARE or IDPOOL_WORKER_HOLDER_MAX), "
-            "quarantine",
-            labels=["tag", "why"],
-        )
-        for t in self.snap["tags"]:
-            held = t["buffer"]
-            if not held or "refusals" not in held:  # a worker ID's (kinds/snowflake_leases.py)
-                continue
-            tag = t["tag"]
-            for why, count in held.get("refusals", {}).items():
-                refusals.add_metric([tag, why], count)
-            if held.get("worker") is None:
-                continue
-            worker.add_metric([tag], held["worker"])
-            lease.add_metric([tag], max(0.0, held["lease_left_s"]))
-            behind.add_metric([tag], held["clock_behind_ms"])
-            episodes.add_metric([tag], held["clock_behind_events"])
-        yield from (worker, lease, behind, episodes, refusals)
+    def _kind_metrics(self) -> Iterator[Metric]:
+        """Each kind's own families (service/kinds: KindSpec.metrics), in the registry's
+        order, from what this node holds of its tags."""
+        for name, spec in SPECS.items():
+            held = [
+                (t["tag"], t["buffer"])
+                for t in self.snap["tags"]
+                if t["buffer"] and t["buffer"].get("kind") == name
+            ]
+            yield from spec.metrics(held)
 
     def _node_metrics(self) -> Iterator[Metric]:
         """The node's stores, errors, latencies, requests and version."""

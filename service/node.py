@@ -43,6 +43,7 @@ from .kinds import (
     rules_of,
     spec_of,
 )
+from .kinds.snowflake import LeasesWorkers
 from .segment_buffers import SegmentBuffers
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
@@ -177,10 +178,11 @@ class Node:
 
     @property
     def snowflakes(self) -> dict[str, object]:
-        """What the kinds that serve from memory hold, by tag (tests read it)."""
+        """What the kinds that make IDs from leased worker IDs hold, by tag (tests read it)."""
         held: dict[str, object] = {}
-        for kind in self.from_memory:
-            held.update(getattr(kind, "generators", {}))
+        for kind in self.kinds.values():
+            if isinstance(kind, LeasesWorkers):
+                held.update(kind.generators)
         return held
 
     async def kind_of(self, tag: str) -> IdKind:

@@ -22,7 +22,8 @@ from idpool_client.formats import RESETS
 from idpool.pool.ranges import TAG_PATTERN
 
 from . import metrics
-from .errors import BY_CODE, ErrorCode
+from .errors import BY_CODE, ErrorCode, ErrorRow
+from .kinds import SPECS
 
 Schema = dict[str, Any]
 # A query parameter, or one made from the node's IDPOOL_MAX_COUNT (the /ids count)
@@ -69,6 +70,13 @@ class Described(Protocol):
     def body(self) -> Schema | None: ...
 
 
+def _kinds_described() -> str:
+    """TagRow's ``kind``: every kind of the registry, and how its IDs are made."""
+    named = [f"{name} ({spec.summary})" if spec.summary else name for name, spec in SPECS.items()]
+    listed = " or ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+    return f"how its IDs are made: {listed}"
+
+
 ERROR: Schema = {
     "type": "object",
     "required": ["error", "message"],
@@ -95,12 +103,7 @@ TAG_ROW: Schema = {
     ],  # fmt: skip
     "properties": {
         "tag": {"type": "string"},
-        "kind": {
-            "type": "string",
-            "description": "how its IDs are made: segment (trend-increasing, served from "
-            "memory), strict (strictly increasing in real time across every node) or "
-            "snowflake (time-ordered, made in memory from a leased worker ID)",
-        },
+        "kind": {"type": "string", "description": _kinds_described()},
         "max_id": {"type": "integer", "description": "first ID not yet claimed"},
         "step": {"type": "integer", "description": "IDs per range"},
         "min_step": {"type": "integer"},
@@ -114,12 +117,8 @@ TAG_ROW: Schema = {
         "ids_left": {"type": "integer", "description": "IDs not yet claimed below the max"},
         "disabled": {"type": "boolean"},
         "description": {"type": "string"},
-        "layout": {
-            "type": "object",
-            "description": "a snowflake tag's layout (only on snowflake tags); its max_id "
-            "counts worker-ID grants",
-        },
-        "bits": {"type": "integer", "description": "a snowflake tag's ID size in bits"},
+        # what each kind adds to its rows (its module's row_schema), in the registry's order
+        **{field: schema for spec in SPECS.values() for field, schema in spec.row_schema.items()},
         "format": {
             "type": "object",
             "nullable": True,
@@ -208,9 +207,17 @@ def operation(route: Described, max_count: int) -> Schema:
 def _error_answer(codes: list[ErrorCode]) -> Schema:
     """One status's error answer, described from the error table (service/errors.py)."""
     return {
-        "description": "; ".join(f"`{code}`: {BY_CODE[code].why}" for code in codes),
+        "description": "; ".join(f"`{code}`: {_why(BY_CODE[code])}" for code in codes),
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
     }
+
+
+def _why(row: ErrorRow) -> str:
+    """The row's text, naming the kinds it is about from the registry."""
+    if row.kinds is None:
+        return row.why
+    named = [name for name, spec in SPECS.items() if not row.kinds or getattr(spec, row.kinds)]
+    return row.why.replace("{kinds}", ", ".join(named))
 
 
 def _parameters(route: Described, max_count: int) -> list[Schema]:

@@ -35,16 +35,16 @@ from idpool.pool.worker_store import (
 
 from . import preamble
 from .errors import HttpRefusal, json_response
-from .kinds.snowflake_leases import SnowflakeKind
+from .kinds.snowflake import LeasesWorkers
 from .leases import LEASE_ID
 from .runtime import Runtime
 
 logger = logging.getLogger("idpool.snowflake")
 
 
-def _kind(run: Runtime) -> SnowflakeKind:
+def _kind(run: Runtime) -> LeasesWorkers:
     """The node's kind that leases worker IDs (one: snowflake)."""
-    return next(k for k in run.node.kinds.values() if isinstance(k, SnowflakeKind))
+    return next(k for k in run.node.kinds.values() if isinstance(k, LeasesWorkers))
 
 
 async def _checked(request: Request) -> tuple[Runtime, str]:

@@ -356,7 +356,7 @@ class MarksDown:
     async def unfence_format(self, tag: str, fingerprint: str) -> None:
         raise StoreUnavailable("redis", "down")
 
-    async def fence_strict(self, tag: str, floor: int) -> int:
+    async def fence_state(self, tag: str, floor: int) -> int:
         raise StoreUnavailable("redis", "down")
 
 
@@ -401,3 +401,27 @@ async def test_a_formatted_tag_is_made_only_once_its_format_is_fenced(
         await ledger.remove_tag(tag + "p")
         await create_tag(ledger, redis_pool, tag + "p", step=10, start=1, options=options,
                          secret="cc" * 16)  # fmt: skip
+
+
+class ListsDown:
+    """A pool whose lists do not answer."""
+
+    async def take_all(self, tag: str) -> list[IdRange]:
+        raise StoreUnavailable("redis", "down")
+
+
+async def test_a_removal_whose_list_is_not_emptied_says_the_row_is_gone(
+    ledger: Ledger, tag: str
+) -> None:
+    """remove_tag: the ledger first; a pool that then fails raises ListNotEmptied
+    (the CLI says so and asks to run again), answered as the pool's own error."""
+    from idpool.pool.claims import ListNotEmptied, remove_tag
+    from idpool.pool.errors import UnknownTag
+
+    await ledger.add_tag(tag, step=10, start=1)
+    with pytest.raises(ListNotEmptied) as e:
+        await remove_tag(ledger, ListsDown(), tag)  # type: ignore[arg-type]
+    assert str(e.value) == str(e.value.error) == "redis unavailable: down"
+    assert e.value.store == "redis" and e.value.row.tag == tag
+    with pytest.raises(UnknownTag):  # removed all the same
+        await ledger.get_tag(tag)

@@ -115,14 +115,14 @@ async def test_extension_rules(redis_pool: RedisPool, tag: str) -> None:
 async def test_a_fenced_state_is_dropped_and_refuses_claims_below_its_floor(
     redis_pool: RedisPool, tag: str
 ) -> None:
-    """A strict tag made again under a name (RedisPool.fence_strict, before its row):
+    """A strict tag made again under a name (RedisPool.fence_state, before its row):
     the earlier tag's state is never taken from, and a refill an earlier tag's node
     claimed before the removal, landing only now, does not enter the new state."""
     strict = RedisStrict(redis_pool)
     inc = (await strict.take(tag, 1)).incarnation
     await strict.extend(tag, inc, IdRange(6, 1001), 0)  # the earlier life's state
-    assert await redis_pool.fence_strict(tag, 5000) == 5000
-    assert await redis_pool.fence_strict(tag, 10) == 5000  # never lowered
+    assert await redis_pool.fence_state(tag, 5000) == 5000
+    assert await redis_pool.fence_state(tag, 10) == 5000  # never lowered
     assert (await strict.take(tag, 1)).first is None  # nothing served from the old state
     late = await strict.extend(tag, inc, IdRange(1001, 2001), 1)
     assert late.how == "fenced" and late.answer.first is None

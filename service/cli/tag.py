@@ -13,7 +13,7 @@ from functools import partial
 
 from idpool_client.formats import RESETS
 
-from idpool.pool.claims import disable_tag, enable_tag, move_start
+from idpool.pool.claims import ListNotEmptied, disable_tag, enable_tag, move_start, remove_tag
 from idpool.pool.errors import (
     InvalidInput,
     StartAboveMax,
@@ -433,22 +433,20 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
     pool = await open_pool(settings, check=False)
     removed: TagRow | None = None
     try:
-        with contextlib.suppress(UnknownTag):  # removed before: its list may still need emptying
-            removed = await ledger.remove_tag(args.tag)
+        removed, drained = await remove_tag(ledger, pool, args.tag)
+    except UnknownTag:  # removed before: its list may still need emptying
         drained = await pool.take_all(args.tag)
-    except StoreUnavailable as e:
-        if removed is None:
-            raise
+        if not drained:
+            raise UnknownTag(args.tag) from None
+    except ListNotEmptied as e:
         print(
             f"idpool: {args.tag!r} is removed, but its ready ranges could not be taken out of "
-            f"the pool ({e}); run the command again",
+            f"the pool ({e.error}); run the command again",
             file=sys.stderr,
         )
         return EXIT_UNAVAILABLE
     finally:
         await pool.close()
-    if removed is None and not drained:
-        raise UnknownTag(args.tag)
     WasteRecorder().record(args.tag, drained, Reason.TAG_REMOVED)  # logged; counted nowhere
     kept = "" if removed is None else f"; {_added_again(removed)}"
     print(

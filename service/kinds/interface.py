@@ -10,9 +10,11 @@ own module, and the registry (``__init__.py``) finds it there.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NotRequired, Protocol, TypedDict, runtime_checkable
+
+from prometheus_client.core import Metric
 
 from idpool.pool.clock import SYSTEM_CLOCK, Clock
 from idpool.pool.errors import InvalidInput
@@ -134,6 +136,11 @@ class KindSpec:
     cli_flag_help: str = ""  # help of ``--<name>`` (a flag naming the kind); "": none
     fields: frozenset[str] = frozenset()  # its own fields at tag add
     fields_code: str = "bad_body"  # the error code of a field of its given to another kind
+    # For /openapi.json (service/api_schemas.py, openapi.py): how its IDs are made, in
+    # a few words; the schemas of its ``fields`` and flag at tag add; those of ``row_fields``
+    summary: str = ""
+    api_fields: Mapping[str, dict[str, Any]] = {}
+    row_schema: Mapping[str, dict[str, Any]] = {}
 
     def make(self, ctx: KindContext) -> IdKind:
         """The node's object serving this kind."""
@@ -222,6 +229,11 @@ class KindSpec:
     def cli_decoded(self, found: Mapping[str, Any]) -> list[str] | None:
         """The lines of ``idpool tag decode`` (None: the generic one)."""
         return None
+
+    def metrics(self, held: Sequence[tuple[str, Mapping[str, Any]]]) -> Iterable[Metric]:
+        """Its own /metrics families, from (tag, ``holding``) of its tags held here
+        (service/metrics.py asks every kind at each scrape, even with none held)."""
+        return ()
 
 
 class NamedOnly(KindSpec):

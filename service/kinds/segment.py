@@ -181,6 +181,7 @@ class SegmentSpec(KindSpec):
     buffered = True
     formats = True
     leasable = True
+    summary = "trend-increasing, served from memory"
 
     def make(self, ctx: KindContext) -> IdKind:
         return SegmentKind(ctx)

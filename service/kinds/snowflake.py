@@ -5,23 +5,36 @@ Here is everything else about the kind: its rules for the stores (made only
 under a name that never issued IDs, recorded by its layout), its fields at tag
 add (a layout: a preset and overrides), its creation (the worker hash, made
 with Redis only), why it is never removed and takes no start or step, its batch
-cap, how its IDs decode (publicly: a layout hides nothing), and how the CLI
-shows it.
+cap, how its IDs decode (publicly: a layout hides nothing), how the CLI
+shows it, its /metrics families, and what POST /worker/{tag} asks of the
+kind (``LeasesWorkers``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from idpool.pool.errors import IdPoolError, InvalidInput
 from idpool.pool.kind_rules import KindRules
 from idpool.pool.ranges import MAX_ID
-from idpool.pool.snowflake import LAYOUT_FIELDS, Layout, check_layout, lease_ms_of, wall_ms
+from idpool.pool.snowflake import (
+    LAYOUT_FIELDS,
+    LAYOUT_RANGES,
+    LAYOUTS,
+    Generator,
+    Layout,
+    check_layout,
+    lease_ms_of,
+    wall_ms,
+)
 from idpool.pool.stores import LedgerStore, StoreParts, parts_of
 from idpool.pool.values import TagRow
+from idpool.pool.worker_store import ClientCaps, Grant, WorkerStore
 
 from .context import KindContext
 from .interface import Draft, IdKind, KindSpec, Spell
@@ -29,6 +42,24 @@ from .snowflake_leases import SNOWFLAKE, SnowflakeKind, batch_limit, check_count
 
 # A snowflake tag's layout: a preset (``layout``) and overrides of its fields
 SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})
+
+
+@runtime_checkable
+class LeasesWorkers(Protocol):
+    """A kind whose IDs are made from a leased worker ID (``SnowflakeKind``): what
+    POST /worker/{tag} (service/workers.py) asks of it, and the generators it makes
+    IDs with (tag -> Generator, NodeApp's fast path reads them)."""
+
+    generators: dict[str, Generator]
+    margin: float  # seconds before its lease could expire that a holder stops
+
+    async def lease_worker(
+        self, tag: str, holder: str, caps: ClientCaps | None = None
+    ) -> tuple[Grant, Layout, float]: ...
+
+    def lease_ms(self, row: TagRow) -> tuple[int, int]: ...
+
+    def store(self, tag: str) -> WorkerStore: ...
 
 
 class SnowflakeSpec(KindSpec):
@@ -47,6 +78,28 @@ class SnowflakeSpec(KindSpec):
     )
     fields = SNOWFLAKE_FIELDS
     fields_code = "bad_layout"
+    summary = "time-ordered, made in memory from a leased worker ID"
+    api_fields = {
+        "layout": {
+            "type": "string",
+            "enum": list(LAYOUTS),
+            "description": "snowflake tags: default (41 bits of ms, 10 worker, 12 "
+            "sequence) or js53 (37 bits of 10 ms, 8 worker, 8 sequence; below 2^53); "
+            "the fields below override it",
+        },
+        **{
+            field: {"type": "integer", "minimum": low, "maximum": high}
+            for field, (low, high) in LAYOUT_RANGES.items()
+        },
+    }
+    row_schema = {  # row_fields
+        "layout": {
+            "type": "object",
+            "description": "a snowflake tag's layout (only on snowflake tags); its max_id "
+            "counts worker-ID grants",
+        },
+        "bits": {"type": "integer", "description": "a snowflake tag's ID size in bits"},
+    }
 
     def make(self, ctx: KindContext) -> IdKind:
         return SnowflakeKind(ctx)
@@ -165,6 +218,46 @@ class SnowflakeSpec(KindSpec):
 
     def cli_decoded(self, found: Mapping[str, Any]) -> list[str] | None:
         return [f"{key:<10} {value}" for key, value in found.items()]  # one line each
+
+    def metrics(self, held: Sequence[tuple[str, Mapping[str, Any]]]) -> Iterable[Metric]:
+        """Per snowflake tag served here: its worker ID, lease and clock."""
+        worker = GaugeMetricFamily(
+            "idpool_snowflake_worker", "Worker ID this process holds for the tag", labels=["tag"]
+        )
+        lease = GaugeMetricFamily(
+            "idpool_snowflake_lease_seconds",
+            "Seconds until this process stops issuing unless the lease is renewed",
+            labels=["tag"],
+        )
+        behind = GaugeMetricFamily(
+            "idpool_snowflake_clock_behind_ms",
+            "How far the clock is behind the last time used (0: not; above 0: not issuing)",
+            labels=["tag"],
+        )
+        episodes = CounterMetricFamily(
+            "idpool_snowflake_clock_behind_events",
+            "Large steps back of the clock that stopped the tag here",
+            labels=["tag"],
+        )
+        refusals = CounterMetricFamily(
+            "idpool_snowflake_worker_refusals",
+            "Worker-ID grants refused here, by why: full (every worker ID of the tag held), "
+            "capped (a client over IDPOOL_WORKER_CLIENT_SHARE or IDPOOL_WORKER_HOLDER_MAX), "
+            "quarantine",
+            labels=["tag", "why"],
+        )
+        for tag, shown in held:  # snowflake_leases.py's holding: Unheld or WorkerHeld
+            if "refusals" not in shown:
+                continue
+            for why, count in shown.get("refusals", {}).items():
+                refusals.add_metric([tag, why], count)
+            if shown.get("worker") is None:
+                continue
+            worker.add_metric([tag], shown["worker"])
+            lease.add_metric([tag], max(0.0, shown["lease_left_s"]))
+            behind.add_metric([tag], shown["clock_behind_ms"])
+            episodes.add_metric([tag], shown["clock_behind_events"])
+        return (worker, lease, behind, episodes, refusals)
 
     def _layout_text(self, row: TagRow) -> str:
         shown = self.row_fields(row)

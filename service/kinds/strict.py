@@ -293,6 +293,15 @@ class StrictSpec(KindSpec):
     rules = KindRules("strict", fences_state=True, needs_redis=True)
     direct = True  # no memory to answer from: NodeApp awaits its counter
     api_flag = True  # {"strict": true}, as it was asked for before kinds
+    summary = "strictly increasing in real time across every node"
+    api_fields = {
+        "strict": {
+            "type": "boolean",
+            "default": False,
+            "description": "true: kind strict (IDs strictly increasing in real time "
+            "across every node; no client leases)",
+        }
+    }
     cli_flag_help = (
         "kind strict: IDs strictly increasing in real time across every node "
         "(each request needs Redis; no client leases); chosen now, never changed"
