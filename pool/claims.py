@@ -237,50 +237,11 @@ async def create_tag(
     NameUsedBefore, StoreUnavailable (a formatted tag, or one of a kind that
     ``needs_redis``, with Redis down: nothing made).
     """
-    kept = await ledger.removed_format(tag)
-    if rules.new_name_only:
-        await _check_unused(ledger, pool, tag, rules, removed=kept is not None)
-    if kept is not None:
-        if options and kept[0] == options:
-            secret = kept[1]  # the removed tag's key: its strings, continued above max_id
-        # its kind: checked by add_tag (removed_format reads only the format)
-        check_tombstone(tag, (kept[0], kept[1], ""), options, secret, rules.name)
+    secret = await _kept_secret(ledger, pool, tag, rules, options, secret)
     fingerprint = kind_fingerprint(rules, options, secret, layout)
     floor, fenced = 0, ""
     if pool is not None:
-        try:
-            floor = await pool.high_water(tag)
-            # Before the row exists: no node can serve the tag before its format is
-            # fenced. A plain tag is recorded as plain too (a format added to its row
-            # by hand is then refused), but is made with Redis down, as before: the
-            # first node to serve it writes the record.
-            fenced = await pool.fence_format(tag, fingerprint)
-            if rules.fences_state and not fence_refused(fenced):
-                # Also before the row: a strict state an earlier life of the name left
-                # (strict, removed, maybe a segment life since) is never served from;
-                # the first refill claims from the new row, above its start and
-                # every ID the name issued (the mark, the tombstone).
-                await pool.fence_state(tag, max(start, floor))
-        except StoreUnavailable as e:
-            if options or rules.needs_redis:
-                what = "formatted" if options else rules.name
-                record = (
-                    f"{rules.name} state is fenced"
-                    if rules.fences_state and not options
-                    else "record is beside its high-water mark"
-                )
-                raise StoreUnavailable(
-                    e.store,
-                    f"a {what} tag is made only once its {record} ({e.detail}); nothing was "
-                    "made: try again",
-                ) from e
-            # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
-            # floor stays what was read (0 if not even the mark answered).
-        if fence_refused(fenced):
-            with contextlib.suppress(UnknownTag):
-                await ledger.get_tag(tag)
-                raise TagExists(tag)  # a live tag of that name: say so, not "used before"
-            raise FormatChanged(tag, used_as(fenced))
+        floor, fenced = await _fence_name(ledger, pool, tag, rules, fingerprint, options, start)
     try:
         return await ledger.add_tag(
             tag,
@@ -296,15 +257,98 @@ async def create_tag(
         )
     except (TagExists, FormatChanged, KindKept):
         if pool is not None and fenced == "set":
-            # The name is another tag's (made meanwhile): take our fingerprint back,
-            # unless it is that tag's too. Race: two adds of one new name with one
-            # template both fence ('set', then 'same': byte-identical, no key), the
-            # 'same' one INSERTs first; a compare-and-delete by the loser then took
-            # the winner's fingerprint, and the name could come back plain.
-            with contextlib.suppress(StoreUnavailable):
-                if await _owner_fingerprint(ledger, tag, rules) != fingerprint:
-                    await pool.unfence_format(tag, fingerprint)
+            await _unfence_lost(ledger, pool, tag, rules, fingerprint)
         raise
+
+
+async def _kept_secret(
+    ledger: LedgerStore,
+    pool: HighWaterMarks | None,
+    tag: str,
+    rules: KindRules,
+    options: str,
+    secret: str,
+) -> str:
+    """The key a new tag is made with (a removed tag's of the same options, else
+    ``secret``); raises what the name's past refuses (NameUsedBefore, TagExists,
+    FormatChanged, StoreUnavailable)."""
+    kept = await ledger.removed_format(tag)
+    if rules.new_name_only:
+        await _check_unused(ledger, pool, tag, rules, removed=kept is not None)
+    if kept is not None:
+        if options and kept[0] == options:
+            secret = kept[1]  # the removed tag's key: its strings, continued above max_id
+        # its kind: checked by add_tag (removed_format reads only the format)
+        check_tombstone(tag, (kept[0], kept[1], ""), options, secret, rules.name)
+    return secret
+
+
+async def _fence_name(
+    ledger: LedgerStore,
+    pool: HighWaterMarks,
+    tag: str,
+    rules: KindRules,
+    fingerprint: str,
+    options: str,
+    start: int,
+) -> tuple[int, str]:
+    """The name's high-water mark (0 unread) and the answer of fencing its format
+    (``fence_format``; "" unfenced), before its row is made; raises TagExists or
+    FormatChanged when the fence refuses, StoreUnavailable when the tag needs Redis."""
+    floor, fenced = 0, ""
+    try:
+        floor = await pool.high_water(tag)
+        # Before the row exists: no node can serve the tag before its format is
+        # fenced. A plain tag is recorded as plain too (a format added to its row
+        # by hand is then refused), but is made with Redis down, as before: the
+        # first node to serve it writes the record.
+        fenced = await pool.fence_format(tag, fingerprint)
+        if rules.fences_state and not fence_refused(fenced):
+            # Also before the row: a strict state an earlier life of the name left
+            # (strict, removed, maybe a segment life since) is never served from;
+            # the first refill claims from the new row, above its start and
+            # every ID the name issued (the mark, the tombstone).
+            await pool.fence_state(tag, max(start, floor))
+    except StoreUnavailable as e:
+        if options or rules.needs_redis:
+            raise _not_fenced(e, rules, options) from e
+        # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
+        # floor stays what was read (0 if not even the mark answered).
+    if fence_refused(fenced):
+        with contextlib.suppress(UnknownTag):
+            await ledger.get_tag(tag)
+            raise TagExists(tag)  # a live tag of that name: say so, not "used before"
+        raise FormatChanged(tag, used_as(fenced))
+    return floor, fenced
+
+
+def _not_fenced(e: StoreUnavailable, rules: KindRules, options: str) -> StoreUnavailable:
+    """The error of a tag not made: Redis did not answer the fence it needs."""
+    what = "formatted" if options else rules.name
+    record = (
+        f"{rules.name} state is fenced"
+        if rules.fences_state and not options
+        else "record is beside its high-water mark"
+    )
+    return StoreUnavailable(
+        e.store,
+        f"a {what} tag is made only once its {record} ({e.detail}); nothing was "
+        "made: try again",
+    )
+
+
+async def _unfence_lost(
+    ledger: LedgerStore, pool: HighWaterMarks, tag: str, rules: KindRules, fingerprint: str
+) -> None:
+    """Take back the format fingerprint this add set, when the name's row is not ours."""
+    # The name is another tag's (made meanwhile): take our fingerprint back,
+    # unless it is that tag's too. Race: two adds of one new name with one
+    # template both fence ('set', then 'same': byte-identical, no key), the
+    # 'same' one INSERTs first; a compare-and-delete by the loser then took
+    # the winner's fingerprint, and the name could come back plain.
+    with contextlib.suppress(StoreUnavailable):
+        if await _owner_fingerprint(ledger, tag, rules) != fingerprint:
+            await pool.unfence_format(tag, fingerprint)
 
 
 async def _check_unused(

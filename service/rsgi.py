@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from granian._granian import RSGIHTTPProtocol as HTTPProtocol
 from granian.asgi import LifespanProtocol
 from granian.rsgi import Scope
-from starlette.types import Message
+from starlette.types import Message, Receive
 
 from .app import _OK, NodeApp, _clock, create_app
 
@@ -83,47 +84,14 @@ async def _as_asgi(
     """One request through the ASGI app: the body streamed in chunks (the app's
     own limits apply as on uvicorn), the answer gathered and sent whole (every
     answer of a node is small)."""
-    host, _, port = scope.client.rpartition(":")
-    server_host, _, server_port = scope.server.rpartition(":")
-    asgi_scope = {
-        "type": "http",
-        "asgi": _ASGI,
-        "http_version": scope.http_version,
-        "method": scope.method,
-        "scheme": scope.scheme,
-        "path": scope.path,
-        "raw_path": scope.path.encode(),
-        # granian hands the query over as text decoded from UTF-8 (percent escapes
-        # kept): encoded back the same way, never latin-1 (a '€' raised, a 500)
-        "query_string": scope.query_string.encode(),
-        "root_path": "",
-        "headers": [(k.encode(), v.encode()) for k, v in scope.headers.items()],
-        "client": (host, int(port or 0)),
-        "server": (server_host, int(server_port or 0)),
-        "state": state.copy(),
-    }
+    asgi_scope = _asgi_scope(scope, state)
     chunks = aiter(protocol)
-    body_done = False
     # Watched from the start: Starlette asks "disconnected?" with a receive() under a
     # cancelled scope, which must answer without waiting. Awaited only then, a
     # client that hung up while its ID was fetched was never seen (the ID served to
     # no one and not counted as waste).
     hung_up = asyncio.ensure_future(protocol.client_disconnect())
-
-    async def receive() -> Message:
-        nonlocal body_done
-        if hung_up.done():  # as uvicorn: a client gone is said first, before its body
-            return {"type": "http.disconnect"}
-        if not body_done:
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                body_done = True
-                return {"type": "http.request", "body": b"", "more_body": False}
-            return {"type": "http.request", "body": bytes(chunk), "more_body": True}
-        if not hung_up.done():
-            await asyncio.shield(hung_up)
-        return {"type": "http.disconnect"}
+    receive = _receiver(chunks, hung_up)
 
     status = 500
     headers: list[tuple[str, str]] = []
@@ -147,6 +115,52 @@ async def _as_asgi(
         hung_up.cancel()
     if not answered:  # the app sent no whole answer (a client that hung up meanwhile)
         protocol.response_empty(status if headers else 500, headers)
+
+
+def _asgi_scope(scope: Scope, state: dict[str, Any]) -> dict[str, Any]:
+    """The ASGI scope of an RSGI request (with a copy of the lifespan's state)."""
+    host, _, port = scope.client.rpartition(":")
+    server_host, _, server_port = scope.server.rpartition(":")
+    return {
+        "type": "http",
+        "asgi": _ASGI,
+        "http_version": scope.http_version,
+        "method": scope.method,
+        "scheme": scope.scheme,
+        "path": scope.path,
+        "raw_path": scope.path.encode(),
+        # granian hands the query over as text decoded from UTF-8 (percent escapes
+        # kept): encoded back the same way, never latin-1 (a '€' raised, a 500)
+        "query_string": scope.query_string.encode(),
+        "root_path": "",
+        "headers": [(k.encode(), v.encode()) for k, v in scope.headers.items()],
+        "client": (host, int(port or 0)),
+        "server": (server_host, int(server_port or 0)),
+        "state": state.copy(),
+    }
+
+
+def _receiver(chunks: AsyncIterator[Any], hung_up: asyncio.Future[None]) -> Receive:
+    """The ASGI receive of one request: its body's chunks, then the client's
+    hang-up (said first, whenever it is already seen)."""
+    body_done = False
+
+    async def receive() -> Message:
+        nonlocal body_done
+        if hung_up.done():  # as uvicorn: a client gone is said first, before its body
+            return {"type": "http.disconnect"}
+        if not body_done:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                body_done = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.request", "body": bytes(chunk), "more_body": True}
+        if not hung_up.done():
+            await asyncio.shield(hung_up)
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 def _too_many(limit: int) -> bytes:

@@ -34,7 +34,7 @@ from ..decode import decode_issued
 from ..formats import split_periods, tag_list_entry
 from ..kinds import DEFAULT_KIND, SPECS, spec_of
 from ..status import runway_seconds, runway_text
-from ..tag_fields import check_int, check_range_change, check_removable, new_tag
+from ..tag_fields import NewTag, check_int, check_range_change, check_removable, new_tag
 from .common import EXIT_UNAVAILABLE, EXIT_USAGE, checked, counted, flag, integer, show, tag_arg
 
 
@@ -172,14 +172,30 @@ def _kind_named(args: argparse.Namespace) -> str | None:
 
 
 async def _add(settings: Settings, args: argparse.Namespace) -> int:
-    fields: dict[str, object] = {"tag": args.tag, "description": args.description}
-    if args.start is not None:
-        fields["start"] = args.start  # given: a snowflake tag refuses it
     try:
-        kind = _kind_named(args)
+        spec = new_tag(
+            _add_fields(args),
+            settings.default_step,
+            flag,
+            lease_ms=int(settings.worker_lease_seconds * 1000),
+        )
     except InvalidInput as e:
         print(f"idpool: {e}", file=sys.stderr)
         return EXIT_USAGE
+    row = await _create(settings, spec, args.tag)
+    if row is None:
+        return EXIT_USAGE
+    _print_added(settings, spec, row)
+    return 0
+
+
+def _add_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The new tag's fields from ``tag add``'s options, as the admin API takes them;
+    raises InvalidInput when the options name two kinds."""
+    fields: dict[str, object] = {"tag": args.tag, "description": args.description}
+    if args.start is not None:
+        fields["start"] = args.start  # given: a snowflake tag refuses it
+    kind = _kind_named(args)
     fields.update(max=args.max, format=args.format, reset=args.reset, obfuscate=args.obfuscate)
     if kind is not None and spec_of(kind).api_flag:
         fields[kind] = True  # as --strict alone always said it
@@ -190,13 +206,11 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     for field in sorted({f for spec in SPECS.values() for f in spec.fields}):
         if getattr(args, field, None) is not None:
             fields[field] = getattr(args, field)
-    try:
-        spec = new_tag(
-            fields, settings.default_step, flag, lease_ms=int(settings.worker_lease_seconds * 1000)
-        )
-    except InvalidInput as e:
-        print(f"idpool: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    return fields
+
+
+async def _create(settings: Settings, spec: NewTag, tag: str) -> TagRow | None:
+    """The tag's row once made in the ledger; None (the reason printed) when refused."""
     ledger = await open_ledger(settings)
     try:
         # No check: with Redis down a tag can still be added (without its high-water
@@ -206,16 +220,19 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
         await ledger.close()
         raise
     try:
-        row = await spec.create(ledger, pool)
+        return await spec.create(ledger, pool)
     except TagExists:
-        print(f"idpool: tag {args.tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
-        return EXIT_USAGE
+        print(f"idpool: tag {tag!r} already exists (see `idpool tag list`)", file=sys.stderr)
+        return None
     except InvalidInput as e:  # FormatChanged, NameUsedBefore, a kind the mode cannot serve
         print(f"idpool: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return None
     finally:
         await pool.close()
         await ledger.close()
+
+
+def _print_added(settings: Settings, spec: NewTag, row: TagRow) -> None:
     note = ""
     if row.max_id > spec.start:
         note = f" (IDs up to {row.max_id - 1} were issued before under this tag; starting after)"
@@ -232,7 +249,6 @@ async def _add(settings: Settings, args: argparse.Namespace) -> int:
     # Where: a node on another ledger answers 404 for it (a missing database named by a
     # misspelt or default URL is created by `tag add` as by `serve`)
     print(f"  in the {settings.ledger_shown()}")
-    return 0
 
 
 async def _list(settings: Settings, ledger: LedgerStore) -> int:

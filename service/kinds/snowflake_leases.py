@@ -290,6 +290,32 @@ class SnowflakeKind:
         POST /worker/{tag}, bounded by ``caps``), and the monotonic time the grant
         was sent (the holder's lease runs from then). Raises WorkerLeaseLost
         naming why not. A client's refusal leaves this node's own grants be."""
+        layout, ttl_ms, quarantine_ms = await self._lease_terms(tag)
+        store = self.store(tag)
+        await self._may_ask(tag)
+        if caps is not None:  # before the claim: a capped caller writes no ledger row
+            await self._client_room(tag, store, layout, holder, caps)
+        generation = await self._claim_generation(tag)
+        sent = self._monotonic()
+        grant = await self._ask_grant(
+            tag, store, generation, layout, holder, ttl_ms, quarantine_ms, caps
+        )
+        self._refused.pop(tag, None)
+        self._retry.pop(tag, None)
+        logger.info(
+            "event=worker_granted tag=%s worker=%d generation=%d floor_ms=%d holder=%s lease=%s",
+            tag,
+            grant.worker,
+            generation,
+            grant.floor_ms,
+            holder,
+            fingerprint(grant.secret),  # never the secret: a log line cannot renew or release
+        )
+        return grant, layout, sent
+
+    async def _lease_terms(self, tag: str) -> tuple[Layout, int, int]:
+        """The snowflake tag's layout, lease TTL and quarantine (ms); refuses a
+        tag of another kind (400 ``wrong_kind``) or a lease too short to hold."""
         row = await self.ctx.tags.lookup(tag)
         if row.kind != SNOWFLAKE:
             raise InvalidInput("wrong_kind", f"tag {tag!r} is a {row.kind} tag, not snowflake")
@@ -302,7 +328,11 @@ class SnowflakeKind:
                 f"the tag's worker lease ({ttl_ms} ms, fixed when it was added) is not more than "
                 f"twice this node's IDPOOL_WORKER_MARGIN_SECONDS ({self.margin} s): lower it",
             )
-        store = self.store(tag)
+        return layout, ttl_ms, quarantine_ms
+
+    async def _may_ask(self, tag: str) -> None:
+        """Raise WorkerLeaseLost while a grant may not be asked for ``tag`` yet, or
+        its fence cannot be checked."""
         # After a refusal, ask again only once it may be answered otherwise: a
         # quarantine's end, or a moment after a store failed (no claim per request).
         retry_at, why = self._retry.get(tag, (0.0, ""))
@@ -315,8 +345,9 @@ class SnowflakeKind:
             await self.ctx.fence.check_fence(tag)
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
-        if caps is not None:  # before the claim: a capped caller writes no ledger row
-            await self._client_room(tag, store, layout, holder, caps)
+
+    async def _claim_generation(self, tag: str) -> int:
+        """A new generation of ``tag`` from the ledger."""
         try:
             # A generation from the ledger (fenced by the high-water mark): names the
             # lease, which a renewal or release must show.
@@ -325,12 +356,25 @@ class SnowflakeKind:
             raise
         except IdPoolError as e:
             raise self._refuse(tag, f"no worker ID: {e}", RETRY_SECONDS) from e
-        generation = claim.range.start
-        sent = self._monotonic()
+        return claim.range.start
+
+    async def _ask_grant(
+        self,
+        tag: str,
+        store: WorkerStore,
+        generation: int,
+        layout: Layout,
+        holder: str,
+        ttl_ms: int,
+        quarantine_ms: int,
+        caps: ClientCaps | None,
+    ) -> Grant:
+        """Redis's grant of a worker ID under ``generation``; a refusal is counted
+        and raised as WorkerLeaseLost."""
         try:
             # No "first grant" exception: a grant that finds no hash always waits a
             # quarantine (only the tag's creation makes the hash without one).
-            grant = await store.grant(
+            return await store.grant(
                 tag,
                 generation=generation,
                 workers=layout.workers,
@@ -346,18 +390,6 @@ class SnowflakeKind:
             raise self._refuse(tag, str(e), max(RETRY_SECONDS, e.retry_ms / 1000)) from None
         except StoreUnavailable as e:
             raise self._refuse(tag, f"no worker ID: Redis: {e.detail}", RETRY_SECONDS) from e
-        self._refused.pop(tag, None)
-        self._retry.pop(tag, None)
-        logger.info(
-            "event=worker_granted tag=%s worker=%d generation=%d floor_ms=%d holder=%s lease=%s",
-            tag,
-            grant.worker,
-            generation,
-            grant.floor_ms,
-            holder,
-            fingerprint(grant.secret),  # never the secret: a log line cannot renew or release
-        )
-        return grant, layout, sent
 
     async def _client_room(
         self, tag: str, store: WorkerStore, layout: Layout, holder: str, caps: ClientCaps
