@@ -236,14 +236,10 @@ class NodeApp(Starlette):
             if formats and tag in formats:
                 return self._formatted(node, tag, formats[tag], query)
             buf = node.buffers.get(tag)  # only valid tags (no "/") have a buffer
-            digits = query[6:]  # after b"count="; any other query form goes to the route
             if buf is None:
                 return _from_kinds(node, tag, query, self.max_count)
-            if (
-                (guarded and tag in guarded)
-                or not query.startswith(b"count=")
-                or not (digits.isdigit() and len(digits) <= 6)
-                or not 1 <= (count := int(digits)) <= min(self.max_count, buf.in_memory)
+            if (guarded and tag in guarded) or not (
+                1 <= (count := _count(query)) <= min(self.max_count, buf.in_memory)
             ):
                 return None
             return "ids", orjson.dumps({"tag": tag, "ids": buf.take_many(count)}), _JSON
@@ -285,10 +281,7 @@ class NodeApp(Starlette):
         if not direct:
             return None
         if path.startswith("/ids/"):
-            tag, route, digits = path[5:], "ids", query[6:]
-            if not query.startswith(b"count=") or not (digits.isdigit() and len(digits) <= 6):
-                return None
-            count = int(digits)
+            tag, route, count = path[5:], "ids", _count(query)
             if not 1 <= count <= self.max_count:
                 return None
         elif path.startswith("/id/"):
@@ -365,27 +358,28 @@ class NodeApp(Starlette):
         if query is None:
             value = node.formatted.take_now(tag, fmt, 0)
             return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
-        digits = query[6:]
-        if (
-            not query.startswith(b"count=")
-            or not (digits.isdigit() and len(digits) <= 6)
-            or not 1 <= (count := int(digits)) <= self.max_count
-        ):
+        if not 1 <= (count := _count(query)) <= self.max_count:
             return None
         ids = node.formatted.take_now(tag, fmt, count)
         return None if ids is None else ("ids", orjson.dumps({"tag": tag, "ids": ids}), _JSON)
 
 
+def _count(query: bytes) -> int:
+    """The fast path's count: ``count=`` and 1 to 6 digits, the whole query; 0 for
+    any other form (the route answers it, with its message)."""
+    digits = query[6:]
+    if query.startswith(b"count=") and digits.isdigit() and len(digits) <= 6:
+        return int(digits)
+    return 0
+
+
 def _from_kinds(node: Node, tag: str, query: bytes, max_count: int) -> Answer | None:
     """``/ids`` of a tag of another kind that serves from memory (snowflake), when
     it can be made without waiting."""
-    digits = query[6:]
     if (
         not node.from_memory
         or (node.tags.tokens and tag in node.tags.tokens)
-        or not query.startswith(b"count=")
-        or not (digits.isdigit() and len(digits) <= 6)
-        or not 1 <= (count := int(digits)) <= max_count
+        or not 1 <= (count := _count(query)) <= max_count
     ):
         return None
     for kind in node.from_memory:
