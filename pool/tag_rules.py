@@ -178,7 +178,7 @@ def format_record(fingerprint: str) -> str:
 def record_kind(record: str) -> str | None:
     """The kind whose record (KindRules.record_prefix) ``record`` is, or None for a
     format's fingerprint or PLAIN_RECORD (neither has a colon). The Redis fence
-    script reads it the same way (redis_pool._FENCE_FORMAT)."""
+    script reads it the same way (redis_marks._FENCE_FORMAT)."""
     kind, colon, _ = record.partition(":")
     return kind if colon else None
 
