@@ -159,7 +159,7 @@ def name_fingerprint(row: TagRow, rules: KindRules) -> str:
 
 
 def kind_fingerprint(rules: KindRules, options: str, secret: str, layout: str) -> str:
-    """name_fingerprint of a tag about to be made (claims.create_tag)."""
+    """name_fingerprint of a tag about to be made (tag_changes.create_tag)."""
     if rules.record_prefix:
         return rules.record_prefix + hashlib.sha256(layout.encode()).hexdigest()[:32]
     return format_fingerprint(options, secret)

@@ -60,7 +60,7 @@ def check_kind(value: object, name: Spell = _as_is) -> str:
 
 @dataclass(frozen=True)
 class NewTag:
-    """A tag to create, checked: what claims.create_tag takes."""
+    """A tag to create, checked: what tag_changes.create_tag takes."""
 
     tag: str
     step: int
@@ -73,7 +73,7 @@ class NewTag:
     secret: str = field(default="", repr=False)  # the obfuscation key, hex
 
     async def create(self, ledger: LedgerStore, pool: HighWaterMarks | None) -> TagRow:
-        """Add the tag (claims.create_tag: above any ID ever issued under its name),
+        """Add the tag (tag_changes.create_tag: above any ID ever issued under its name),
         once its kind finds the stores can serve it (a snowflake tag needs Redis);
         then what its kind makes beside the row (a snowflake tag's worker hash)."""
         spec = spec_of(self.kind)

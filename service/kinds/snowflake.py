@@ -1,5 +1,37 @@
-"""The ``snowflake`` kind: time-ordered IDs made in memory from a leased worker
-ID (``snowflake_leases.py`` serves them; ``pool/snowflake.py`` makes them).
+"""The ``snowflake`` kind: time-ordered IDs made in memory from a leased worker ID.
+
+Its guarantee, no snowflake ID ever made twice, and where each part is enforced:
+
+- **One holder per worker ID at a time**: one Redis script grants, renews and
+  releases on the Redis server's clock, each lease under a fresh ledger
+  generation and a secret only its holder has; a Redis that restarted empty or
+  failed over grants nothing for a quarantine outlasting every lease
+  (``pool/worker_store.py``). A holder stops ``IDPOOL_WORKER_MARGIN_SECONDS``
+  before its lease could expire (from the last renewal *sent*), and at once when
+  a renewal is refused (``snowflake_leases.py``; ``Generator.stop_at``).
+- **A new holder starts above every time the previous used**: renewals and the
+  release carry the last time used, and a grant's floor is above the previous
+  holder's last time and expiry (``pool/worker_store.py``); one holder never goes
+  below its floor or last time, and worker bits keep holders apart
+  (``idpool_client/generator.py``).
+- **No ID dated past the lease's expiry**: the grant and each renewal answer the
+  expiry the script recorded, and the generator makes no ID of a later time unit
+  (``ceiling_ms``, set by ``snowflake_leases.py``), whatever the clock does
+  (``idpool_client/generator.py``).
+- **Clock steps and pauses**: a step back up to 1 s is waited out; a larger one
+  stops the tag here (503 ``clock_behind``, /readyz 503) until the clock passes
+  the last time used; a leap past the expiry stops it (503 ``worker_unavailable``,
+  ``event=clock_ahead``) until a renewal records a later one
+  (``idpool_client/generator.py``, ``snowflake_leases.py``). A pause or suspend
+  counts on the lease clock (CLOCK_BOOTTIME): a holder that wakes past its
+  deadline makes no ID until a renewal succeeds, or asks for a new worker ID.
+- **Client worker leases capped**: POST /worker/{tag} grants clients at most
+  ``IDPOOL_WORKER_CLIENT_SHARE`` of a tag's worker IDs (the rest stay for nodes)
+  and ``IDPOOL_WORKER_HOLDER_MAX`` per holder name, counted in the grant script
+  and checked before the generation is claimed (``pool/worker_store.py``
+  ``ClientCaps``; ``snowflake_grants.py``; ``service/workers.py``).
+
+What it assumes of clocks and Redis: docs/design/snowflake.md, "Clocks".
 
 Here is everything else about the kind: its rules for the stores (made only
 under a name that never issued IDs, recorded by its layout), its fields at tag
@@ -38,7 +70,8 @@ from idpool.pool.worker_store import ClientCaps, Grant, WorkerStore
 
 from .context import KindContext
 from .interface import Draft, IdKind, KindSpec, Spell
-from .snowflake_leases import SNOWFLAKE, SnowflakeKind, batch_limit, check_count
+from .snowflake_grants import SNOWFLAKE
+from .snowflake_leases import SnowflakeKind, batch_limit, check_count
 
 # A snowflake tag's layout: a preset (``layout``) and overrides of its fields
 SNOWFLAKE_FIELDS = frozenset({"layout", *LAYOUT_FIELDS})

@@ -289,7 +289,7 @@ class NodeStrictEvents(StrictEvents):
 class StrictSpec(KindSpec):
     name = "strict"
     rank = 1
-    # Its state in Redis is fenced before its row is made (claims.create_tag).
+    # Its state in Redis is fenced before its row is made (tag_changes.create_tag).
     rules = KindRules("strict", fences_state=True, needs_redis=True)
     direct = True  # no memory to answer from: NodeApp awaits its counter
     api_flag = True  # {"strict": true}, as it was asked for before kinds
