@@ -38,7 +38,13 @@ class Held(TypedDict):
 
 
 class IdKind(Protocol):
-    """How the IDs of one kind of tag are made and served on a node."""
+    """How the IDs of one kind of tag are made and served on a node.
+
+    Before it first serves a tag, a kind calls ``ctx.fence.check_fence(tag)``
+    (``KindContext.fence``): the name's record beside its mark must be this row's,
+    so a row whose kind or format was edited by hand cannot repeat IDs the name
+    handed out as another kind. ``tests/test_kind_hand_edits.py`` runs over every
+    kind of the registry and fails one that forgets (a toy kind did)."""
 
     async def next_id(self, tag: str) -> int | str:
         """One ID of ``tag``; raises IdPoolError (answered by service/errors.py)."""
