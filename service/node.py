@@ -1,35 +1,27 @@
 """A node: the per-tag buffers of one process and their lifecycle (made on first
 use, released when idle, dropped when disabled, returned at shutdown), the
 kinds of ID it serves (``kinds/``, each made from a ``KindContext``, never the
-Node), and its reports to the cluster.
+Node), and its reports to the cluster (``cluster_reports.py``).
 
 Its ranges come from a RangeSource (``source.py``). On shutdown the unused
-remainders go back to the head of each tag's list, so the next node serves them
-first: IDs are trend-increasing across nodes, not strictly rising.
+remainders go back to the head of each tag's list (``remainders.py``), so the next
+node serves them first: IDs are trend-increasing across nodes, not strictly rising.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from idpool.pool.clock import SYSTEM_CLOCK, Clock
-from idpool.pool.errors import (
-    Draining,
-    KindChanged,
-    KindNotServed,
-    StoreNotSent,
-    StoreUnavailable,
-)
-from idpool.pool.ranges import IdRange
+from idpool.pool.errors import Draining, KindChanged, KindNotServed, StoreUnavailable
 from idpool.pool.stores import parts_of
 from idpool.pool.waste import Reason
 
 from .buffer import SegmentBuffer
+from .cluster_reports import ClusterReports
 from .formats import Id, parent_of
 from .formatted import FormatFence
 from .kinds import (
@@ -44,18 +36,13 @@ from .kinds import (
     spec_of,
 )
 from .kinds.snowflake import LeasesWorkers
+from .remainders import ShutdownReport, return_all, return_remainder
 from .segment_buffers import SegmentBuffers
 from .source import RangeSource
 from .stats import SAMPLE_EVERY
 from .tags import TagDirectory
 
 logger = logging.getLogger("idpool.node")
-
-
-@dataclass
-class ShutdownReport:
-    returned: list[tuple[str, IdRange]] = field(default_factory=list)
-    abandoned: list[tuple[str, IdRange]] = field(default_factory=list)
 
 
 class Node:
@@ -99,20 +86,49 @@ class Node:
         )
         # The segment buffers: the kinds and the converter take from them, the
         # housekeeping below releases, drops and returns them.
-        self.segments = SegmentBuffers(
+        self.segments = self._make_segments()
+        self.buffers = self.segments.buffers  # segment tags served here (the fast path reads it)
+        # What the kinds may reach (built before them, never the Node itself), and
+        # one object per kind of ID: how a tag of that kind is served (kinds/)
+        self.context, self.kinds = self._make_kinds(
+            node_id, worker_lease_seconds, worker_margin_seconds
+        )
+        # the kind whose tags have buffers here (NodeApp reads them before routing)
+        self.buffered = next(name for name in self.kinds if spec_of(name).buffered)
+        # the converter its formatted tags are rendered with (NodeApp's fast path)
+        self.formatted = next(k.formats for k in self.kinds.values() if isinstance(k, SegmentKind))
+        # the other kinds NodeApp's fast path asks, synchronously, before routing
+        self.from_memory = [k for k in self.kinds.values() if isinstance(k, TakesFromMemory)]
+        self.report_seconds = report_seconds
+        self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
+        self._shutdown_report: ShutdownReport | None = None
+        # The cluster view: who this node is (empty: not registered)
+        self.node_id = node_id
+        self.identity = identity or {}
+        # what it tells the cluster: IDs handed out, running totals, heartbeats
+        self.cluster = self._make_cluster()
+
+    def _make_segments(self) -> SegmentBuffers:
+        """The node's segment buffers, over its tags, source and format fence."""
+        return SegmentBuffers(
             self.tags,
-            source,
+            self.source,
             self.fence,
-            prefetch_at=prefetch_at,
-            reserve_seconds=reserve_seconds,
+            prefetch_at=self.prefetch_at,
+            reserve_seconds=self.reserve_seconds,
             clock=self._clock,
             draining=lambda: self.draining,
             other_kind=self._drop_other_kind,
             stats=self.stats,
         )
-        self.buffers = self.segments.buffers  # segment tags served here (the fast path reads it)
-        # What the kinds may reach: built before them, never the Node itself.
-        self.context = KindContext(
+
+    def _make_kinds(
+        self, node_id: str, worker_lease_seconds: float, worker_margin_seconds: float
+    ) -> tuple[KindContext, dict[str, IdKind]]:
+        """The ``KindContext`` (what the kinds may reach: the node's parts and
+        settings, never the Node itself) and one object per kind made from it."""
+        source = self.source
+        context = KindContext(
             tags=self.tags,
             source=source,
             parts=parts_of(source.claims.ledger, source.pool),
@@ -122,30 +138,27 @@ class Node:
             buffers=self.segments,
             fence=self.fence,
             draining=lambda: self.draining,
-            clock=clock,
+            clock=self.clock,
             wall_clock=lambda: self.wall_clock(),  # read when called: tests set it
             node_id=node_id,
-            reserve_seconds=reserve_seconds,
+            reserve_seconds=self.reserve_seconds,
             worker_lease_seconds=worker_lease_seconds,
             worker_margin_seconds=worker_margin_seconds,
         )
-        # one object per kind of ID: how a tag of that kind is served (kinds/)
-        self.kinds: dict[str, IdKind] = {name: make(self.context) for name, make in KINDS.items()}
-        # the kind whose tags have buffers here (NodeApp reads them before routing)
-        self.buffered = next(name for name in self.kinds if spec_of(name).buffered)
-        # the converter its formatted tags are rendered with (NodeApp's fast path)
-        self.formatted = next(k.formats for k in self.kinds.values() if isinstance(k, SegmentKind))
-        # the other kinds NodeApp's fast path asks, synchronously, before routing
-        self.from_memory = [k for k in self.kinds.values() if isinstance(k, TakesFromMemory)]
-        self.report_seconds = report_seconds
-        self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
-        self._reported: dict[str, int] = {}  # tag -> its buffer's `issued` as last reported
-        self._unreported: Counter[str] = Counter()  # IDs handed out by buffers since dropped
-        self._shutdown_report: ShutdownReport | None = None
-        # The cluster view: who this node is (empty: not registered)
-        self.node_id = node_id
-        self.identity = identity or {}
-        self._reported_totals: dict[tuple[str, str], int] = {}
+        return context, {name: make(context) for name, make in KINDS.items()}
+
+    def _make_cluster(self) -> ClusterReports:
+        """The node's reports to the cluster, reading its buffers and its state."""
+        return ClusterReports(
+            self.source,
+            self.buffers,
+            node_id=self.node_id,
+            identity=self.identity,
+            report_seconds=self.report_seconds,
+            draining=lambda: self.draining,
+            not_ready=self.not_ready,
+            served=self.served,
+        )
 
     def not_ready(self) -> str | None:
         """Why this node cannot serve now, or None when it can.
@@ -260,13 +273,13 @@ class Node:
         """
         del self.buffers[tag]
         self._activity.pop(tag, None)
-        self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
+        self.cluster.dropped(tag, buf)
         remainder = buf.drain_now()
         # Counters stay (one small entry per real tag); the chart's history goes.
         self.stats.tags[tag].history.clear()
         logger.info("event=buffer_released tag=%s reason=idle", tag)
         if remainder:
-            self.source.spawn(self._return(tag, remainder, ShutdownReport()))
+            self.source.spawn(return_remainder(self.source, tag, remainder, ShutdownReport()))
 
     async def refresh_tags(self, changed: str | None = None) -> None:
         """Read the ledger's tag list again and stop serving tags disabled since.
@@ -319,95 +332,14 @@ class Node:
         del self.buffers[tag]
         self._activity.pop(tag, None)
         remainder = await buf.drain()  # waits for a fetch under way: it is waste too
-        self._unreported[tag] += buf.issued - self._reported.pop(tag, 0)
+        self.cluster.dropped(tag, buf)
         self.stats.tags[tag].history.clear()
         self.waste.record(tag, remainder, reason)
 
     async def report(self) -> None:
-        """Tell the preloader how many IDs this node handed out per tag since the
-        last report: the consumption the pool is sized by. One round trip."""
-        pool = self.source.pool
-        if pool is None:
-            return
-        dropped = dict(self._unreported)  # from buffers released as idle
-        seen = {t: (b, b.issued, self._reported.get(t, 0)) for t, b in self.buffers.items()}
-        counts = Counter(dropped)
-        for tag, (_, issued, base) in seen.items():
-            counts[tag] += issued - base
-        counts = Counter({tag: n for tag, n in counts.items() if n > 0})
-        if not counts:
-            return
-        try:
-            await pool.report_issued(counts)
-        except StoreUnavailable:
-            return  # sent again next time (if it landed after all, a rate reads high a while)
-        # Buffers may have been released meanwhile: take off exactly what was sent.
-        self._unreported.subtract(dropped)
-        for tag, (buf, issued, base) in seen.items():
-            if self.buffers.get(tag) is buf:
-                self._reported[tag] = issued
-            else:  # released: its count moved to _unreported, this part of it was sent
-                self._unreported[tag] -= issued - base
-        self._unreported = Counter({t: n for t, n in self._unreported.items() if n > 0})
-
-    def totals(self) -> dict[tuple[str, str], int]:
-        """(tag, field) -> this process's running totals for the cluster view:
-        ``returned`` and ``wasted:{reason}`` IDs."""
-        found: Counter[tuple[str, str]] = Counter()
-        for tag, counters in list(self.stats.tags.items()):
-            if counters.ids_returned:
-                found[(tag, "returned")] += counters.ids_returned
-        for (tag, reason), ids in self.waste.totals().items():
-            found[(tag, f"wasted:{reason}")] += ids
-        return dict(found)
-
-    async def report_totals(self) -> None:
-        """Add what grew since the last report to each tag's cluster totals in
-        the pool's stats hash. A report whose outcome is unknown is sent again:
-        totals are figures for people, and may read high, never IDs."""
-        pool = self.source.pool
-        if pool is None:
-            return
-        now = self.totals()
-        increments: dict[str, dict[str, int]] = {}
-        for (tag, name), value in now.items():
-            grown = value - self._reported_totals.get((tag, name), 0)
-            if grown > 0:
-                increments.setdefault(tag, {})[name] = grown
-        if not increments:
-            return
-        try:
-            await pool.add_stats(increments)
-        except StoreUnavailable:
-            return
-        for key, value in now.items():
-            self._reported_totals[key] = max(value, self._reported_totals.get(key, 0))
-
-    async def heartbeat(self) -> None:
-        """Say this node is alive (the cluster view): a few fields, one round trip."""
-        pool = self.source.pool
-        if pool is None or not self.node_id:
-            return
-        fields = {
-            **self.identity,
-            "draining": "1" if self.draining else "0",
-            "ready": "1" if self.not_ready() is None else "0",
-            "tags": ",".join(sorted(self.served())[:MAX_HEARTBEAT_TAGS]),
-        }
-        try:
-            await pool.heartbeat(self.node_id, fields, node_ttl(self.report_seconds))
-        except StoreUnavailable:
-            pass  # shown as gone after the TTL: that is what the others can know
-
-    async def leave(self) -> None:
-        """Take this node out of the cluster view (a graceful stop)."""
-        pool = self.source.pool
-        if pool is None or not self.node_id:
-            return
-        try:
-            await pool.leave(self.node_id)
-        except StoreUnavailable:
-            pass  # it drops out by itself when its heartbeat expires
+        """Tell the preloader the IDs handed out here since the last report
+        (``ClusterReports.report``)."""
+        await self.cluster.report()
 
     async def run_housekeeping(self) -> None:
         sampled = reloaded = 0.0
@@ -419,9 +351,9 @@ class Node:
             if now - reloaded >= self.tag_reload_seconds:
                 await self.refresh_tags()
                 reloaded = now
-            await self.report()
-            await self.report_totals()
-            await self.heartbeat()
+            await self.cluster.report()
+            await self.cluster.report_totals()
+            await self.cluster.heartbeat()
             await self.clock.sleep(self.report_seconds)
 
     async def shutdown(self) -> ShutdownReport:
@@ -437,62 +369,16 @@ class Node:
         remainders = await asyncio.gather(*(buf.drain() for _, buf in buffers))
         for kind in self.kinds.values():
             await kind.close()  # e.g. snowflake worker IDs, released with their last time
-        # Many tags at once: one at a time, 300 tags behind a slow Redis outlasted a
-        # 30 s grace period, and what was not pushed by the SIGKILL was waste.
-        slots = asyncio.Semaphore(_RETURNS_AT_ONCE)
-
-        async def give_back(tag: str, remainder: list[IdRange]) -> None:
-            async with slots:
-                await self._return(tag, remainder, report)
-
-        await asyncio.gather(
-            *(give_back(tag, rem) for (tag, _), rem in zip(buffers, remainders, strict=True) if rem)
-        )
-        await self.report()
-        await self.report_totals()
-        await self.heartbeat()  # shown as draining until the process leaves
+        tags = [tag for tag, _ in buffers]
+        await return_all(self.source, zip(tags, remainders, strict=True), report)
+        await self.cluster.report()
+        await self.cluster.report_totals()
+        await self.cluster.heartbeat()  # shown as draining until the process leaves
         for kind in self.kinds.values():
             if isinstance(kind, KeepsTags):
                 await kind.close()
         await self.source.close()
         return report
 
-    async def _return(self, tag: str, remainder: list[IdRange], report: ShutdownReport) -> None:
-        pool = self.source.pool
 
-        def abandon(reason: Reason, detail: str | None = None) -> None:
-            report.abandoned += [(tag, r) for r in remainder]
-            self.waste.record(tag, remainder, reason, detail)
-
-        if pool is None:
-            abandon(Reason.NO_POOL)
-            return
-        for _ in range(_BUSY_RETRIES):
-            try:
-                result = await pool.push(tag, remainder, head=True)
-                break
-            except StoreNotSent:
-                continue  # never sent: safe to send again
-            except StoreUnavailable as e:
-                # Maybe pushed, maybe not: never retried, the remainder is waste.
-                abandon(Reason.PUSH_OUTCOME_UNKNOWN, e.detail)
-                return
-        else:
-            abandon(Reason.PUSH_NOT_SENT)
-            return
-        self.waste.dropped(result.dropped)
-        report.returned += [(tag, r) for r in remainder]
-        self.stats.tags[tag].ids_returned += sum(map(len, remainder))
-        texts = ",".join(r.to_text() for r in remainder)
-        logger.info("event=range_returned tag=%s range=%s depth=%d", tag, texts, result.depth)
-
-
-_BUSY_RETRIES = 3  # a remainder push that was never sent is sent again, this often
-_RETURNS_AT_ONCE = 16  # remainder pushes in flight at shutdown
 _FULL_TAG_RELOAD_SECONDS = 60.0  # the whole tag list; the served tags every reload
-MAX_HEARTBEAT_TAGS = 100  # tags named in a heartbeat: the cluster view's tag rows
-
-
-def node_ttl(report_seconds: float) -> float:
-    """How long a node counts as live after its last heartbeat: three missed beats."""
-    return max(10.0, 3 * report_seconds)

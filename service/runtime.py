@@ -24,11 +24,13 @@ from idpool.pool.stores import LedgerStore, PoolStore
 from idpool.pool.waste import WasteRecorder
 
 from . import metrics, status
+from .cluster_reports import node_ttl
 from .drain import DrainFlag
 from .errors import FailureLog
 from .health import StoreHealth
 from .kinds import rules_of
-from .node import Node, ShutdownReport, node_ttl
+from .node import Node
+from .remainders import ShutdownReport
 from .source import RangeSource
 from .stats import NodeStats
 from .tags import TagDirectory
@@ -138,7 +140,7 @@ class Runtime:
         # cancellation, and one stuck on the server must not stall the stop.
         if self.background:
             await asyncio.wait(self.background, timeout=self.settings.store_timeout)
-        await self.node.leave()  # after the heartbeats stopped: none can re-register it
+        await self.node.cluster.leave()  # after the heartbeats stopped: none can re-register it
         await self.preloader.close()
         await self.pool.close()
         await self.ledger.close()
@@ -158,7 +160,29 @@ async def open_runtime(
     source = RangeSource(
         claims, pool, stats=stats, on_low=preloader.refill_soon, waste=waste, health=health
     )
-    node = Node(
+    node = _make_node(settings, ledger, source, clock)
+    store_reads = status.StoreReadsCache(
+        lambda: status.read_stores(
+            ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
+        ),
+        clock,
+    )
+    return Runtime(
+        settings=settings,
+        node=node,
+        ledger=ledger,
+        pool=pool,
+        preloader=preloader,
+        store_reads=store_reads,
+        failures=FailureLog(clock),
+        clock=clock,
+    )
+
+
+def _make_node(settings: Settings, ledger: LedgerStore, source: RangeSource, clock: Clock) -> Node:
+    """The node, from the settings: its tag list read from ``ledger``, its ranges
+    from ``source``, and who it is in the cluster view."""
+    return Node(
         source,
         prefetch_at=settings.prefetch_at,
         tags=TagDirectory(
@@ -178,23 +202,7 @@ async def open_runtime(
             "addr": settings.advertise or socket.gethostname(),
             "pid": str(os.getpid()),
             "version": metrics.VERSION,
-            "started_at": f"{stats.started_at:.0f}",
+            "started_at": f"{source.stats.started_at:.0f}",
         },
-        clock=clock,
-    )
-    store_reads = status.StoreReadsCache(
-        lambda: status.read_stores(
-            ledger, pool, node.shown_tags(), node_ttl(settings.report_seconds)
-        ),
-        clock,
-    )
-    return Runtime(
-        settings=settings,
-        node=node,
-        ledger=ledger,
-        pool=pool,
-        preloader=preloader,
-        store_reads=store_reads,
-        failures=FailureLog(clock),
         clock=clock,
     )

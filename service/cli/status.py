@@ -9,8 +9,8 @@ import time
 from idpool.pool.settings import Settings
 from idpool.pool.stores import open_stores
 
+from ..cluster_reports import node_ttl
 from ..kinds import spec_of
-from ..node import node_ttl
 from ..status import cluster, read_stores, runway_text, tag_entries
 from .common import counted, show
 
