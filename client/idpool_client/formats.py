@@ -31,194 +31,58 @@ and there is one ``{id}``, so a string splits into its parts one way only; the
 with a reset, in its period, whose date fields are in the string). So two equal
 strings would need the same number in the same period: never.
 
+Here: the periods and ``TagFormat``. The template's grammar, its ``{id}``
+renderings and their reading back are ``templates.py``; the permutation is
+``obfuscation.py``; every name stays importable from here.
+
 Standard library only: the client package has no dependencies.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
-import re
-import string
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-MAX_TEMPLATE = 128  # characters in a template
+from .obfuscation import KEY_BYTES, ROUNDS, Obfuscation, period_key
+from .templates import (
+    B36,
+    B62,
+    MAX_TEMPLATE,
+    FormatError,
+    check_template,
+    date_step,
+    id_renderer,
+    missing_for_reset,
+    moment_of,
+    parse_template,
+    part_width,
+    take_parts,
+)
+
+# The names the node and users import from here, wherever they are defined
+__all__ = [
+    "KEY_BYTES",
+    "MAX_TEMPLATE",
+    "PERIOD_MARK",
+    "RESETS",
+    "ROUNDS",
+    "FormatError",
+    "Obfuscation",
+    "TagFormat",
+    "check_template",
+    "period_bounds",
+    "period_key",
+    "period_of_row",
+    "period_row",
+    "whole_second",
+    "within",
+]
+
 RESETS = ("daily", "monthly", "yearly")
-ROUNDS = 4  # Feistel rounds (even: the halves end where they started)
-KEY_BYTES = 16
 PERIOD_MARK = "@"  # a period's ledger row is TAG@KEY; "@" is never in a tag a user names
 _PERIOD_KEY = {"daily": "%Y%m%d", "monthly": "%Y%m", "yearly": "%Y"}
-_DATE_DIRECTIVES = frozenset("YmdHMSjy%")
-_DATE_SPEC_EXAMPLE = "{date:%Y%m%d}"
-_ID_SPEC = re.compile(r"(0?)([1-9][0-9]?)?([,_]?)(b36|b62|[dxXob]?)")
-_B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
-_B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-
-
-class FormatError(ValueError):
-    """A template, reset or bound that cannot be used; ``code`` names the option."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# -- {id} renderings ----------------------------------------------------------
-
-
-def _digits(alphabet: str) -> Callable[[int], str]:
-    base = len(alphabet)
-
-    def render(n: int) -> str:
-        if n == 0:
-            return alphabet[0]
-        out = []
-        while n:
-            n, r = divmod(n, base)
-            out.append(alphabet[r])
-        return "".join(reversed(out))
-
-    return render
-
-
-def _id_renderer(spec: str) -> Callable[[int], str]:
-    """The one-to-one rendering of ``{id:spec}``; raises FormatError."""
-    match = _ID_SPEC.fullmatch(spec)
-    if match is None:
-        raise FormatError(
-            "bad_format",
-            f"{{id:{spec}}} is not an allowed id spec: use [0][width][,|_][d|x|X|o|b] "
-            "(e.g. {id:06d}) or [0][width]b36 / [0][width]b62 (e.g. {id:b62})",
-        )
-    zero, width, group, kind = match.groups()
-    if kind in ("b36", "b62"):
-        if group:
-            raise FormatError("bad_format", f"{{id:{spec}}}: b36/b62 take no grouping")
-        digits = _digits(_B36 if kind == "b36" else _B62)
-        size = int(width or 0)
-        pad = "0" if zero else " "
-        if not size:
-            return digits
-        return lambda n: digits(n).rjust(size, pad)
-    try:
-        format(1, spec)
-    except ValueError as e:
-        raise FormatError("bad_format", f"{{id:{spec}}} is not a valid id spec: {e}") from None
-    if not spec or spec == "d":
-        return str
-    return lambda n: format(n, spec)
-
-
-# -- the template --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Parts:
-    before: tuple[tuple[bool, str], ...]  # (is_date, text or strftime spec)
-    id_spec: str
-    after: tuple[tuple[bool, str], ...]
-    directives: frozenset[str]  # strftime letters used by the date fields
-
-
-def _parse(template: str) -> _Parts:
-    if not isinstance(template, str) or not template:
-        raise FormatError("bad_format", "format must be a non-empty template with one {id}")
-    if len(template) > MAX_TEMPLATE:
-        raise FormatError(
-            "bad_format", f"format is {len(template)} characters long: at most {MAX_TEMPLATE}"
-        )
-    if not template.isprintable():
-        # strftime stops at a NUL: '{date:%Y\x00%m%d}' would render '2026' every day,
-        # so a daily reset repeated its strings; newlines would split /id answers.
-        bad = next(c for c in template if not c.isprintable())
-        raise FormatError(
-            "bad_format",
-            f"format {template!r}: {bad!r} is not allowed (no control or invisible characters)",
-        )
-    try:
-        pieces = list(string.Formatter().parse(template))
-    except ValueError as e:
-        raise FormatError("bad_format", f"format {template!r}: {e} (no literal braces)") from None
-    before: list[tuple[bool, str]] = []
-    after: list[tuple[bool, str]] = []
-    id_spec: str | None = None
-    directives: set[str] = set()
-    for literal, name, spec, conversion in pieces:
-        out = before if id_spec is None else after
-        if "{" in literal or "}" in literal:
-            raise FormatError(
-                "bad_format", f"format {template!r}: literal braces ({{{{ or }}}}) are not allowed"
-            )
-        if literal:
-            out.append((False, literal))
-        if name is None:
-            continue
-        spec = spec or ""
-        if conversion is not None or "{" in spec:
-            raise FormatError(
-                "bad_format", f"format {template!r}: no !r/!s conversions or nested fields"
-            )
-        if name == "id":
-            if id_spec is not None:
-                raise FormatError("bad_format", f"format {template!r} has {{id}} twice: once only")
-            _id_renderer(spec)
-            id_spec = spec
-        elif name == "date":
-            directives |= _check_date_spec(spec)
-            out.append((True, spec))
-        else:
-            raise FormatError(
-                "bad_format",
-                f"format {template!r}: unknown field {{{name}}}: use {{id}} and {{date:...}}",
-            )
-    if id_spec is None:
-        example = "'INV-{date:%Y%m%d}-{id:06d}'"
-        raise FormatError("bad_format", f"format {template!r} has no {{id}}: e.g. {example}")
-    return _Parts(tuple(before), id_spec, tuple(after), frozenset(directives))
-
-
-def _check_date_spec(spec: str) -> set[str]:
-    if not spec:
-        raise FormatError(
-            "bad_format", f"{{date}} needs strftime directives, e.g. {_DATE_SPEC_EXAMPLE}"
-        )
-    found: set[str] = set()
-    i = 0
-    while i < len(spec):
-        if spec[i] == "%":
-            letter = spec[i + 1 : i + 2]
-            if letter not in _DATE_DIRECTIVES:
-                raise FormatError(
-                    "bad_format",
-                    f"{{date:{spec}}}: %{letter} is not allowed; use the fixed-width "
-                    "%Y %m %d %H %M %S %j %y (or %% for a percent sign)",
-                )
-            found.add(letter)
-            i += 2
-        else:
-            i += 1
-    found.discard("%")
-    if not found:
-        raise FormatError("bad_format", f"{{date:{spec}}} has no date directive (%Y, %m, ...)")
-    return found
-
-
-def _missing_for_reset(reset: str, directives: frozenset[str]) -> str | None:
-    """What a template lacks to tell the periods of ``reset`` apart, or None."""
-    year = "Y" in directives
-    need = []
-    if not year:
-        need.append("%Y" + (" (not %y: it repeats every 100 years)" if "y" in directives else ""))
-    if reset == "monthly" and "m" not in directives:
-        need.append("%m")
-    if reset == "daily" and "j" not in directives and not {"m", "d"} <= directives:
-        lacking = " and ".join(f"%{d}" for d in "md" if d not in directives)
-        need.append(f"{lacking} (or %j, the day of the year)")
-    return " and ".join(need) or None
 
 
 # -- periods -------------------------------------------------------------------
@@ -272,83 +136,6 @@ def period_of_row(name: str) -> tuple[str, str] | None:
     return (tag, key) if mark and key.isdigit() else None
 
 
-# -- obfuscation ---------------------------------------------------------------
-
-
-class Obfuscation:
-    """A keyed permutation of ``[1, top]``. The key never shows in a repr."""
-
-    __slots__ = ("key", "top", "_bits", "_rounds")
-
-    def __init__(self, key: bytes, top: int) -> None:
-        if len(key) < 8 or not 2 <= top < 2**63:
-            raise FormatError("bad_obfuscate", "obfuscation needs a key and a max from 2 to 2^63-1")
-        self.key = key
-        self.top = top
-        self._bits = max(2, (top - 1).bit_length())
-        # One keyed BLAKE2b per round (the round number as its personalisation):
-        # the Feistel round functions, a PRF each.
-        self._rounds = [
-            hashlib.blake2b(key=key, digest_size=8, person=b"idpool-r%d" % i) for i in range(ROUNDS)
-        ]
-
-    def __repr__(self) -> str:
-        return f"Obfuscation(key=<hidden>, top={self.top})"
-
-    def _feistel(self, x: int, order: Iterable[int], inverse: bool) -> int:
-        bits, rounds = self._bits, self._rounds
-        a = bits // 2
-        b = bits - a
-        if not inverse:
-            # (left: a bits, right: b bits); each round: left, right = right, left ^ F(right)
-            left, right, lbits, rbits = x >> b, x & ((1 << b) - 1), a, b
-            for i in order:
-                f = _prf(rounds[i], right) & ((1 << lbits) - 1)
-                left, right, lbits, rbits = right, left ^ f, rbits, lbits
-            return (left << rbits) | right
-        # undo the rounds from the last: right_before = left_after,
-        # left_before = right_after ^ F(right_before)
-        left, right, lbits, rbits = x >> b, x & ((1 << b) - 1), a, b
-        for i in order:
-            f = _prf(rounds[i], left) & ((1 << rbits) - 1)
-            left, right, lbits, rbits = right ^ f, left, rbits, lbits
-        return (left << rbits) | right
-
-    def encode(self, n: int) -> int:
-        """The value handed out for sequence number ``n`` (1 <= n <= top)."""
-        if not 1 <= n <= self.top:
-            raise ValueError(f"{n} is outside 1..{self.top}")
-        x = n - 1
-        while True:  # cycle walking: a permutation of [0, 2^bits) stays in [0, top)
-            x = self._feistel(x, range(ROUNDS), False)
-            if x < self.top:
-                return x + 1
-
-    def decode(self, value: int) -> int:
-        """The sequence number ``value`` was made from (the inverse of encode)."""
-        if not 1 <= value <= self.top:
-            raise ValueError(f"{value} is outside 1..{self.top}")
-        x = value - 1
-        while True:
-            x = self._feistel(x, range(ROUNDS - 1, -1, -1), True)
-            if x < self.top:
-                return x + 1
-
-
-def period_key(key: bytes, period: str) -> bytes:
-    """The obfuscation key of one reset period (``period``: its key, ``20261127``)
-    of a tag with period keys: HMAC-SHA256 of the tag's key, cut to KEY_BYTES. One
-    period's key tells nothing of the tag's key or of another period's."""
-    mac = hmac.new(key, b"idpool-period:" + period.encode("ascii"), hashlib.sha256)
-    return mac.digest()[:KEY_BYTES]
-
-
-def _prf(hasher: Any, half: int) -> int:
-    h = hasher.copy()
-    h.update(half.to_bytes(8, "little"))
-    return int.from_bytes(h.digest(), "little")
-
-
 # -- a tag's format ------------------------------------------------------------
 
 
@@ -368,7 +155,7 @@ class TagFormat:
         # Each reset period's numbers permuted with its own key (period_key); else
         # one key for every period (tags from before: kept, see the module doc)
         self.period_keys = period_keys and reset is not None and obfuscation is not None
-        self._parts = None if template is None else _parse(template)
+        self._parts = None if template is None else parse_template(template)
         if reset is not None:
             if reset not in RESETS:
                 raise FormatError("bad_reset", f"reset {reset!r}: use {', '.join(RESETS)}")
@@ -378,18 +165,18 @@ class TagFormat:
                     "a reset needs a format with the period's date, "
                     "e.g. 'INV-{date:%Y%m%d}-{id:06d}' for daily",
                 )
-            missing = _missing_for_reset(reset, self._parts.directives)
+            missing = missing_for_reset(reset, self._parts.directives)
             if missing is not None:
                 raise FormatError(
                     "bad_reset",
                     f"a {reset} reset repeats {{id}} each period, so the format must show the "
                     f"period: {template!r} lacks {missing} in a {{date:...}} field",
                 )
-        self._id = str if self._parts is None else _id_renderer(self._parts.id_spec)
+        self._id = str if self._parts is None else id_renderer(self._parts.id_spec)
         self._number: Callable[[int], int] = (
             (lambda n: n) if obfuscation is None else obfuscation.encode
         )
-        self._step = _date_step(self._parts.directives) if self._parts else 0
+        self._step = date_step(self._parts.directives) if self._parts else 0
         self._dates = (0.0, -1.0, "", "")  # (from, until, rendered before, rendered after)
         self._period = ("", 0.0, -1.0)  # (key, from, until)
         self._keyed: tuple[float, float, Obfuscation | None] = (0.0, -1.0, None)
@@ -565,20 +352,20 @@ class TagFormat:
         assert self._parts is not None
         found: dict[str, int] = {}
         # Every part but {id} has a fixed width: cut them off both ends.
-        head = _take_parts(self._parts.before, text, 0, found)
-        tail_width = sum(_width(d, s) for d, s in self._parts.after)
+        head = take_parts(self._parts.before, text, 0, found)
+        tail_width = sum(part_width(d, s) for d, s in self._parts.after)
         if len(text) - tail_width < head:
             raise ValueError(f"{text[:80]!r} is too short for the format")
-        _take_parts(self._parts.after, text, len(text) - tail_width, found)
+        take_parts(self._parts.after, text, len(text) - tail_width, found)
         middle = text[head : len(text) - tail_width]
-        return self._id_value(middle), _moment(found)
+        return self._id_value(middle), moment_of(found)
 
     def _id_value(self, middle: str) -> int:
         assert self._parts is not None
         digits = middle.strip()
         spec = self._parts.id_spec
         if spec.endswith("b62") or spec.endswith("b36"):
-            alphabet = _B62 if spec.endswith("b62") else _B36
+            alphabet = B62 if spec.endswith("b62") else B36
             if not digits or any(c not in alphabet for c in digits):
                 raise ValueError(f"{middle[:40]!r} is not a base-{len(alphabet)} number")
             n = 0
@@ -622,100 +409,3 @@ class TagFormat:
             key = data["period_key"] if "period_key" in data else data["key"]
             ob = Obfuscation(bytes.fromhex(str(key)), int(data["max"]))
         return cls(data.get("template"), data.get("reset"), ob)
-
-
-def _date_step(directives: frozenset[str]) -> int:
-    """How long a rendering of the date fields holds: the finest unit they show."""
-    if "S" in directives:
-        return 1
-    if "M" in directives:
-        return 60
-    if "H" in directives:
-        return 3600
-    return 86400  # UTC days are 86,400 unix seconds; months and years end on day bounds
-
-
-_DIRECTIVE_WIDTH = {"Y": 4, "m": 2, "d": 2, "H": 2, "M": 2, "S": 2, "j": 3, "y": 2}
-
-
-def _width(is_date: bool, text: str) -> int:
-    """Characters a template part renders to: fixed (checked at creation)."""
-    if not is_date:
-        return len(text)
-    width, i = 0, 0
-    while i < len(text):
-        if text[i] == "%":
-            letter = text[i + 1]
-            width += 1 if letter == "%" else _DIRECTIVE_WIDTH[letter]
-            i += 2
-        else:
-            width += 1
-            i += 1
-    return width
-
-
-def _take_parts(
-    parts: tuple[tuple[bool, str], ...], text: str, at: int, found: dict[str, int]
-) -> int:
-    """Read ``parts`` from ``text`` at ``at``: literals must match, each date
-    directive gives its digits (the first of each letter to ``found``). Returns
-    where they end; raises ValueError saying what does not match."""
-    for is_date, spec in parts:
-        if not is_date:
-            if text[at : at + len(spec)] != spec:
-                raise ValueError(f"{text[:80]!r} lacks {spec!r} at character {at + 1}")
-            at += len(spec)
-            continue
-        i = 0
-        while i < len(spec):
-            if spec[i] != "%" or spec[i + 1] == "%":
-                literal = spec[i] if spec[i] != "%" else "%"
-                if text[at : at + 1] != literal:
-                    raise ValueError(f"{text[:80]!r} lacks {literal!r} at character {at + 1}")
-                at += 1
-                i += 2 if spec[i] == "%" else 1
-                continue
-            letter = spec[i + 1]
-            width = _DIRECTIVE_WIDTH[letter]
-            digits = text[at : at + width]
-            if len(digits) != width or not (digits.isascii() and digits.isdigit()):
-                raise ValueError(
-                    f"{text[:80]!r}: {digits!r} at character {at + 1} is not the {width} digits "
-                    f"of %{letter} in {{date:{spec}}}"
-                )
-            found.setdefault(letter, int(digits))
-            at += width
-            i += 2
-    return at
-
-
-def _moment(found: Mapping[str, int]) -> float:
-    """A UTC moment with the date parts read from a string (ValueError if there is
-    none: a 13th month, a 30th of February, a 366th day of a common year...)."""
-    if "Y" in found:
-        year = found["Y"]
-    elif "y" in found:
-        year = found["y"] + (1900 if found["y"] >= 70 else 2000)  # from 1970: renders alike
-    else:
-        year = 2000  # any year renders alike; a leap one, so 29 February and day 366 fit
-    try:
-        if "j" in found and not ("m" in found and "d" in found):
-            if not 1 <= found["j"] <= 366:
-                raise ValueError
-            day = datetime(year, 1, 1, tzinfo=UTC) + timedelta(days=found["j"] - 1)
-            if day.year != year:
-                raise ValueError
-        else:
-            day = datetime(year, found.get("m", 1), found.get("d", 1), tzinfo=UTC)
-        at = day.replace(hour=found.get("H", 0), minute=found.get("M", 0), second=found.get("S", 0))
-    except ValueError:
-        shown = " ".join(f"%{k}={v}" for k, v in sorted(found.items()))
-        raise ValueError(f"its date parts ({shown}) are no UTC date and time") from None
-    if at.year < 1970:
-        raise ValueError(f"its date ({at:%Y-%m-%d}) is before any ID was made (1970)")
-    return at.timestamp()
-
-
-def check_template(template: str) -> None:
-    """Raise FormatError (saying what is wrong) unless ``template`` may be used."""
-    _parse(template)
