@@ -43,7 +43,7 @@ With the default prefix ``idpool`` and the tag ``orders``:
     ID to hand out), ``limit`` (the end of the ledger-claimed IDs behind it, so
     ``[next, limit)`` is ready) and ``inc`` (the Redis incarnation,
     ``run_id:master_replid``, it was set under). Written only by the strict
-    scripts (``pool/strict.py``): a take moves ``next`` up by the batch; a refill
+    scripts (``pool/redis_strict.py``): a take moves ``next`` up by the batch; a refill
     raises ``limit`` with a range it claimed from the ledger, or replaces a state
     of an older incarnation. Read by the same scripts. A state whose ``inc`` is
     not the server's current incarnation is never served from. Also

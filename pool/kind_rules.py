@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The ledger's `kind` column default (pool/ledger.py SCHEMA, pool/sqlite_file.py):
+# The ledger's `kind` column default (pool/ledger_schema.py SCHEMA, pool/sqlite_file.py):
 # every row a release before kinds made has it, and a release before kinds serves
 # every row as one (values.read_end says why the others' rows refuse it).
 DEFAULT_KIND = "segment"

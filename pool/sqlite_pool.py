@@ -204,7 +204,7 @@ class SqlitePool:
 
     async def fence_state(self, tag: str, floor: int) -> int:
         """Nothing to fence: the embedded mode's strict take is the ledger row's own
-        (pool/strict.py, SqliteStrict), made again with the row."""
+        (pool/sqlite_strict.py, SqliteStrict), made again with the row."""
         return floor
 
     async def unfence_format(self, tag: str, fingerprint: str) -> None:

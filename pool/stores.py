@@ -111,7 +111,7 @@ class StoreParts:
     leases: Callable[[int], LeaseStore] | None = None
     # strict counters in Redis, refilled from ledger claims (pool/strict.py)
     redis_strict: Callable[[], RedisStrict] | None = None
-    # embedded: strict counters in the SQLite ledger's own file (pool/strict.py), for
+    # embedded: strict counters in the SQLite ledger's own file (pool/sqlite_strict.py), for
     # the tags of one kind (a take from a row of another is refused)
     file_strict: Callable[[str], SqliteStrict] | None = None
 
