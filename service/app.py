@@ -325,9 +325,11 @@ class NodeApp(Starlette):
                 body, content_type = orjson.dumps({"tag": tag, "ids": ids}), _JSON
         except IdPoolError as e:
             row = row_of(e)
-            message = message_of(e, row, tag)
+            run = scope["state"]["run"]
+            ledger = run.settings.ledger_shown() if row.code == "unknown_tag" else ""
+            message = message_of(e, row, tag, ledger)  # as answer_error words it
             if row.code == "unavailable":
-                scope["state"]["run"].failures.log(tag, message)
+                run.failures.log(tag, message)
             node.stats.requests[(route, row.status)] += 1
             node.stats.errors[(route, row.code)] += 1
             if ANSWERS.recording:  # tests: is the code in its route's row?

@@ -296,3 +296,27 @@ def test_a_strict_name_added_again_starts_above_its_start_and_all_it_issued(
         again = take(3)
         assert again[0] >= 5_000_000 and again[0] > top, again
         assert again == sorted(again) and len(set(issued)) == len(issued)
+
+
+def test_an_unknown_tag_on_the_direct_path_names_the_ledger(
+    settings: Settings, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A strict tag removed in the reload window (its row still read here) answers
+    404 from NodeApp's direct path with the message the routes give: it names the
+    ledger, so an operator knows which database lacks the tag (it did not)."""
+    from idpool.pool.errors import UnknownTag
+
+    add_strict(settings, tag)
+    with TestClient(create_app(settings)) as c:
+        assert c.get(f"/id/{tag}").status_code == 200
+        kind = strict_kind(c)
+
+        async def gone(tag: str, n: int = 1) -> int:
+            raise UnknownTag(tag)
+
+        monkeypatch.setattr(kind, "next_id", gone)
+        monkeypatch.setattr(kind, "next_ids", gone)
+        for path in (f"/id/{tag}", f"/ids/{tag}?count=2"):
+            r = c.get(path)
+            assert r.status_code == 404 and r.json()["error"] == "unknown_tag", r.text
+            assert settings.ledger_shown() in r.json()["message"], r.text

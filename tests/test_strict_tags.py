@@ -114,6 +114,8 @@ async def test_one_redis_skip_for_strict_takes_pops_and_claims() -> None:
         await tags.take("t", 1)
     skipped = skip.skipping()  # pops and claims see it
     assert skipped is not None and "Connection refused" in skipped.detail
+    # in the store's own words: a segment tag's 503 quotes it, and is no strict tag
+    assert "strict" not in skipped.detail, skipped.detail
     assert counter.calls == [1]
 
 async def test_group_commit_on_real_redis_batches_and_never_repeats(

@@ -153,7 +153,9 @@ class StrictTags:
             # a take a cluster shard's replicas did not confirm: other shards serve.
             quiet = StoreSkipped | MarkNotReplicated | TooFewReplicas | StrictNotConfirmed
             if e.store == self.store and not isinstance(e, quiet):
-                self._skip.failed(named)
+                # The store's own error, not strict's wording: the skip is shared
+                # with the segment path, whose 503s quote it.
+                self._skip.failed(e)
             raise named from e
 
 
