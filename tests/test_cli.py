@@ -371,6 +371,7 @@ def test_tag_remove_needs_yes_and_the_name_comes_back_above_all_it_issued(
     assert tag not in idpool(settings, "tag", "list").stdout
     again = idpool(settings, "tag", "remove", tag, "--yes")
     assert again.returncode == 2 and "does not exist" in again.stderr
+    assert "removed before" in again.stderr  # not a typo of the name: said so
     plain.delete(Keys(settings.redis_prefix).hwm(tag))  # Redis lost the high-water mark
     added = idpool(settings, "tag", "add", tag)
     assert added.returncode == 0 and f"added {tag}: first ID 201" in added.stdout, added.stdout

@@ -453,6 +453,15 @@ async def _remove(settings: Settings, ledger: LedgerStore, args: argparse.Namesp
     except UnknownTag:  # removed before: its list may still need emptying
         drained = await pool.take_all(args.tag)
         if not drained:
+            if await ledger.removed_format(args.tag) is not None:
+                # the run "again" a half-done removal asked for, once the nodes or a
+                # new Redis incarnation emptied the list: nothing is left to do
+                print(
+                    f"idpool: tag {args.tag!r} does not exist: it was removed before and "
+                    "nothing of it is left in the pool (its tombstone keeps its max_id)",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
             raise UnknownTag(args.tag) from None
     except ListNotEmptied as e:
         print(
