@@ -42,7 +42,8 @@ from .keys import Keys, Legacy, lease_route, route_of
 from .ranges import IdRange, TaggedRange, tagged_ranges
 
 # The incarnation check of the pool scripts, shared so both compute it the same way.
-from .redis_pool import PRELUDE, Lua, run_script
+from .redis_base import Lua, run_script
+from .redis_incarnation import PRELUDE
 
 # A secret's hash against the one recorded, in every script that checks one (the
 # client leases' here, the worker leases' in pool/worker_store.py).

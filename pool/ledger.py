@@ -8,7 +8,7 @@ no ID at or above ``max_id`` has. ``max_id`` only ever grows.
 (``ensure_schema``) and claims, over its parts: the tables
 (``pool/ledger_schema.py``), the connections and the conflict retries
 (``pool/ledger_connections.py``), the tag rows and tokens
-(``pool/ledger_tags.py``). Their names stay importable from here.
+(``pool/ledger_tags.py``).
 """
 
 from __future__ import annotations
@@ -22,26 +22,14 @@ from .errors import StoreUnavailable, UnknownTag
 from .kind_rules import DEFAULT_KIND
 from .ledger_connections import (
     _CONNECTION_ERRORS,
-    _DEADLOCK,
-    CONFLICT_BACKOFF,
-    CONFLICT_BACKOFF_MAX,
-    CONFLICT_RESERVE,
     GALERA_SESSION,
-    LedgerConnections,
-    T,
-    _DomainErrors,
     _error_text,
-    _is_conflict,
     _is_galera,
     _open_connections,
 )
 from .ledger_schema import (
-    _BAD_FIELD,
-    _DUPLICATE_COLUMN,
     _MIGRATIONS,
-    _NO_SUCH_TABLE,
     _UNKNOWN_DATABASE,
-    REMOVED,
     REMOVED_SCHEMA,
     SCHEMA,
     TABLE,
@@ -51,45 +39,13 @@ from .ledger_schema import (
     _create_database,
     _exact_tag_names,
 )
-from .ledger_tags import _COLUMNS, LedgerTags, _tag_row
+from .ledger_tags import LedgerTags
 from .ranges import IdRange
 from .settings import Settings
 from .tag_rules import check_kind
 from .values import next_range, read_end
 
-__all__ = [
-    "CONFLICT_BACKOFF",
-    "CONFLICT_BACKOFF_MAX",
-    "CONFLICT_RESERVE",
-    "GALERA_SESSION",
-    "REMOVED",
-    "REMOVED_SCHEMA",
-    "SCHEMA",
-    "TABLE",
-    "TOKENS",
-    "TOKENS_SCHEMA",
-    "T",
-    "Ledger",
-    "LedgerConnections",
-    "LedgerTags",
-    "_BAD_FIELD",
-    "_COLUMNS",
-    "_CONNECTION_ERRORS",
-    "_DEADLOCK",
-    "_DUPLICATE_COLUMN",
-    "_DomainErrors",
-    "_MIGRATIONS",
-    "_NO_SUCH_TABLE",
-    "_UNKNOWN_DATABASE",
-    "_add_column",
-    "_create_database",
-    "_error_text",
-    "_exact_tag_names",
-    "_is_conflict",
-    "_is_galera",
-    "_open_connections",
-    "_tag_row",
-]
+__all__ = ["SCHEMA", "TABLE", "Ledger"]
 
 
 class Ledger(LedgerTags):

@@ -14,15 +14,14 @@ its own scripts: ``RedisLists`` (``pool/redis_lists.py``), ``RedisMarks``
 (``redis_marks.py``), ``RedisStats`` (``redis_stats.py``), ``RedisNodes``
 (``redis_nodes.py``), ``RedisLeadership`` (``redis_leadership.py``), over the
 shared ``RedisCore`` (``redis_base.py``: the client, the call runner) and the
-incarnation check (``redis_incarnation.py``). The shared names stay importable
-from here.
+incarnation check (``redis_incarnation.py``). ``Lua``, ``make_client`` and
+``MAX_CONNECTIONS`` stay importable from here.
 """
 
 from __future__ import annotations
 
 from .keys import Keys
-from .redis_base import MAX_CONNECTIONS, Lua, make_client, run_script
-from .redis_incarnation import INCARNATION_LUA, PRELUDE
+from .redis_base import MAX_CONNECTIONS, Lua, make_client
 from .redis_leadership import RedisLeadership
 from .redis_lists import RedisLists
 from .redis_marks import RedisMarks
@@ -30,15 +29,7 @@ from .redis_nodes import RedisNodes
 from .redis_stats import RedisStats
 from .settings import Settings
 
-__all__ = [
-    "INCARNATION_LUA",
-    "MAX_CONNECTIONS",
-    "PRELUDE",
-    "Lua",
-    "RedisPool",
-    "make_client",
-    "run_script",
-]
+__all__ = ["MAX_CONNECTIONS", "Lua", "RedisPool", "make_client"]
 
 
 class RedisPool(RedisLists, RedisMarks, RedisStats, RedisNodes, RedisLeadership):

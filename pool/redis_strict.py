@@ -21,7 +21,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from .cluster import run_then_wait
 from .ranges import IdRange
-from .redis_pool import INCARNATION_LUA, Lua, RedisPool, run_script
+from .redis_base import Lua, run_script
+from .redis_incarnation import INCARNATION_LUA
+from .redis_pool import RedisPool
 from .sentinel import named_master_by_majority
 
 # Decimal strings without leading zeros: compare by length, then by text; add

@@ -20,11 +20,7 @@ from .redis_pool import RedisPool
 from .roles import (
     HighWaterMarks,
     LedgerStore,
-    NodeRegistry,
     PoolStore,
-    PreloaderLeadership,
-    RangeLists,
-    SizingStats,
 )
 from .settings import Settings
 from .sqlite_ledger import SqliteLedger
@@ -35,11 +31,7 @@ from .worker_store import WorkerStore
 __all__ = [
     "HighWaterMarks",
     "LedgerStore",
-    "NodeRegistry",
     "PoolStore",
-    "PreloaderLeadership",
-    "RangeLists",
-    "SizingStats",
     "StoreParts",
     "open_ledger",
     "open_pool",

@@ -41,7 +41,8 @@ transaction on the ledger row itself (``SqliteStrict``).
 
 The hash and its scripts are ``pool/redis_strict.py`` (``RedisStrict``), the
 embedded take ``pool/sqlite_strict.py``; here is the counter that refills the
-hash from the ledger (``StrictCounter``). Their names stay importable from here.
+hash from the ledger (``StrictCounter``). ``RedisStrict`` and ``SqliteStrict``
+stay importable from here.
 """
 
 from __future__ import annotations
@@ -62,23 +63,14 @@ from .errors import (
     StrictNotConfirmed,
 )
 from .redis_strict import (
-    _DECIMAL_LUA,
-    _EXTEND,
-    _RATE_MIN_SECONDS,
-    _RELEASE,
-    _TAKE,
-    Extension,
     RedisStrict,
     StrictAnswer,
-    _answer,
-    _int,
 )
 from .sqlite_strict import SqliteStrict
 from .waste import Reason, WasteRecorder
 
 __all__ = [
     "MAX_REFILL_RANGES",
-    "Extension",
     "RedisStrict",
     "SqliteStrict",
     "StrictAnswer",
@@ -86,16 +78,6 @@ __all__ = [
     "StrictEvents",
     "StrictRaced",
     "StrictSupply",
-    "_ATTEMPTS",
-    "_DECIMAL_LUA",
-    "_EXTEND",
-    "_RATE_MIN_SECONDS",
-    "_RELEASE",
-    "_TAKE",
-    "_WAIT_FIRST",
-    "_WAIT_MOST",
-    "_answer",
-    "_int",
 ]
 
 # Refills one take may run before it gives up (each one met a race or a new

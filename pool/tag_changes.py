@@ -156,9 +156,7 @@ async def _fence_name(
         # Redis down: MySQL's own row (if any) still refuses a duplicate tag; the
         # floor stays what was read (0 if not even the mark answered).
     if fence_refused(fenced):
-        with contextlib.suppress(UnknownTag):
-            await ledger.get_tag(tag)
-            raise TagExists(tag)  # a live tag of that name: say so, not "used before"
+        await _refuse_live(ledger, tag)
         raise FormatChanged(tag, used_as(fenced))
     return floor, fenced
 
@@ -211,9 +209,7 @@ async def _check_unused(
             ) from e
     if not removed and mark <= 0:
         return
-    with contextlib.suppress(UnknownTag):
-        await ledger.get_tag(tag)
-        raise TagExists(tag)  # a live tag of that name: say so, not "used before"
+    await _refuse_live(ledger, tag)
     raise NameUsedBefore(
         tag, "a removed tag's tombstone" if removed else f"its high-water mark in Redis is {mark}"
     )
@@ -258,10 +254,9 @@ async def move_start(
         raise StartAboveMax(tag, start, row.end_id - 1)
     floor = row.max_id
     if pool is not None:
-        try:
+        # Redis down: the ledger's own max_id still refuses a start below it
+        with contextlib.suppress(StoreUnavailable):
             floor = max(floor, await pool.high_water(tag))
-        except StoreUnavailable:
-            pass  # the ledger's own max_id still refuses a start below it
     if start < floor:
         raise StartBelowIssued(tag, floor)
     # GREATEST in the ledger: a claim that lands between the read above and this
@@ -323,3 +318,10 @@ async def remove_tag(
 async def enable_tag(ledger: LedgerStore, tag: str) -> TagRow:
     """Serve ``tag`` again, from fresh ranges above its ``max_id``."""
     return await ledger.set_disabled(tag, False)
+
+
+async def _refuse_live(ledger: LedgerStore, tag: str) -> None:
+    """Raise TagExists if a live tag has the name: say so, not "used before"."""
+    with contextlib.suppress(UnknownTag):
+        await ledger.get_tag(tag)
+        raise TagExists(tag)

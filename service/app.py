@@ -40,10 +40,9 @@ from .errors import (
     answer_error,
     answer_http_error,
     error,
-    message_of,
-    row_of,
+    explain,
 )
-from .kinds import IdKind, spec_of
+from .kinds import IdKind
 from .node import Node
 from .node_routes import CLIENT_GONE, many_ids, one_id
 from .runtime import Runtime, StoreOpener, open_runtime
@@ -133,7 +132,7 @@ class NodeApp(Starlette):
         *,
         routes: list[BaseRoute],
         lifespan: Lifespan[Starlette] | None = None,
-        label_of: Callable[[str], str] = lambda path: "other",
+        label_of: Callable[[str], str] = routes.label_of,
         api_document: bytes = b"{}",
     ) -> None:
         super().__init__(
@@ -151,8 +150,6 @@ class NodeApp(Starlette):
         self.settings = settings
         self.stores = stores
         self.node: Node | None = None  # the runtime's node, set by the lifespan while it serves
-        # its kinds whose spec says ``direct``, by name (``serve``); empty: the routes answer them
-        self.direct: dict[str, IdKind] = {}
         self.max_count = settings.max_count  # the largest /ids count the fast path answers
         self.max_body = settings.max_body_bytes  # the largest request body read
         self.body_seconds = settings.body_seconds  # how long a body may take to arrive
@@ -204,8 +201,7 @@ class NodeApp(Starlette):
                             if name == ERROR_HEADER_RAW:
                                 code = value.decode("latin-1")
                                 errors[(route, code)] += 1
-                                if ANSWERS.recording:  # tests: is the code in the table?
-                                    ANSWERS.seen.append((scope.get("endpoint"), method, code))
+                                ANSWERS.note(scope.get("endpoint"), method, code)
                 await answer_to(message)
 
             send = counted
@@ -265,19 +261,11 @@ class NodeApp(Starlette):
                 return None  # the route answers it (e.g. 503 naming the cause), and logs it
         return None if value is None else ("id", str(value).encode(), _TEXT_PLAIN)
 
-    def serve(self, node: Node | None) -> None:
-        """Answer from ``node`` before routing (None: leave every request to the
-        routes), and hand its ``direct`` kinds' tags to them (found once here,
-        from the registry's flags, so a request asks one dict)."""
-        self.node = node
-        kinds = {} if node is None else node.kinds
-        self.direct = {name: kind for name, kind in kinds.items() if spec_of(name).direct}
-
     def _direct(self, node: Node, path: str, query: bytes) -> tuple[str, IdKind, str, int] | None:
         """(route, kind, tag, count) for a GET of a tag of a ``direct`` kind that the
         routes would hand straight to its kind (the same forms the memory path
         takes: a known, enabled tag without tokens, on a node not draining); else None."""
-        direct = self.direct
+        direct = node.direct
         if not direct:
             return None
         if path.startswith("/ids/"):
@@ -324,16 +312,10 @@ class NodeApp(Starlette):
                 ids = await kind.next_ids(tag, n)
                 body, content_type = orjson.dumps({"tag": tag, "ids": ids}), _JSON
         except IdPoolError as e:
-            row = row_of(e)
-            run = scope["state"]["run"]
-            ledger = run.settings.ledger_shown() if row.code == "unknown_tag" else ""
-            message = message_of(e, row, tag, ledger)  # as answer_error words it
-            if row.code == "unavailable":
-                run.failures.log(tag, message)
+            row, message = explain(scope["state"]["run"], e, tag)  # as answer_error words it
             node.stats.requests[(route, row.status)] += 1
             node.stats.errors[(route, row.code)] += 1
-            if ANSWERS.recording:  # tests: is the code in its route's row?
-                ANSWERS.seen.append((_HANDLER[route], "GET", row.code))
+            ANSWERS.note(_HANDLER[route], "GET", row.code)  # tests: is it in the route's row?
             body = orjson.dumps({"error": row.code, "message": message})
             await _send(send, body, _JSON, row.status, [(ERROR_HEADER_RAW, row.code.encode())])
             return
@@ -419,16 +401,16 @@ async def _send(
 @asynccontextmanager
 async def open_runtime_while_serving(app: Starlette) -> AsyncIterator[dict[str, Runtime]]:
     """Open the runtime, hand it to the handlers (``request.state.run``) and to
-    the fast path (``app.serve``); close it in reverse."""
+    the fast path (``app.node``); close it in reverse."""
     assert isinstance(app, NodeApp)
     run = await open_runtime(app.settings, app.stores)
     try:
         run.start()
-        app.serve(run.node)
+        app.node = run.node
         yield {"run": run}
         await run.stop()
     finally:
-        app.serve(None)
+        app.node = None
         await run.close()
 
 

@@ -295,9 +295,3 @@ class Buffers(Protocol):
     async def buffer(self, tag: str) -> SegmentBuffer:
         """The tag's buffer, made on first use (raises UnknownTag, Draining)."""
         ...
-
-    async def take(self, tag: str) -> int:
-        """One ID from the tag's buffer, waiting for a range if need be."""
-        ...
-
-    async def take_many(self, tag: str, count: int) -> list[int]: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -311,6 +312,10 @@ class AnswerLog:
         self.recording = False
         self.seen: list[tuple[object, str, str]] = []
 
+    def note(self, handler: object, method: str, code: str) -> None:
+        if self.recording:
+            self.seen.append((handler, method, code))
+
 
 ANSWERS = AnswerLog()
 
@@ -384,16 +389,21 @@ def message_of(exc: Exception, row: ErrorRow, tag: str, ledger: str = "") -> str
     return str(exc)
 
 
-async def answer_error(request: Request, exc: Exception) -> Response:
-    """The one exception handler for what the routes raise."""
+def explain(run: Any, exc: Exception, tag: str) -> tuple[ErrorRow, str]:
+    """(its row, its message) for an error about ``tag``, as every answer words it:
+    an unknown tag names the ledger; a 503 goes to the failure log too."""
     row = row_of(exc)
-    tag = str(request.path_params.get("tag", ""))
-    run = getattr(request.state, "run", None)
     ledger = run.settings.ledger_shown() if row.code == "unknown_tag" and run else ""
     message = message_of(exc, row, tag, ledger)
     if row.code == "unavailable":
-        run = request.state.run
         run.failures.log(tag, message)
+    return row, message
+
+
+async def answer_error(request: Request, exc: Exception) -> Response:
+    """The one exception handler for what the routes raise."""
+    tag = str(request.path_params.get("tag", ""))
+    row, message = explain(getattr(request.state, "run", None), exc, tag)
     return error(row.code, message, getattr(exc, "headers", None))
 
 

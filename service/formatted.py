@@ -29,7 +29,6 @@ from idpool_client.formats import TagFormat, period_row
 
 from idpool.pool.claims import LedgerClaims, create_tag
 from idpool.pool.errors import FormatNotFenced, KindNotServed, TagExists
-from idpool.pool.kind_rules import KindRules
 from idpool.pool.tag_rules import name_fingerprint
 
 from .buffer import Buffers
@@ -46,12 +45,10 @@ class FormatFence:
         tags: TagDirectory,
         claims: LedgerClaims,
         takes_format: Callable[[str], bool],
-        rules_of: Callable[[str], KindRules],
     ) -> None:
-        self.tags = tags
+        self.tags = tags  # its rules_of: a kind's rules (its record's prefix)
         self.claims = claims
         self.takes_format = takes_format  # kind name -> may its rows carry a format
-        self.rules_of = rules_of  # kind name -> its rules (its record's prefix)
         # (tag, fingerprint) whose format this process checked in Redis: keyed on the
         # format too, so a row whose format differs from the one checked is checked
         # again (and refused), never taken as checked
@@ -73,7 +70,7 @@ class FormatFence:
             raise FormatNotFenced(tag, f"a {row.kind} tag has no format, and its row carries one")
         if tag in tags.changed:  # read again with another format (TagDirectory._learn_formats)
             raise FormatNotFenced(tag, "its row's format changed since this node read it")
-        fingerprint = name_fingerprint(row, self.rules_of(row.kind))
+        fingerprint = name_fingerprint(row, tags.rules_of(row.kind))
         if (tag, fingerprint) in self._fenced:
             return
         marks = self.claims.marks
@@ -194,7 +191,7 @@ class FormattedTags:
                 start=parent.start_id,
                 description=f"{tag}: numbers of period {name.rpartition('@')[2]}",
                 end_id=parent.end_id,
-                rules=self.fence.rules_of(parent.kind),
+                rules=self.tags.rules_of(parent.kind),
             )
         except TagExists:  # another node made it first
             row = await claims.ledger.get_tag(name)

@@ -64,7 +64,6 @@ class Node:
     ) -> None:
         self.clock = clock  # the runtime's one clock (pool/clock.py): its sleeps too
         self._clock = clock.monotonic  # monotonic seconds, for idleness and reloads
-        self._wall_clock = clock.now  # seconds since the epoch, for the consumption chart
         self.wall_clock = clock.now  # the same, for the dates of formatted IDs (tests set it)
         self.source = source
         # how often the tag list is read again: how soon a disabled tag stops here
@@ -82,7 +81,7 @@ class Node:
         self.draining = False
         # every name's format fence (formats.py), checked before a tag is first served
         self.fence = FormatFence(
-            self.tags, source.claims, lambda kind: spec_of(kind).formats, rules_of
+            self.tags, source.claims, lambda kind: spec_of(kind).formats
         )
         # The segment buffers: the kinds and the converter take from them, the
         # housekeeping below releases, drops and returns them.
@@ -99,6 +98,8 @@ class Node:
         self.formatted = next(k.formats for k in self.kinds.values() if isinstance(k, SegmentKind))
         # the other kinds NodeApp's fast path asks, synchronously, before routing
         self.from_memory = [k for k in self.kinds.values() if isinstance(k, TakesFromMemory)]
+        # the kinds NodeApp hands a request to without routing (no memory to answer from)
+        self.direct = {name: kind for name, kind in self.kinds.items() if spec_of(name).direct}
         self.report_seconds = report_seconds
         self._activity: dict[str, tuple[int, float]] = {}  # tag -> (issued, monotonic since)
         self._shutdown_report: ShutdownReport | None = None
@@ -253,7 +254,7 @@ class Node:
 
     def sample(self, now: float | None = None, mono: float | None = None) -> None:
         """Record IDs issued per tag (the consumption chart); let idle buffers go."""
-        now = self._wall_clock() if now is None else now
+        now = self.clock.now() if now is None else now
         mono = self._clock() if mono is None else mono
         for tag, buf in list(self.buffers.items()):
             issued = buf.issued
@@ -335,11 +336,6 @@ class Node:
         self.cluster.dropped(tag, buf)
         self.stats.tags[tag].history.clear()
         self.waste.record(tag, remainder, reason)
-
-    async def report(self) -> None:
-        """Tell the preloader the IDs handed out here since the last report
-        (``ClusterReports.report``)."""
-        await self.cluster.report()
 
     async def run_housekeeping(self) -> None:
         sampled = reloaded = 0.0

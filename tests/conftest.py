@@ -297,7 +297,6 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill9()
-    server.kill9()
 
 
 @pytest.fixture(autouse=True)

@@ -671,13 +671,13 @@ def test_the_direct_path_serves_every_kind_whose_spec_says_direct(
         app = c.app
         assert isinstance(app, NodeApp) and app.node is not None
         # found from the registry's flags: the toy beside strict, never a segment tag's kind
-        assert sorted(app.direct) == ["strict", "toy"]
-        assert app.direct["toy"] is app.node.kinds["toy"]
+        assert sorted(app.node.direct) == ["strict", "toy"]
+        assert app.node.direct["toy"] is app.node.kinds["toy"]
         assert c.get(f"/id/{tag}").text == "1"
         assert c.get(f"/ids/{tag}?count=2").json() == {"tag": tag, "ids": [2, 3]}
         entry = next(t for t in c.get("/status.json").json()["tags"] if t["tag"] == tag)
         assert entry["counters"]["ids_issued"] == 3  # its holding's "issued" (Held)
-    assert app.direct == {}  # stopped: every request left to the routes
+    assert app.node is None  # stopped: every request left to the routes
 
 
 def test_an_error_of_the_direct_path_is_checked_against_the_route_table(
@@ -690,8 +690,8 @@ def test_an_error_of_the_direct_path_is_checked_against_the_route_table(
 
     with TestClient(create_app(settings)) as c:
         app = c.app
-        assert isinstance(app, NodeApp)
-        monkeypatch.setattr(app.direct["strict"], "next_id", refuse)
+        assert isinstance(app, NodeApp) and app.node is not None
+        monkeypatch.setattr(app.node.direct["strict"], "next_id", refuse)
         answer = c.get(f"/id/{tag}")
         assert answer.json()["error"] == "wrong_secret", answer.text
     # recorded as the routes' errors are: the conftest check would have failed the test

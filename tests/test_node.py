@@ -183,7 +183,7 @@ async def test_an_idle_tag_goes_back_to_the_pool_and_is_dropped(
         assert await pool.ranges(tag) == [IdRange(2, 101)]
         assert await node.next_id(tag) == 2  # a new buffer, from the returned remainder
         await node.shutdown()
-        await node.report()
+        await node.cluster.report()
         assert (await pool.read_stats(tag))["issued"] == "2"  # both buffers' IDs reported
     finally:
         await pool.close()

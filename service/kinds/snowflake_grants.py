@@ -49,7 +49,6 @@ class WorkerGrants:
     def __init__(self, ctx: KindContext, monotonic: Callable[[], float]) -> None:
         self.ctx = ctx
         self._monotonic = monotonic
-        self._store: WorkerStore | None = None
         self._retry: dict[str, tuple[float, str]] = {}  # tag -> (no grant before, why)
         self._refused: dict[str, str] = {}  # tag -> why the last grant failed
         # (tag, why) -> grants refused here: "full" (every worker ID held), "capped"
@@ -79,14 +78,10 @@ class WorkerGrants:
         return recorded, max(recorded, own)
 
     def store(self, tag: str) -> WorkerStore:
-        if self._store is None:
-            workers = self.ctx.parts.workers
-            if workers is None:
-                raise WorkerLeaseLost(
-                    tag, "snowflake tags need Redis for worker IDs (not embedded)"
-                )
-            self._store = workers
-        return self._store
+        workers = self.ctx.parts.workers
+        if workers is None:
+            raise WorkerLeaseLost(tag, "snowflake tags need Redis for worker IDs (not embedded)")
+        return workers
 
     async def lease_worker(
         self, tag: str, holder: str, caps: ClientCaps | None = None
